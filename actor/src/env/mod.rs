@@ -1,0 +1,84 @@
+//! Environments: the [`Env`] trait and Rust ports of Gymnasium's classic-control tasks.
+//!
+//! The ports reproduce Gymnasium 1.4.0 exactly (same float64 dynamics, float32
+//! observations, rewards, termination and time limits); `tests` replays the reference
+//! trajectories in `shared/golden/` against them.
+
+mod acrobot;
+mod cartpole;
+mod mountain_car;
+
+pub use acrobot::Acrobot;
+pub use cartpole::CartPole;
+pub use mountain_car::MountainCar;
+
+use millrace_proto::EnvSpec;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+/// The outcome of one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Step {
+    pub reward: f32,
+    /// The task ended (pole fell, goal reached): the value of what follows is zero.
+    pub terminated: bool,
+    /// The time limit cut the episode: what follows still has value (bootstrap from it).
+    pub truncated: bool,
+}
+
+impl Step {
+    pub fn done(&self) -> bool {
+        self.terminated || self.truncated
+    }
+}
+
+/// A single environment with a discrete action space and `f32` observations.
+///
+/// Contract: `reset` must be called before the first `step` and after any step that
+/// returns `done()`. Observations are written into a caller-provided slice of exactly
+/// `spec().obs.numel()` elements, so stepping allocates nothing. The time limit is part
+/// of the environment (as Gymnasium's registered ids wrap `TimeLimit`). Implementations
+/// are `Send` (each lives on one actor thread) but need not be `Sync`.
+pub trait Env: Send {
+    fn spec(&self) -> &EnvSpec;
+
+    /// Starts an episode. `Some(seed)` re-seeds the environment's generator (as
+    /// Gymnasium's `reset(seed=...)`); `None` continues its stream.
+    fn reset(&mut self, seed: Option<u64>, obs: &mut [f32]);
+
+    /// Applies `action` (`0..num_actions`), writing the next observation into `obs`.
+    fn step(&mut self, action: usize, obs: &mut [f32]) -> Step;
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EnvError {
+    #[error("unknown environment id {0:?}; known ids: {known}", known = KNOWN_IDS.join(", "))]
+    UnknownId(String),
+    #[error("state must have {expected} values, got {got}")]
+    BadState { expected: usize, got: usize },
+}
+
+/// Every environment id [`make`] knows.
+pub const KNOWN_IDS: [&str; 3] = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"];
+
+/// The spec of a registered environment, without building one.
+pub fn spec(id: &str) -> Result<EnvSpec, EnvError> {
+    make(id, 0).map(|env| env.spec().clone())
+}
+
+/// Builds a registered environment, its generator seeded with `seed`.
+pub fn make(id: &str, seed: u64) -> Result<Box<dyn Env>, EnvError> {
+    match id {
+        "CartPole-v1" => Ok(Box::new(CartPole::new(seed))),
+        "Acrobot-v1" => Ok(Box::new(Acrobot::new(seed))),
+        "MountainCar-v0" => Ok(Box::new(MountainCar::new(seed))),
+        other => Err(EnvError::UnknownId(other.to_string())),
+    }
+}
+
+fn rng(seed: u64) -> SmallRng {
+    SmallRng::seed_from_u64(seed)
+}
+
+#[cfg(test)]
+mod golden_tests;

@@ -1,0 +1,30 @@
+//! The acting side of millrace: environments, batched CPU inference, n-step transition
+//! building and the actor loop that streams [`TransitionBatch`]es to replay.
+//!
+//! Nothing here links libtorch: actors run the Q-network's forward pass in plain Rust over
+//! the flat parameters the learner publishes ([`policy::MlpPolicy`]), so an actor is a
+//! small CPU-only process and its tests build in seconds.
+//!
+//! [`TransitionBatch`]: millrace_proto::TransitionBatch
+
+pub mod env;
+pub mod eval;
+pub mod nstep;
+pub mod policy;
+pub mod runner;
+pub mod schedule;
+
+pub use env::{make, Env, EnvError, Step};
+pub use eval::{evaluate, EvalResult};
+pub use nstep::NStep;
+pub use policy::{MlpPolicy, Policy, PolicyError};
+pub use runner::{run_actor, ActorConfig, ActorControl, ActorError, ActorSink, EpisodeStats, ParamsSource};
+pub use schedule::EpsilonSchedule;
+
+/// SplitMix64: derives independent, reproducible seeds from one user seed.
+pub fn derive_seed(seed: u64, stream: u64) -> u64 {
+    let mut z = seed ^ stream.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,232 @@
+//! Batched Q-value inference on the CPU.
+
+use millrace_proto::{NetworkSpec, ParamLayout, Params};
+
+/// Batched action-value inference, run by actor and evaluation threads.
+///
+/// Contract: `q_values` computes `Q(obs)` for a batch in one call (one forward pass for all
+/// ready observations, never one per environment) and allocates nothing once warmed up;
+/// `load` swaps in a newer parameter snapshot. Implementations are `Send` and owned by one
+/// thread; they need not be `Sync`.
+pub trait Policy: Send {
+    fn num_actions(&self) -> usize;
+
+    /// Version of the loaded parameters; `None` before the first `load`.
+    fn version(&self) -> Option<u64>;
+
+    /// Loads a snapshot published by the learner.
+    fn load(&mut self, params: &Params) -> Result<(), PolicyError>;
+
+    /// Writes `Q[batch, num_actions]` into `q` for `obs[batch, obs_dim]`.
+    fn q_values(&mut self, obs: &[f32], q: &mut [f32]);
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("parameters have {got} values, the network needs {expected}")]
+    WrongSize { expected: usize, got: usize },
+    #[error("agent {agent} is not in a population of {population}")]
+    NoSuchAgent { agent: usize, population: usize },
+}
+
+/// The MLP Q-network of [`NetworkSpec`] evaluated with a cache-blocked SGEMM
+/// (`matrixmultiply`), reading the flat layout of one agent out of a [`Params`] snapshot.
+#[derive(Debug)]
+pub struct MlpPolicy {
+    spec: NetworkSpec,
+    layout: ParamLayout,
+    agent: usize,
+    params: Vec<f32>,
+    version: Option<u64>,
+    /// Two activation buffers, ping-ponged between layers.
+    scratch: [Vec<f32>; 2],
+}
+
+impl MlpPolicy {
+    /// A policy for agent `agent` of a population; it has no parameters until `load`.
+    pub fn new(spec: NetworkSpec, agent: usize) -> Result<Self, PolicyError> {
+        if agent >= spec.population {
+            return Err(PolicyError::NoSuchAgent {
+                agent,
+                population: spec.population,
+            });
+        }
+        let layout = spec.layout();
+        Ok(Self {
+            params: vec![0.0; layout.len],
+            layout,
+            spec,
+            agent,
+            version: None,
+            scratch: [Vec::new(), Vec::new()],
+        })
+    }
+
+    /// Index of the greedy action in each row of `q[batch, num_actions]` (first maximum).
+    pub fn argmax_rows(q: &[f32], num_actions: usize, out: &mut [usize]) {
+        for (row, a) in q.chunks_exact(num_actions).zip(out.iter_mut()) {
+            let mut best = 0;
+            for (j, v) in row.iter().enumerate().skip(1) {
+                if *v > row[best] {
+                    best = j;
+                }
+            }
+            *a = best;
+        }
+    }
+}
+
+impl Policy for MlpPolicy {
+    fn num_actions(&self) -> usize {
+        self.spec.num_actions
+    }
+
+    fn version(&self) -> Option<u64> {
+        self.version
+    }
+
+    fn load(&mut self, params: &Params) -> Result<(), PolicyError> {
+        let expected = self.layout.len * self.spec.population;
+        if params.data.len() != expected || params.population != self.spec.population {
+            return Err(PolicyError::WrongSize {
+                expected,
+                got: params.data.len(),
+            });
+        }
+        self.params.copy_from_slice(params.agent(self.agent));
+        self.version = Some(params.version);
+        Ok(())
+    }
+
+    fn q_values(&mut self, obs: &[f32], q: &mut [f32]) {
+        let widths = self.spec.widths();
+        let batch = obs.len() / widths[0];
+        assert_eq!(obs.len(), batch * widths[0], "obs is not [batch, obs_dim]");
+        assert_eq!(q.len(), batch * self.spec.num_actions, "q is not [batch, actions]");
+        let layers = self.layout.num_layers();
+        let [mut cur, mut next] = std::mem::take(&mut self.scratch);
+        cur.clear();
+        cur.extend_from_slice(obs);
+        for l in 0..layers {
+            let (fan_in, fan_out) = (widths[l], widths[l + 1]);
+            let w = &self.layout.entries[2 * l];
+            let b = &self.layout.entries[2 * l + 1];
+            let weight = &self.params[w.offset..w.offset + w.len];
+            let bias = &self.params[b.offset..b.offset + b.len];
+            next.clear();
+            for _ in 0..batch {
+                next.extend_from_slice(bias);
+            }
+            assert!(cur.len() >= batch * fan_in && weight.len() == fan_in * fan_out);
+            // SAFETY: `cur` is [batch, fan_in], `weight` is [fan_in, fan_out] and `next` is
+            // [batch, fan_out], all row-major with the strides given, lengths checked above.
+            unsafe {
+                matrixmultiply::sgemm(
+                    batch,
+                    fan_in,
+                    fan_out,
+                    1.0,
+                    cur.as_ptr(),
+                    fan_in as isize,
+                    1,
+                    weight.as_ptr(),
+                    fan_out as isize,
+                    1,
+                    1.0,
+                    next.as_mut_ptr(),
+                    fan_out as isize,
+                    1,
+                );
+            }
+            if l + 1 < layers {
+                for v in &mut next {
+                    *v = v.max(0.0);
+                }
+            }
+            std::mem::swap(&mut cur, &mut next);
+        }
+        q.copy_from_slice(&cur[..q.len()]);
+        self.scratch = [cur, next];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_proto::{DType, ObsSpec};
+
+    fn spec(population: usize) -> NetworkSpec {
+        let obs = ObsSpec {
+            shape: vec![2],
+            dtype: DType::F32,
+        };
+        NetworkSpec::mlp(&obs, &[3], 2, population).unwrap()
+    }
+
+    /// A hand-written forward pass to check the SGEMM path against.
+    fn reference(p: &[f32], x: &[f32]) -> [f32; 2] {
+        let (w0, b0, w1, b1) = (&p[0..6], &p[6..9], &p[9..15], &p[15..17]);
+        let mut h = [0.0f32; 3];
+        for j in 0..3 {
+            h[j] = (x[0] * w0[j] + x[1] * w0[3 + j] + b0[j]).max(0.0);
+        }
+        let mut q = [0.0f32; 2];
+        for k in 0..2 {
+            q[k] = (0..3).map(|j| h[j] * w1[j * 2 + k]).sum::<f32>() + b1[k];
+        }
+        q
+    }
+
+    #[test]
+    fn forward_matches_hand_computation_for_each_agent() {
+        let spec = spec(2);
+        let p = spec.layout().len;
+        assert_eq!(p, 17);
+        let data: Vec<f32> = (0..2 * p).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
+        let params = Params {
+            version: 3,
+            population: 2,
+            data,
+        };
+        let obs = [0.5, -1.0, 2.0, 0.25, -0.3, 0.7];
+        for agent in 0..2 {
+            let mut policy = MlpPolicy::new(spec.clone(), agent).unwrap();
+            assert_eq!(policy.version(), None);
+            policy.load(&params).unwrap();
+            assert_eq!(policy.version(), Some(3));
+            let mut q = [0.0f32; 6];
+            policy.q_values(&obs, &mut q);
+            for row in 0..3 {
+                let want = reference(params.agent(agent), &obs[row * 2..row * 2 + 2]);
+                for k in 0..2 {
+                    assert!((q[row * 2 + k] - want[k]).abs() < 1e-5, "agent {agent} row {row}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_mismatched_parameters() {
+        let mut policy = MlpPolicy::new(spec(1), 0).unwrap();
+        let bad = Params {
+            version: 1,
+            population: 1,
+            data: vec![0.0; 5],
+        };
+        assert_eq!(
+            policy.load(&bad),
+            Err(PolicyError::WrongSize {
+                expected: 17,
+                got: 5
+            })
+        );
+        assert!(MlpPolicy::new(spec(1), 1).is_err());
+    }
+
+    #[test]
+    fn argmax_takes_first_maximum() {
+        let mut out = [9; 3];
+        MlpPolicy::argmax_rows(&[1.0, 2.0, 3.0, 3.0, 0.0, -1.0], 2, &mut out);
+        assert_eq!(out[..3], [1, 0, 0]);
+    }
+}

@@ -1,0 +1,458 @@
+//! Double DQN on the device, for a population of K agents with stacked parameters.
+//!
+//! Every agent's parameters live in one row of a `[K, P]` tensor laid out by
+//! [`ParamLayout`]; the online network is one leaf tensor, the target network another, and
+//! Adam's moments two more of the same shape. A layer is one `baddbmm` over `[K, B, in]`,
+//! the target sync is one `copy_`, and the optimizer is a handful of element-wise ops on
+//! the flat tensors whatever the depth of the network: the update is bound by
+//! per-operation overhead for small networks, so fewer, larger operations pay most.
+
+use millrace_proto::{NetworkSpec, ParamLayout};
+use tch::{Device, Kind, Reduction, Tensor};
+
+/// How the target network follows the online one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TargetUpdate {
+    /// Copy every `period` updates (Mnih et al. 2015).
+    Hard { period: u64 },
+    /// `target ← (1 − tau)·target + tau·online` after every update.
+    Polyak { tau: f64 },
+}
+
+/// DQN hyperparameters (the learner's own config; actors have theirs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DqnConfig {
+    /// Adam learning rate.
+    pub lr: f64,
+    pub adam_betas: (f64, f64),
+    pub adam_eps: f64,
+    /// Clip each agent's gradient to this global L2 norm.
+    pub max_grad_norm: f64,
+    /// Huber loss threshold between quadratic and linear.
+    pub huber_delta: f64,
+    pub target: TargetUpdate,
+}
+
+/// One sampled batch on the device, `[K, ...]` leading.
+///
+/// `obs2` holds `obs` in rows `0..B` and `next_obs` in rows `B..2B`, so the online network
+/// evaluates both in one forward pass (double DQN needs its argmax over next states).
+#[derive(Debug)]
+pub struct Batch {
+    /// `[K, 2B, obs_dim]` f32.
+    pub obs2: Tensor,
+    /// `[K, B, 1]` i64.
+    pub actions: Tensor,
+    /// `[K, B, 1]` f32: n-step discounted returns.
+    pub rewards: Tensor,
+    /// `[K, B, 1]` f32: `γ^k`, or 0 where the episode terminated.
+    pub discounts: Tensor,
+}
+
+impl Batch {
+    pub fn batch_size(&self) -> i64 {
+        self.actions.size()[1]
+    }
+}
+
+/// Online and target parameters, Adam state and on-device statistics.
+pub struct Dqn {
+    spec: NetworkSpec,
+    layout: ParamLayout,
+    config: DqnConfig,
+    device: Device,
+    /// `[K, P]`, requires grad.
+    online: Tensor,
+    /// `[K, P]`.
+    target: Tensor,
+    /// Views of `target` per parameter, made once (the target never reallocates).
+    target_views: Vec<Tensor>,
+    adam_m: Tensor,
+    adam_v: Tensor,
+    /// Adam's step count t (bias corrections are computed on the host: no device sync).
+    adam_step: u64,
+    updates: u64,
+    /// Running sums since the last `take_stats`, on the device: `[loss, |td|, q, count]`.
+    stats: Tensor,
+}
+
+impl std::fmt::Debug for Dqn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dqn")
+            .field("spec", &self.spec)
+            .field("device", &self.device)
+            .field("updates", &self.updates)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Means over the updates since the previous read.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct UpdateStats {
+    pub loss: f64,
+    pub td_abs: f64,
+    pub q: f64,
+    pub updates: u64,
+}
+
+/// The full state of a [`Dqn`] as host tensors, for checkpoints.
+#[derive(Debug)]
+pub struct DqnState {
+    pub online: Tensor,
+    pub target: Tensor,
+    pub adam_m: Tensor,
+    pub adam_v: Tensor,
+    pub adam_step: u64,
+    pub updates: u64,
+}
+
+fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
+    let sizes: Vec<i64> = layout.entries.iter().map(|e| e.len as i64).collect();
+    flat.split_with_sizes(sizes.as_slice(), 1)
+        .into_iter()
+        .zip(&layout.entries)
+        .map(|(t, e)| match e.shape.as_slice() {
+            [fan_in, fan_out] => t.view([population, *fan_in as i64, *fan_out as i64]),
+            [fan_out] => t.view([population, 1, *fan_out as i64]),
+            other => unreachable!("layout entry of rank {}", other.len()),
+        })
+        .collect()
+}
+
+/// The MLP forward pass: `x` is `[K, N, in]`, `views` alternate weight `[K, in, out]`
+/// and bias `[K, 1, out]`; ReLU between layers. Returns `[K, N, num_actions]`.
+pub fn forward(views: &[Tensor], x: &Tensor) -> Tensor {
+    let layers = views.len() / 2;
+    let mut h = x.shallow_clone();
+    for l in 0..layers {
+        h = views[2 * l + 1].baddbmm(&h, &views[2 * l], 1.0, 1.0);
+        if l + 1 < layers {
+            h = h.relu();
+        }
+    }
+    h
+}
+
+/// Double-DQN regression targets `r + discount · Q_target(s', argmax_a Q_online(s', a))`.
+///
+/// `q_next_online` and `q_next_target` are `[K, B, A]`; `rewards`, `discounts` `[K, B, 1]`.
+/// The discount already folds in γ^n and termination (0 on terminal transitions), so
+/// truncated transitions bootstrap and terminated ones do not.
+pub fn double_dqn_targets(
+    q_next_online: &Tensor,
+    q_next_target: &Tensor,
+    rewards: &Tensor,
+    discounts: &Tensor,
+) -> Tensor {
+    let best = q_next_online.argmax(-1, true);
+    let bootstrap = q_next_target.gather(2, &best, false);
+    rewards.addcmul(discounts, &bootstrap)
+}
+
+impl Dqn {
+    /// Fresh networks, initialised as PyTorch's `nn.Linear` (uniform ±1/√fan_in for
+    /// weights and biases), seeded.
+    pub fn new(spec: NetworkSpec, config: DqnConfig, device: Device, seed: u64) -> Self {
+        let layout = spec.layout();
+        let k = spec.population as i64;
+        tch::manual_seed(seed as i64);
+        let mut host = Tensor::empty([k, layout.len as i64], (Kind::Float, Device::Cpu));
+        for layer in layout.entries.chunks(2) {
+            let fan_in = layer[0].shape[0];
+            let bound = 1.0 / (fan_in as f64).sqrt();
+            for entry in layer {
+                let _ = host
+                    .narrow(1, entry.offset as i64, entry.len as i64)
+                    .uniform_(-bound, bound);
+            }
+        }
+        let state = DqnState {
+            target: host.copy(),
+            adam_m: host.zeros_like(),
+            adam_v: host.zeros_like(),
+            online: host,
+            adam_step: 0,
+            updates: 0,
+        };
+        Self::from_state(spec, config, device, state)
+    }
+
+    /// Restores from a checkpointed state (shapes checked by the caller).
+    pub fn from_state(spec: NetworkSpec, config: DqnConfig, device: Device, state: DqnState) -> Self {
+        let layout = spec.layout();
+        let k = spec.population as i64;
+        let online = state.online.to_device(device).detach().set_requires_grad(true);
+        let target = state.target.to_device(device).detach();
+        let target_views = param_views(&target, &layout, k);
+        Self {
+            spec,
+            layout,
+            config,
+            device,
+            online,
+            target,
+            target_views,
+            adam_m: state.adam_m.to_device(device),
+            adam_v: state.adam_v.to_device(device),
+            adam_step: state.adam_step,
+            updates: state.updates,
+            stats: Tensor::zeros([4], (Kind::Float, device)),
+        }
+    }
+
+    pub fn spec(&self) -> &NetworkSpec {
+        &self.spec
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    /// One gradient step on `batch` (already on the device). Never synchronises with
+    /// the host: statistics accumulate on the device until [`Dqn::take_stats`].
+    pub fn update(&mut self, batch: &Batch) {
+        let b = batch.batch_size();
+        let views = param_views(&self.online, &self.layout, self.spec.population as i64);
+        let q_all = forward(&views, &batch.obs2);
+        let q = q_all.narrow(1, 0, b);
+        let targets = tch::no_grad(|| {
+            let next_obs = batch.obs2.narrow(1, b, b);
+            let q_next_online = q_all.narrow(1, b, b).detach();
+            let q_next_target = forward(&self.target_views, &next_obs);
+            double_dqn_targets(&q_next_online, &q_next_target, &batch.rewards, &batch.discounts)
+        });
+        let q_taken = q.gather(2, &batch.actions, false);
+        // Sum over the batch / B: each agent's loss is its own mean, independent of K.
+        let loss = q_taken
+            .huber_loss(&targets, Reduction::Sum, self.config.huber_delta)
+            .multiply_scalar(1.0 / b as f64);
+        self.online.zero_grad();
+        loss.backward();
+        tch::no_grad(|| {
+            self.adam_step();
+            if let TargetUpdate::Polyak { tau } = self.config.target {
+                let _ = self.target.lerp_(&self.online, tau);
+            }
+            let td = (&q_taken - &targets).abs();
+            let sums = Tensor::stack(
+                &[
+                    loss.detach(),
+                    td.mean(Kind::Float),
+                    q_taken.mean(Kind::Float),
+                    Tensor::ones([], (Kind::Float, self.device)),
+                ],
+                0,
+            );
+            let _ = self.stats.add_(&sums);
+        });
+        self.updates += 1;
+        if let TargetUpdate::Hard { period } = self.config.target {
+            if self.updates % period.max(1) == 0 {
+                self.sync_target();
+            }
+        }
+    }
+
+    /// Gradient clipping per agent, then Adam, all on the flat `[K, P]` tensors.
+    fn adam_step(&mut self) {
+        let c = &self.config;
+        let mut grad = self.online.grad();
+        let norms = grad.norm_scalaropt_dim(2, [1], true);
+        let scale = (norms + 1e-6).reciprocal().multiply_scalar(c.max_grad_norm).clamp_max(1.0);
+        let _ = grad.mul_(&scale);
+
+        self.adam_step += 1;
+        let t = self.adam_step as i32;
+        let (b1, b2) = c.adam_betas;
+        let bias1 = 1.0 - b1.powi(t);
+        let bias2 = 1.0 - b2.powi(t);
+        let _ = self.adam_m.lerp_(&grad, 1.0 - b1);
+        let _ = self.adam_v.lerp_(&grad.square(), 1.0 - b2);
+        let denom = (&self.adam_v / bias2).sqrt_() + c.adam_eps;
+        let step = (&self.adam_m / denom).multiply_scalar(-c.lr / bias1);
+        let _ = self.online.add_(&step);
+    }
+
+    /// Copies the online parameters into the target network.
+    pub fn sync_target(&mut self) {
+        tch::no_grad(|| self.target.copy_(&self.online));
+    }
+
+    /// Reads and resets the on-device statistics (one host sync).
+    pub fn take_stats(&mut self) -> UpdateStats {
+        let host = self.stats.to_device(Device::Cpu);
+        let v: Vec<f32> = Vec::<f32>::try_from(&host).unwrap_or_default();
+        let _ = self.stats.zero_();
+        let n = f64::from(v.get(3).copied().unwrap_or(0.0));
+        if n == 0.0 {
+            return UpdateStats::default();
+        }
+        UpdateStats {
+            loss: f64::from(v[0]) / n,
+            td_abs: f64::from(v[1]) / n,
+            q: f64::from(v[2]) / n,
+            updates: n as u64,
+        }
+    }
+
+    /// The online parameters as host floats, `[K, P]` row-major (to publish to actors).
+    pub fn online_params(&self) -> Vec<f32> {
+        let host = self.online.detach().to_device(Device::Cpu).contiguous().view([-1]);
+        Vec::<f32>::try_from(&host).unwrap_or_default()
+    }
+
+    /// Q-values of the online network for `obs` `[K, N, obs_dim]` (tests, export).
+    pub fn q_values(&self, obs: &Tensor) -> Tensor {
+        tch::no_grad(|| {
+            let views = param_views(&self.online, &self.layout, self.spec.population as i64);
+            forward(&views, &obs.to_device(self.device))
+        })
+    }
+
+    /// A host copy of the full state, for a checkpoint.
+    pub fn state(&self) -> DqnState {
+        let host = |t: &Tensor| t.detach().to_device(Device::Cpu).copy();
+        DqnState {
+            online: host(&self.online),
+            target: host(&self.target),
+            adam_m: host(&self.adam_m),
+            adam_v: host(&self.adam_v),
+            adam_step: self.adam_step,
+            updates: self.updates,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_proto::{DType, ObsSpec};
+
+    fn t(values: &[f32], shape: &[i64]) -> Tensor {
+        Tensor::from_slice(values).view(shape)
+    }
+
+    fn close(a: &Tensor, b: &[f32]) {
+        let got = Vec::<f32>::try_from(&a.contiguous().view([-1])).unwrap();
+        assert_eq!(got.len(), b.len());
+        for (g, w) in got.iter().zip(b) {
+            assert!((g - w).abs() < 1e-5, "{got:?} != {b:?}");
+        }
+    }
+
+    #[test]
+    fn targets_bootstrap_from_target_net_at_online_argmax() {
+        // K=1, B=3, A=2. Online prefers action 1, 0, 1; the target net values differ.
+        let online = t(&[0.0, 5.0, 3.0, 1.0, -1.0, 2.0], &[1, 3, 2]);
+        let target = t(&[10.0, 20.0, 30.0, 40.0, 50.0, 60.0], &[1, 3, 2]);
+        let rewards = t(&[1.0, 1.0, 0.5], &[1, 3, 1]);
+        // Row 0 continues (γ = 0.9), row 1 terminated (0), row 2 truncated after 3 steps
+        // of n-step (γ^3 = 0.729; truncation bootstraps).
+        let discounts = t(&[0.9, 0.0, 0.729], &[1, 3, 1]);
+        let y = double_dqn_targets(&online, &target, &rewards, &discounts);
+        close(&y, &[1.0 + 0.9 * 20.0, 1.0, 0.5 + 0.729 * 60.0]);
+    }
+
+    #[test]
+    fn double_dqn_uses_online_argmax_not_target_max() {
+        // The target net's own max would be action 0 (100); double DQN takes action 1.
+        let online = t(&[0.0, 1.0], &[1, 1, 2]);
+        let target = t(&[100.0, 7.0], &[1, 1, 2]);
+        let y = double_dqn_targets(&online, &target, &t(&[0.0], &[1, 1, 1]), &t(&[1.0], &[1, 1, 1]));
+        close(&y, &[7.0]);
+    }
+
+    fn spec(k: usize) -> NetworkSpec {
+        let obs = ObsSpec {
+            shape: vec![3],
+            dtype: DType::F32,
+        };
+        NetworkSpec::mlp(&obs, &[8, 8], 2, k).unwrap()
+    }
+
+    fn config() -> DqnConfig {
+        DqnConfig {
+            lr: 1e-2,
+            adam_betas: (0.9, 0.999),
+            adam_eps: 1e-8,
+            max_grad_norm: 10.0,
+            huber_delta: 1.0,
+            target: TargetUpdate::Hard { period: 1000 },
+        }
+    }
+
+    fn batch(k: i64, b: i64, reward: f32) -> Batch {
+        Batch {
+            obs2: Tensor::ones([k, 2 * b, 3], (Kind::Float, Device::Cpu)),
+            actions: Tensor::zeros([k, b, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::full([k, b, 1], f64::from(reward), (Kind::Float, Device::Cpu)),
+            discounts: Tensor::zeros([k, b, 1], (Kind::Float, Device::Cpu)),
+        }
+    }
+
+    #[test]
+    fn updates_regress_q_towards_the_target() {
+        let mut dqn = Dqn::new(spec(1), config(), Device::Cpu, 0);
+        let b = batch(1, 4, 3.0);
+        for _ in 0..300 {
+            dqn.update(&b);
+        }
+        let stats = dqn.take_stats();
+        assert_eq!(stats.updates, 300);
+        let q = dqn.q_values(&Tensor::ones([1, 1, 3], (Kind::Float, Device::Cpu)));
+        let q0 = q.double_value(&[0, 0, 0]);
+        assert!((q0 - 3.0).abs() < 0.05, "Q(s, 0) = {q0}, want 3");
+        assert_eq!(dqn.take_stats(), UpdateStats::default(), "stats reset after a read");
+    }
+
+    #[test]
+    fn population_agents_learn_independently() {
+        // Agent 0 sees reward 1, agent 1 reward -2; neither's gradient reaches the other.
+        let mut dqn = Dqn::new(spec(2), config(), Device::Cpu, 1);
+        let mut b = batch(2, 4, 0.0);
+        b.rewards = t(&[1.0, 1.0, 1.0, 1.0, -2.0, -2.0, -2.0, -2.0], &[2, 4, 1]);
+        for _ in 0..300 {
+            dqn.update(&b);
+        }
+        let q = dqn.q_values(&Tensor::ones([2, 1, 3], (Kind::Float, Device::Cpu)));
+        assert!((q.double_value(&[0, 0, 0]) - 1.0).abs() < 0.05);
+        assert!((q.double_value(&[1, 0, 0]) + 2.0).abs() < 0.05);
+    }
+
+    #[test]
+    fn forward_matches_the_actor_cpu_policy() {
+        use millrace_actor::{MlpPolicy, Policy};
+        let dqn = Dqn::new(spec(1), config(), Device::Cpu, 3);
+        let params = millrace_proto::Params {
+            version: 0,
+            population: 1,
+            data: dqn.online_params(),
+        };
+        let mut policy = MlpPolicy::new(spec(1), 0).unwrap();
+        policy.load(&params).unwrap();
+        let obs = [0.1f32, -0.4, 2.0, 1.5, 0.0, -0.7];
+        let mut q = [0.0f32; 4];
+        policy.q_values(&obs, &mut q);
+        let want = dqn.q_values(&t(&obs, &[1, 2, 3]));
+        close(&want, &q);
+    }
+
+    #[test]
+    fn hard_target_sync_follows_the_period() {
+        let mut cfg = config();
+        cfg.target = TargetUpdate::Hard { period: 3 };
+        let mut dqn = Dqn::new(spec(1), cfg, Device::Cpu, 0);
+        let b = batch(1, 2, 1.0);
+        let before = dqn.state().target;
+        dqn.update(&b);
+        dqn.update(&b);
+        assert!(dqn.state().target.equal(&before), "no sync before the period");
+        dqn.update(&b);
+        let s = dqn.state();
+        assert!(s.target.equal(&s.online), "synced at the period");
+    }
+}

@@ -1,0 +1,17 @@
+//! Replay: a sharded, preallocated, columnar buffer of transitions, the selectors that
+//! choose what to sample, and the rate limiter that keeps the replay ratio.
+//!
+//! Data stays in the tensor layout actors produced it in: inserting is a `memcpy` per
+//! column and sampling gathers rows straight into the caller's (staging) buffers. Shards
+//! have their own locks so that actors inserting into different shards never contend,
+//! and a sampler locks each shard once per batch.
+
+pub mod limiter;
+pub mod selector;
+pub mod shard;
+pub mod table;
+
+pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
+pub use selector::{Selector, Uniform};
+pub use shard::{SampleBuffers, Shard};
+pub use table::{Closed, ReplayConfig, ReplayError, ReplayStats, Table};

@@ -1,0 +1,402 @@
+//! The replay table: shards, a selector per shard and one rate limiter, safe to share
+//! between actor threads (inserting) and sampler threads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use millrace_proto::{SpecError, TransitionBatch};
+use rand::Rng;
+
+use crate::limiter::{RateLimiter, RateLimiterConfig};
+use crate::selector::Uniform;
+use crate::shard::{SampleBuffers, Shard};
+
+/// Replay settings, checked by whoever builds them.
+#[derive(Clone, Debug)]
+pub struct ReplayConfig {
+    /// Items held in all shards together (each shard holds `capacity / shards`).
+    pub capacity: usize,
+    /// Independent locks; inserts from actor `a` go to shard `a % shards`.
+    pub shards: usize,
+    /// Bytes of one observation row.
+    pub obs_row_bytes: usize,
+    pub limiter: RateLimiterConfig,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ReplayError {
+    #[error("replay is closed")]
+    Closed,
+    #[error("malformed batch: {0}")]
+    Malformed(#[from] SpecError),
+}
+
+/// The table was closed while waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("replay is closed")]
+pub struct Closed;
+
+/// Counters for metrics; all monotonic.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReplayStats {
+    pub inserted: u64,
+    pub sampled: u64,
+    pub size: usize,
+    /// Total time inserters spent blocked by the rate limiter.
+    pub insert_blocked_s: f64,
+    /// Total time samplers spent blocked by the rate limiter.
+    pub sample_blocked_s: f64,
+}
+
+struct Gate {
+    limiter: RateLimiter,
+    closed: bool,
+}
+
+/// Sharded replay with rate-limited, blocking insert and sample.
+///
+/// Locking: `gate` (a std `Mutex` + `Condvar`: waits are short and never span an
+/// `.await`) guards only the limiter's counters; shard locks guard storage. An insert
+/// writes its shard first and counts afterwards, so anything the limiter lets a sampler
+/// take is already stored. A sampler reserves its items in the limiter before gathering,
+/// so two samplers never overdraw the ratio.
+pub struct Table {
+    shards: Vec<Mutex<Shard>>,
+    row_bytes: usize,
+    gate: Mutex<Gate>,
+    changed: Condvar,
+    insert_blocked_ns: AtomicU64,
+    sample_blocked_ns: AtomicU64,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("shards", &self.shards.len())
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Table {
+    /// Allocates every shard's storage up front.
+    pub fn new(config: &ReplayConfig) -> Self {
+        Self::with_counts(config, 0, 0)
+    }
+
+    /// As [`Table::new`], with the limiter's counters restored (resume from a checkpoint).
+    pub fn with_counts(config: &ReplayConfig, inserts: u64, samples: u64) -> Self {
+        let shards = config.shards.max(1);
+        let per_shard = config.capacity.div_ceil(shards).max(1);
+        Self {
+            shards: (0..shards)
+                .map(|_| {
+                    Mutex::new(Shard::new(
+                        per_shard,
+                        config.obs_row_bytes,
+                        Box::new(Uniform::default()),
+                    ))
+                })
+                .collect(),
+            row_bytes: config.obs_row_bytes,
+            gate: Mutex::new(Gate {
+                limiter: RateLimiter::with_counts(config.limiter, inserts, samples),
+                closed: false,
+            }),
+            changed: Condvar::new(),
+            insert_blocked_ns: AtomicU64::new(0),
+            sample_blocked_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn gate(&self) -> MutexGuard<'_, Gate> {
+        // A panic while holding the gate cannot leave the counters half-updated (each
+        // update is one add), so a poisoned lock is still consistent.
+        self.gate.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn shard(&self, i: usize) -> MutexGuard<'_, Shard> {
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores a batch, blocking while the rate limiter holds inserts back.
+    pub fn insert(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
+        batch.validate(self.row_bytes)?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.wait(&self.insert_blocked_ns, |g| g.limiter.can_insert())?;
+        let shard = batch.actor_id as usize % self.shards.len();
+        self.shard(shard).insert(batch);
+        self.gate().limiter.insert(batch.len() as u64);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Samples `out.rows()` items uniformly over everything stored, gathering them into
+    /// `out`; blocks while the rate limiter holds samples back. Returns the oldest
+    /// parameter version among the sampled items.
+    pub fn sample<R: Rng>(&self, rng: &mut R, out: &mut SampleBuffers<'_>) -> Result<u64, Closed> {
+        let n = out.rows();
+        self.wait(&self.sample_blocked_ns, |g| g.limiter.can_sample(n as u64))
+            .map_err(|_| Closed)?;
+        self.gate().limiter.sample(n as u64);
+        self.changed.notify_all();
+
+        let totals: Vec<f64> = (0..self.shards.len()).map(|i| self.shard(i).total()).collect();
+        let sum: f64 = totals.iter().sum();
+        // Draw all points first, then visit each shard once in order.
+        let mut picks: Vec<(usize, f64)> = (0..n)
+            .map(|_| {
+                let mut u = rng.random::<f64>() * sum;
+                let mut s = 0;
+                while s + 1 < totals.len() && u >= totals[s] {
+                    u -= totals[s];
+                    s += 1;
+                }
+                (s, u)
+            })
+            .collect();
+        picks.sort_by_key(|p| p.0);
+        let mut oldest = u64::MAX;
+        let mut row = 0;
+        for chunk in picks.chunk_by(|a, b| a.0 == b.0) {
+            let shard = self.shard(chunk[0].0);
+            for &(_, u) in chunk {
+                oldest = oldest.min(shard.gather(u, out, row));
+                row += 1;
+            }
+        }
+        Ok(oldest)
+    }
+
+    /// Blocks until `ready` holds or the table closes; adds the time waited to `blocked`.
+    fn wait(
+        &self,
+        blocked: &AtomicU64,
+        ready: impl Fn(&Gate) -> bool,
+    ) -> Result<(), ReplayError> {
+        let mut gate = self.gate();
+        if gate.closed {
+            return Err(ReplayError::Closed);
+        }
+        if ready(&gate) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        while !gate.closed && !ready(&gate) {
+            gate = self.changed.wait(gate).unwrap_or_else(|e| e.into_inner());
+        }
+        blocked.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if gate.closed {
+            Err(ReplayError::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Wakes every blocked inserter and sampler with [`ReplayError::Closed`]; later calls
+    /// fail at once. Stored data stays readable through `stats`.
+    pub fn close(&self) {
+        self.gate().closed = true;
+        self.changed.notify_all();
+    }
+
+    pub fn len(&self) -> usize {
+        (0..self.shards.len()).map(|i| self.shard(i).len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Items held by each shard.
+    pub fn shard_lens(&self) -> Vec<usize> {
+        (0..self.shards.len()).map(|i| self.shard(i).len()).collect()
+    }
+
+    /// Bytes stored per transition (observation columns included).
+    pub fn bytes_per_item(&self) -> usize {
+        self.shard(0).bytes_per_item()
+    }
+
+    pub fn stats(&self) -> ReplayStats {
+        let (inserted, sampled) = {
+            let g = self.gate();
+            (g.limiter.inserts(), g.limiter.samples())
+        };
+        ReplayStats {
+            inserted,
+            sampled,
+            size: self.len(),
+            insert_blocked_s: self.insert_blocked_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            sample_blocked_s: self.sample_blocked_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn config(capacity: usize, shards: usize, spi: f64, min_size: u64) -> ReplayConfig {
+        ReplayConfig {
+            capacity,
+            shards,
+            obs_row_bytes: 4,
+            limiter: RateLimiterConfig::sample_to_insert_ratio(spi, min_size, 1e9, 64).unwrap(),
+        }
+    }
+
+    fn batch(actor_id: u32, values: std::ops::Range<i64>) -> TransitionBatch {
+        let mut b = TransitionBatch::with_capacity(4, (values.end - values.start) as usize);
+        b.actor_id = actor_id;
+        for v in values {
+            b.push_f32(&[v as f32], v, v as f32, 1.0, &[v as f32]);
+        }
+        b
+    }
+
+    struct Out {
+        obs: Vec<u8>,
+        next: Vec<u8>,
+        actions: Vec<i64>,
+        rewards: Vec<f32>,
+        discounts: Vec<f32>,
+    }
+
+    impl Out {
+        fn new(n: usize) -> Self {
+            Self {
+                obs: vec![0; n * 4],
+                next: vec![0; n * 4],
+                actions: vec![0; n],
+                rewards: vec![0.0; n],
+                discounts: vec![0.0; n],
+            }
+        }
+        fn buffers(&mut self) -> SampleBuffers<'_> {
+            SampleBuffers {
+                obs: &mut self.obs,
+                next_obs: &mut self.next,
+                actions: &mut self.actions,
+                rewards: &mut self.rewards,
+                discounts: &mut self.discounts,
+            }
+        }
+    }
+
+    #[test]
+    fn routes_each_actor_to_its_shard() {
+        let table = Table::new(&config(400, 4, 1.0, 1));
+        table.insert(&batch(5, 0..10)).unwrap();
+        table.insert(&batch(2, 0..3)).unwrap();
+        assert_eq!(table.shard_lens(), [0, 10, 3, 0]);
+        assert_eq!(table.len(), 13);
+    }
+
+    #[test]
+    fn rejects_malformed_batches_and_stores_nothing() {
+        let table = Table::new(&config(100, 2, 1.0, 1));
+        let mut bad = batch(0, 0..4);
+        bad.discounts.pop();
+        assert!(matches!(table.insert(&bad), Err(ReplayError::Malformed(_))));
+        assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn samples_uniformly_across_shards_of_different_sizes() {
+        let table = Table::new(&config(4000, 4, 1e6, 1));
+        // Shards hold 100, 200, 300 and 400 items; uniform means per item, not per shard.
+        let mut next = 0;
+        for (actor, size) in [(0, 100), (1, 200), (2, 300), (3, 400)] {
+            table.insert(&batch(actor, next..next + size)).unwrap();
+            next += size;
+        }
+        let mut rng = SmallRng::seed_from_u64(0);
+        let mut counts = vec![0u32; 1000];
+        let mut out = Out::new(500);
+        for _ in 0..200 {
+            table.sample(&mut rng, &mut out.buffers()).unwrap();
+            for a in &out.actions {
+                counts[*a as usize] += 1;
+            }
+        }
+        // 100k draws over 1000 items: expect 100 each. Chi-square with 999 degrees of
+        // freedom has mean 999 and sd ~45; 1200 is > 4 sd out.
+        let chi2: f64 = counts.iter().map(|c| (f64::from(*c) - 100.0).powi(2) / 100.0).sum();
+        assert!(chi2 < 1200.0, "chi2 {chi2}");
+        // Rows come back whole: reward and observation belong to the same item.
+        for (i, a) in out.actions.iter().enumerate() {
+            assert_eq!(out.rewards[i], *a as f32);
+            assert_eq!(f32::from_ne_bytes(out.obs[i * 4..i * 4 + 4].try_into().unwrap()), *a as f32);
+        }
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible() {
+        let table = Table::new(&config(1000, 3, 1e6, 1));
+        for actor in 0..3 {
+            table.insert(&batch(actor, 0..50)).unwrap();
+        }
+        let draw = |seed| {
+            let mut out = Out::new(64);
+            table.sample(&mut SmallRng::seed_from_u64(seed), &mut out.buffers()).unwrap();
+            out.actions
+        };
+        assert_eq!(draw(1), draw(1));
+        assert_ne!(draw(1), draw(2));
+    }
+
+    #[test]
+    fn sample_blocks_until_min_size_then_proceeds() {
+        let table = Arc::new(Table::new(&config(1000, 2, 1e6, 100)));
+        let sampler = {
+            let table = Arc::clone(&table);
+            std::thread::spawn(move || {
+                let mut out = Out::new(8);
+                table.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            })
+        };
+        table.insert(&batch(0, 0..50)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!sampler.is_finished(), "50 < min size 100");
+        table.insert(&batch(1, 0..50)).unwrap();
+        assert!(sampler.join().unwrap().is_ok());
+        assert!(table.stats().sample_blocked_s > 0.03);
+    }
+
+    #[test]
+    fn close_unblocks_waiting_samplers_and_inserters() {
+        let table = Arc::new(Table::new(&ReplayConfig {
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 10, 70.0, 64).unwrap(),
+            ..config(1000, 1, 1.0, 10)
+        }));
+        // Fill until inserts block (diff may reach 10 + 70).
+        table.insert(&batch(0, 0..80)).unwrap();
+        let inserter = {
+            let table = Arc::clone(&table);
+            std::thread::spawn(move || table.insert(&batch(0, 0..1)))
+        };
+        let empty = Arc::new(Table::new(&config(10, 1, 1.0, 5)));
+        let sampler = {
+            let empty = Arc::clone(&empty);
+            std::thread::spawn(move || {
+                let mut out = Out::new(1);
+                empty.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!inserter.is_finished() && !sampler.is_finished());
+        table.close();
+        empty.close();
+        assert_eq!(inserter.join().unwrap(), Err(ReplayError::Closed));
+        assert_eq!(sampler.join().unwrap(), Err(Closed));
+        assert_eq!(table.insert(&batch(0, 0..1)), Err(ReplayError::Closed));
+    }
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command (README; .ci/run calls exactly this): set-up, lints, all tests.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+"$here/setup.sh"
+# shellcheck source=scripts/env.sh
+source "$here/env.sh"
+cd "$here/.."
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked "$@"

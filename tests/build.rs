@@ -1,0 +1,16 @@
+//! Link-time fixes for binaries and tests that use tch (see README, "libtorch"):
+//! an rpath to libtorch so no `LD_LIBRARY_PATH` is needed, and `libtorch_cuda`
+//! kept linked (the linker's `--as-needed` would drop it, leaving CUDA unavailable).
+fn main() {
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
+        return;
+    };
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+    if std::path::Path::new(&lib).join("libtorch_cuda.so").exists() {
+        println!("cargo:rustc-link-arg=-ltorch_cuda");
+    }
+    println!("cargo:rustc-link-arg=-ltorch");
+    println!("cargo:rustc-link-arg=-Wl,--as-needed");
+}
