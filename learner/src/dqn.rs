@@ -156,7 +156,7 @@ impl Dqn {
         let layout = spec.layout();
         let k = spec.population as i64;
         tch::manual_seed(seed as i64);
-        let mut host = Tensor::empty([k, layout.len as i64], (Kind::Float, Device::Cpu));
+        let host = Tensor::empty([k, layout.len as i64], (Kind::Float, Device::Cpu));
         for layer in layout.entries.chunks(2) {
             let fan_in = layer[0].shape[0];
             let bound = 1.0 / (fan_in as f64).sqrt();
@@ -247,7 +247,7 @@ impl Dqn {
                 ],
                 0,
             );
-            let _ = self.stats.add_(&sums);
+            let _ = self.stats.g_add_(&sums);
         });
         self.updates += 1;
         if let TargetUpdate::Hard { period } = self.config.target {
@@ -263,7 +263,7 @@ impl Dqn {
         let mut grad = self.online.grad();
         let norms = grad.norm_scalaropt_dim(2, [1], true);
         let scale = (norms + 1e-6).reciprocal().multiply_scalar(c.max_grad_norm).clamp_max(1.0);
-        let _ = grad.mul_(&scale);
+        let _ = grad.g_mul_(&scale);
 
         self.adam_step += 1;
         let t = self.adam_step as i32;
@@ -274,7 +274,7 @@ impl Dqn {
         let _ = self.adam_v.lerp_(&grad.square(), 1.0 - b2);
         let denom = (&self.adam_v / bias2).sqrt_() + c.adam_eps;
         let step = (&self.adam_m / denom).multiply_scalar(-c.lr / bias1);
-        let _ = self.online.add_(&step);
+        let _ = self.online.g_add_(&step);
     }
 
     /// Copies the online parameters into the target network.

@@ -1,0 +1,317 @@
+//! Checkpoints: online and target networks and Adam's moments in safetensors, counters
+//! and specs in `meta.json`, written atomically.
+//!
+//! Layout of a checkpoint directory:
+//! `model-<updates>.safetensors` (tensors `online`, `target`, `adam_m`, `adam_v`, each
+//! `[K, P]` f32) and `meta.json`, which names the model file. Each file is written to a
+//! temporary name, synced and renamed; `meta.json` is renamed last and is the commit
+//! point, so a crash at any moment leaves the previous checkpoint intact.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use millrace_proto::{EnvSpec, NetworkSpec};
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::dqn::DqnState;
+
+/// Bumped when the layout changes incompatibly.
+pub const FORMAT_VERSION: u32 = 1;
+const META: &str = "meta.json";
+/// `meta.json` is small; refuse to read anything larger (it may not be ours).
+const MAX_META_BYTES: u64 = 1 << 20;
+const TENSORS: [&str; 4] = ["online", "target", "adam_m", "adam_v"];
+
+/// Everything in a checkpoint besides the tensors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    pub format: u32,
+    pub model_file: String,
+    pub env: EnvSpec,
+    pub network: NetworkSpec,
+    pub updates: u64,
+    pub adam_step: u64,
+    pub env_steps: u64,
+    pub params_version: u64,
+    /// Rate limiter counters, so the replay ratio carries on where it was.
+    pub replay_inserts: u64,
+    pub replay_samples: u64,
+    pub seed: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a millrace checkpoint: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error("{path}: {source}")]
+    Tensor {
+        path: PathBuf,
+        source: tch::TchError,
+    },
+    #[error("checkpoint does not match this run: {0}")]
+    Mismatch(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
+fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<(), CheckpointError>) -> Result<(), CheckpointError> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    write(&tmp)?;
+    File::open(&tmp).and_then(|f| f.sync_all()).map_err(io(&tmp))?;
+    fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// Saves a checkpoint into `dir` (created if needed) and removes older model files.
+pub fn save(dir: &Path, state: &DqnState, mut meta: CheckpointMeta) -> Result<PathBuf, CheckpointError> {
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    meta.format = FORMAT_VERSION;
+    meta.updates = state.updates;
+    meta.adam_step = state.adam_step;
+    meta.model_file = format!("model-{:012}.safetensors", state.updates);
+    let model = dir.join(&meta.model_file);
+    write_atomic(&model, |tmp| {
+        let tensors = [&state.online, &state.target, &state.adam_m, &state.adam_v];
+        let named: Vec<(&str, &Tensor)> = TENSORS.iter().copied().zip(tensors).collect();
+        Tensor::write_safetensors(&named, tmp).map_err(|source| CheckpointError::Tensor {
+            path: tmp.to_path_buf(),
+            source,
+        })
+    })?;
+    let meta_path = dir.join(META);
+    write_atomic(&meta_path, |tmp| {
+        let text = serde_json::to_vec_pretty(&meta).map_err(|e| CheckpointError::Invalid {
+            path: tmp.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        File::create(tmp).and_then(|mut f| f.write_all(&text)).map_err(io(tmp))
+    })?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    // Older model files are unreferenced now; failing to remove one is harmless.
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("model-") && name.ends_with(".safetensors") && name != meta.model_file {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// Loads a checkpoint from its directory (or its `meta.json`), checking that it is
+/// complete and self-consistent. Whether it fits the run is the caller's [`check_fits`].
+pub fn load(path: &Path) -> Result<(CheckpointMeta, DqnState), CheckpointError> {
+    let dir = if path.is_dir() {
+        path.to_path_buf()
+    } else if path.file_name() == Some(META.as_ref()) {
+        path.parent().unwrap_or(Path::new(".")).to_path_buf()
+    } else {
+        return Err(CheckpointError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "expected a checkpoint directory or its meta.json",
+            ),
+        });
+    };
+    let meta_path = dir.join(META);
+    let invalid = |path: &Path, reason: String| CheckpointError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let len = fs::metadata(&meta_path).map_err(io(&meta_path))?.len();
+    if len > MAX_META_BYTES {
+        return Err(invalid(&meta_path, format!("{len} bytes is too large for metadata")));
+    }
+    let text = fs::read(&meta_path).map_err(io(&meta_path))?;
+    let meta: CheckpointMeta =
+        serde_json::from_slice(&text).map_err(|e| invalid(&meta_path, e.to_string()))?;
+    if meta.format != FORMAT_VERSION {
+        return Err(invalid(
+            &meta_path,
+            format!("format {} (this build reads {FORMAT_VERSION})", meta.format),
+        ));
+    }
+    let file_name = Path::new(&meta.model_file);
+    if file_name.components().count() != 1 {
+        return Err(invalid(&meta_path, format!("model file {:?} is not a plain name", meta.model_file)));
+    }
+    let model = dir.join(file_name);
+    let tensors = Tensor::read_safetensors(&model).map_err(|source| CheckpointError::Tensor {
+        path: model.clone(),
+        source,
+    })?;
+    let shape = [meta.network.population as i64, meta.network.layout().len as i64];
+    let mut found: Vec<Option<Tensor>> = vec![None, None, None, None];
+    for (name, t) in tensors {
+        let Some(i) = TENSORS.iter().position(|n| *n == name) else {
+            continue;
+        };
+        if t.size() != shape || t.kind() != Kind::Float {
+            return Err(invalid(
+                &model,
+                format!("{name} is {:?} {:?}, expected {shape:?} Float", t.size(), t.kind()),
+            ));
+        }
+        found[i] = Some(t.to_device(Device::Cpu));
+    }
+    let mut take = |i: usize| {
+        found[i]
+            .take()
+            .ok_or_else(|| invalid(&model, format!("tensor {} is missing", TENSORS[i])))
+    };
+    let state = DqnState {
+        online: take(0)?,
+        target: take(1)?,
+        adam_m: take(2)?,
+        adam_v: take(3)?,
+        adam_step: meta.adam_step,
+        updates: meta.updates,
+    };
+    Ok((meta, state))
+}
+
+/// Checks that a loaded checkpoint can continue a run on `env` with `network`.
+pub fn check_fits(meta: &CheckpointMeta, env: &EnvSpec, network: &NetworkSpec) -> Result<(), CheckpointError> {
+    if meta.env.id != env.id {
+        return Err(CheckpointError::Mismatch(format!(
+            "it was trained on {}, this run is {}",
+            meta.env.id, env.id
+        )));
+    }
+    if &meta.network != network {
+        return Err(CheckpointError::Mismatch(format!(
+            "its network is {:?}, this run's is {:?} (check --hidden)",
+            meta.network, network
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dqn::{Dqn, DqnConfig, TargetUpdate};
+
+    fn setup() -> (EnvSpec, NetworkSpec, Dqn) {
+        let env = millrace_actor::env::spec("CartPole-v1").unwrap();
+        let net = NetworkSpec::mlp(&env.obs, &[16], 2, 1).unwrap();
+        let cfg = DqnConfig {
+            lr: 1e-3,
+            adam_betas: (0.9, 0.999),
+            adam_eps: 1e-8,
+            max_grad_norm: 10.0,
+            huber_delta: 1.0,
+            target: TargetUpdate::Hard { period: 2 },
+        };
+        let mut dqn = Dqn::new(net.clone(), cfg, Device::Cpu, 0);
+        let batch = crate::dqn::Batch {
+            obs2: Tensor::ones([1, 8, 4], (Kind::Float, Device::Cpu)),
+            actions: Tensor::ones([1, 4, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::ones([1, 4, 1], (Kind::Float, Device::Cpu)),
+            discounts: Tensor::zeros([1, 4, 1], (Kind::Float, Device::Cpu)),
+        };
+        for _ in 0..3 {
+            dqn.update(&batch);
+        }
+        (env, net, dqn)
+    }
+
+    fn meta(env: &EnvSpec, net: &NetworkSpec) -> CheckpointMeta {
+        CheckpointMeta {
+            format: FORMAT_VERSION,
+            model_file: String::new(),
+            env: env.clone(),
+            network: net.clone(),
+            updates: 3,
+            adam_step: 3,
+            env_steps: 1234,
+            params_version: 7,
+            replay_inserts: 1000,
+            replay_samples: 500,
+            seed: 9,
+        }
+    }
+
+    #[test]
+    fn round_trip_restores_every_tensor_and_counter() {
+        let (env, net, dqn) = setup();
+        let dir = tempfile::tempdir().unwrap();
+        let state = dqn.state();
+        save(dir.path(), &state, meta(&env, &net)).unwrap();
+        let (m, loaded) = load(dir.path()).unwrap();
+        assert_eq!(m.env_steps, 1234);
+        assert_eq!(m.replay_samples, 500);
+        assert_eq!((loaded.updates, loaded.adam_step), (3, 3));
+        assert!(loaded.online.equal(&state.online));
+        assert!(loaded.target.equal(&state.target));
+        assert!(loaded.adam_m.equal(&state.adam_m));
+        assert!(loaded.adam_v.equal(&state.adam_v));
+        assert!(!state.online.equal(&state.target), "target lags the online net");
+        check_fits(&m, &env, &net).unwrap();
+        // Loading through meta.json works too.
+        assert!(load(&dir.path().join("meta.json")).is_ok());
+    }
+
+    #[test]
+    fn a_second_save_replaces_the_first_and_leaves_no_temporaries() {
+        let (env, net, mut dqn) = setup();
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), &dqn.state(), meta(&env, &net)).unwrap();
+        dqn.sync_target();
+        let batch = crate::dqn::Batch {
+            obs2: Tensor::ones([1, 2, 4], (Kind::Float, Device::Cpu)),
+            actions: Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::ones([1, 1, 1], (Kind::Float, Device::Cpu)),
+            discounts: Tensor::zeros([1, 1, 1], (Kind::Float, Device::Cpu)),
+        };
+        dqn.update(&batch);
+        save(dir.path(), &dqn.state(), meta(&env, &net)).unwrap();
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["meta.json", "model-000000000004.safetensors"]);
+        assert_eq!(load(dir.path()).unwrap().1.updates, 4);
+    }
+
+    #[test]
+    fn mismatched_or_damaged_checkpoints_are_clear_errors() {
+        let (env, net, dqn) = setup();
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), &dqn.state(), meta(&env, &net)).unwrap();
+        let (m, _) = load(dir.path()).unwrap();
+
+        let other_env = millrace_actor::env::spec("Acrobot-v1").unwrap();
+        let err = check_fits(&m, &other_env, &net).unwrap_err().to_string();
+        assert!(err.contains("CartPole-v1") && err.contains("Acrobot-v1"), "{err}");
+        let bigger = NetworkSpec::mlp(&env.obs, &[32], 2, 1).unwrap();
+        assert!(check_fits(&m, &env, &bigger).is_err());
+
+        let model = dir.path().join(&m.model_file);
+        fs::write(&model, b"garbage").unwrap();
+        assert!(matches!(load(dir.path()), Err(CheckpointError::Tensor { .. })));
+
+        fs::write(dir.path().join("meta.json"), b"{\"format\": 1}").unwrap();
+        assert!(matches!(load(dir.path()), Err(CheckpointError::Invalid { .. })));
+
+        let missing = dir.path().join("nope");
+        assert!(matches!(load(&missing), Err(CheckpointError::Io { .. })));
+    }
+}

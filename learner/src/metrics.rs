@@ -1,0 +1,131 @@
+//! Run metrics: TensorBoard scalars, the progress bar and periodic log lines, all fed by
+//! the coordinator from counters and learner reports (never from the hot loops).
+
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::ProgressBar;
+use millrace_replay::ReplayStats;
+
+use crate::embedded::TrainSummary;
+use crate::tensorboard::EventWriter;
+use crate::update_loop::LearnerReport;
+
+/// Seconds between TensorBoard points and progress updates.
+const TICK_S: f64 = 1.0;
+/// Seconds between log lines.
+const LOG_S: f64 = 10.0;
+
+pub struct Metrics {
+    tb: EventWriter,
+    bar: Option<ProgressBar>,
+    last_tick: Instant,
+    last_log: Instant,
+    last_steps: u64,
+    last_updates: u64,
+    last_inserted: u64,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").field("tb", &self.tb).finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub fn new(logdir: &Path, bar: Option<ProgressBar>, start_steps: u64) -> std::io::Result<Self> {
+        let tb = EventWriter::create(logdir)?;
+        tracing::info!("TensorBoard events: {}", tb.path().display());
+        Ok(Self {
+            tb,
+            bar,
+            last_tick: Instant::now(),
+            last_log: Instant::now(),
+            last_steps: start_steps,
+            last_updates: 0,
+            last_inserted: 0,
+        })
+    }
+
+    /// Called often; records at most once per [`TICK_S`].
+    pub fn tick(
+        &mut self,
+        steps: u64,
+        report: &LearnerReport,
+        train_return: Option<f32>,
+        epsilon: f32,
+        replay: &ReplayStats,
+    ) {
+        let dt = self.last_tick.elapsed().as_secs_f64();
+        if dt < TICK_S {
+            return;
+        }
+        let steps_s = (steps - self.last_steps.min(steps)) as f64 / dt;
+        let updates_s = (report.updates - self.last_updates.min(report.updates)) as f64 / dt;
+        let inserts_s = (replay.inserted - self.last_inserted.min(replay.inserted)) as f64 / dt;
+        (self.last_steps, self.last_updates, self.last_inserted) = (steps, report.updates, replay.inserted);
+        self.last_tick = Instant::now();
+        let s = &report.stalls;
+        let frac = |x: f64| if s.total > 0.0 { x / s.total } else { 0.0 };
+        let ret = train_return.map_or(f64::NAN, f64::from);
+        let values = [
+            ("charts/episode_return", ret),
+            ("charts/epsilon", f64::from(epsilon)),
+            ("losses/loss", report.stats.loss),
+            ("losses/td_abs", report.stats.td_abs),
+            ("losses/q_values", report.stats.q),
+            ("perf/env_steps_per_s", steps_s),
+            ("perf/updates_per_s", updates_s),
+            ("perf/inserts_per_s", inserts_s),
+            ("perf/duty_cycle", s.duty_cycle()),
+            ("stall/wait_data", frac(s.wait_data)),
+            ("stall/host_to_device", frac(s.host_to_device)),
+            ("stall/publish", frac(s.publish)),
+            ("stall/metrics", frac(s.metrics)),
+            ("stall/checkpoint", frac(s.checkpoint)),
+            ("replay/size", replay.size as f64),
+            ("replay/insert_blocked_s", replay.insert_blocked_s),
+            ("replay/sample_blocked_s", replay.sample_blocked_s),
+            ("replay/ratio", replay.sampled as f64 / replay.inserted.max(1) as f64),
+            ("params/version", report.params_version as f64),
+            ("params/staleness", report.staleness),
+        ];
+        if let Err(e) = self.tb.scalars(steps, &values) {
+            tracing::warn!("TensorBoard write failed: {e}");
+        }
+        let _ = self.tb.flush();
+        let line = format!(
+            "{steps_s:>6.0} steps/s {updates_s:>5.0} upd/s  return {ret:>6.1}  eps {epsilon:.3}  loss {:.4}",
+            report.stats.loss
+        );
+        if let Some(bar) = &self.bar {
+            bar.set_position(steps);
+            bar.set_message(line.clone());
+        }
+        if self.last_log.elapsed().as_secs_f64() >= LOG_S {
+            self.last_log = Instant::now();
+            tracing::info!("{steps} env steps, {} updates: {line}", report.updates);
+        }
+    }
+
+    pub fn eval(&mut self, steps: u64, mean: f32) {
+        if let Err(e) = self.tb.scalars(steps, &[("eval/mean_return", f64::from(mean))]) {
+            tracing::warn!("TensorBoard write failed: {e}");
+        }
+    }
+
+    pub fn finish(&mut self, summary: &TrainSummary) {
+        let _ = self.tb.scalars(
+            summary.env_steps,
+            &[
+                ("summary/wall_s", summary.wall_s),
+                ("summary/updates", summary.updates as f64),
+                ("summary/duty_cycle", summary.stalls.duty_cycle()),
+            ],
+        );
+        let _ = self.tb.flush();
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! The prefetcher: a thread that samples replay into preallocated staging tensors ahead of
+//! the learner, so the learner thread only moves ready batches to the device and computes.
+//!
+//! Slots circulate between two bounded channels: the sampler takes a free slot, gathers
+//! rows straight into its tensors' memory and sends it as ready; the learner uses it and
+//! sends it back as free. The number of slots bounds memory and how far ahead the sampler
+//! runs. Staging tensors are pinned when CUDA is available, ordinary memory otherwise.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use millrace_proto::{DType, ObsSpec};
+use millrace_replay::{SampleBuffers, Table};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tch::{Device, Kind, Tensor};
+
+use crate::dqn::Batch;
+
+/// One staging slot: host tensors shaped as a [`Batch`] for one agent.
+#[derive(Debug)]
+pub struct Slot {
+    obs2: Tensor,
+    actions: Tensor,
+    rewards: Tensor,
+    discounts: Tensor,
+    /// Oldest parameter version among the sampled rows (staleness).
+    pub oldest_version: u64,
+}
+
+fn kind(dtype: DType) -> Kind {
+    match dtype {
+        DType::F32 => Kind::Float,
+        DType::U8 => Kind::Uint8,
+    }
+}
+
+/// A mutable byte view of a contiguous host tensor.
+///
+/// # Safety
+/// `t` must be a contiguous CPU tensor that nothing else reads or writes while the slice
+/// lives. Slots guarantee this: a slot belongs to exactly one thread at a time.
+unsafe fn bytes_mut(t: &mut Tensor) -> &mut [u8] {
+    let len = t.numel() * t.kind().elt_size_in_bytes();
+    // SAFETY: per the function contract the tensor's storage is `len` bytes, live as
+    // long as `t`, and not aliased.
+    unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<u8>(), len) }
+}
+
+impl Slot {
+    pub fn new(obs: &ObsSpec, batch_size: usize, pinned: bool) -> Self {
+        let b = batch_size as i64;
+        let mut obs_shape = vec![1, 2 * b];
+        obs_shape.extend(obs.shape.iter().map(|d| *d as i64));
+        let make = |shape: &[i64], k: Kind| {
+            let t = Tensor::zeros(shape, (k, Device::Cpu));
+            if pinned {
+                t.pin_memory(Device::Cuda(0))
+            } else {
+                t
+            }
+        };
+        Self {
+            obs2: make(&obs_shape, kind(obs.dtype)),
+            actions: make(&[1, b, 1], Kind::Int64),
+            rewards: make(&[1, b, 1], Kind::Float),
+            discounts: make(&[1, b, 1], Kind::Float),
+            oldest_version: 0,
+        }
+    }
+
+    /// Samples a batch from `table` into this slot.
+    pub fn fill(&mut self, table: &Table, rng: &mut SmallRng) -> Result<(), millrace_replay::Closed> {
+        // SAFETY: slot tensors are contiguous host tensors created in `Slot::new`, and
+        // `&mut self` means this thread alone holds the slot.
+        let (obs2, actions, rewards, discounts) = unsafe {
+            (
+                bytes_mut(&mut self.obs2),
+                bytes_mut(&mut self.actions),
+                bytes_mut(&mut self.rewards),
+                bytes_mut(&mut self.discounts),
+            )
+        };
+        let (obs, next_obs) = obs2.split_at_mut(obs2.len() / 2);
+        let mut out = SampleBuffers {
+            obs,
+            next_obs,
+            actions: bytemuck_mut(actions),
+            rewards: bytemuck_mut(rewards),
+            discounts: bytemuck_mut(discounts),
+        };
+        self.oldest_version = table.sample(rng, &mut out)?;
+        Ok(())
+    }
+
+    /// The slot's batch on `device`: the same tensors on the CPU, a copy on a GPU.
+    pub fn to_device(&self, device: Device) -> Batch {
+        let mv = |t: &Tensor| {
+            if device == Device::Cpu {
+                t.shallow_clone()
+            } else {
+                t.to_device(device)
+            }
+        };
+        Batch {
+            obs2: mv(&self.obs2),
+            actions: mv(&self.actions),
+            rewards: mv(&self.rewards),
+            discounts: mv(&self.discounts),
+        }
+    }
+}
+
+/// Reinterprets aligned bytes from a tensor as typed elements.
+fn bytemuck_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> &mut [T] {
+    // Tensor storage is at least 64-byte aligned, so this cannot fail for our tensors.
+    bytemuck::cast_slice_mut(bytes)
+}
+
+/// Handle to a running prefetcher.
+#[derive(Debug)]
+pub struct Prefetcher {
+    pub ready: Receiver<Slot>,
+    pub free: Sender<Slot>,
+    handle: JoinHandle<()>,
+}
+
+impl Prefetcher {
+    /// Starts the sampler thread with `slots` staging slots.
+    pub fn spawn(
+        table: Arc<Table>,
+        obs: &ObsSpec,
+        batch_size: usize,
+        slots: usize,
+        pinned: bool,
+        seed: u64,
+    ) -> std::io::Result<Self> {
+        let slots = slots.max(2);
+        let (free_tx, free_rx) = crossbeam_channel::bounded::<Slot>(slots);
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Slot>(slots);
+        for _ in 0..slots {
+            free_tx
+                .send(Slot::new(obs, batch_size, pinned))
+                .expect("channel has room for every slot");
+        }
+        let handle = std::thread::Builder::new()
+            .name("prefetch".into())
+            .spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(seed);
+                // Ends when the table closes or the learner drops its ends.
+                while let Ok(mut slot) = free_rx.recv() {
+                    if slot.fill(&table, &mut rng).is_err() || ready_tx.send(slot).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Self {
+            ready: ready_rx,
+            free: free_tx,
+            handle,
+        })
+    }
+
+    /// Waits for the sampler thread (after the table is closed).
+    pub fn join(self) {
+        drop(self.ready);
+        drop(self.free);
+        let _ = self.handle.join();
+    }
+}
