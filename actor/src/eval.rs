@@ -84,7 +84,13 @@ mod tests {
             0.0, 0.0,                                     // b1
         ];
         let mut policy = MlpPolicy::new(net, 0).unwrap();
-        policy.load(&Params { version: 1, population: 1, data }).unwrap();
+        policy
+            .load(&Params {
+                version: 1,
+                population: 1,
+                data,
+            })
+            .unwrap();
         policy
     }
 
@@ -104,7 +110,13 @@ mod tests {
         let mut policy = MlpPolicy::new(net.clone(), 0).unwrap();
         let mut data = vec![0.0; net.layout().len];
         *data.last_mut().unwrap() = 1.0; // Q(right) = 1 always
-        policy.load(&Params { version: 1, population: 1, data }).unwrap();
+        policy
+            .load(&Params {
+                version: 1,
+                population: 1,
+                data,
+            })
+            .unwrap();
         let result = evaluate(&spec, &mut policy, 10, 0).unwrap();
         assert!(result.mean() < 20.0, "mean {}", result.mean());
         assert!(result.min() >= 8.0);

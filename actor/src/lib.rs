@@ -18,7 +18,9 @@ pub use env::{make, Env, EnvError, Step};
 pub use eval::{evaluate, EvalResult};
 pub use nstep::NStep;
 pub use policy::{MlpPolicy, Policy, PolicyError};
-pub use runner::{run_actor, ActorConfig, ActorControl, ActorError, ActorSink, EpisodeStats, ParamsSource};
+pub use runner::{
+    run_actor, ActorConfig, ActorControl, ActorError, ActorSink, EpisodeStats, ParamsSource,
+};
 pub use schedule::EpsilonSchedule;
 
 /// SplitMix64: derives independent, reproducible seeds from one user seed.

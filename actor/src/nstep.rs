@@ -141,13 +141,20 @@ mod tests {
         ns.push(&[3.0], 1, step(8.0, true, false), &[4.0], &mut out);
         // Terminal flush: from s1 (3 steps), s2 (2 steps), s3 (1 step), all discount 0.
         assert_eq!(out.len(), 4);
-        assert_eq!(out.rewards[1..], [2.0 + g * 4.0 + g * g * 8.0, 4.0 + g * 8.0, 8.0]);
+        assert_eq!(
+            out.rewards[1..],
+            [2.0 + g * 4.0 + g * g * 8.0, 4.0 + g * 8.0, 8.0]
+        );
         assert_eq!(out.discounts[1..], [0.0, 0.0, 0.0]);
         for i in 0..4 {
             assert_eq!(obs(&out, &out.obs, i), i as f32);
         }
         for i in 1..4 {
-            assert_eq!(obs(&out, &out.next_obs, i), 4.0, "all bootstrap from the end");
+            assert_eq!(
+                obs(&out, &out.next_obs, i),
+                4.0,
+                "all bootstrap from the end"
+            );
         }
     }
 

@@ -102,7 +102,11 @@ impl Policy for MlpPolicy {
         let widths = self.spec.widths();
         let batch = obs.len() / widths[0];
         assert_eq!(obs.len(), batch * widths[0], "obs is not [batch, obs_dim]");
-        assert_eq!(q.len(), batch * self.spec.num_actions, "q is not [batch, actions]");
+        assert_eq!(
+            q.len(),
+            batch * self.spec.num_actions,
+            "q is not [batch, actions]"
+        );
         let layers = self.layout.num_layers();
         let [mut cur, mut next] = std::mem::take(&mut self.scratch);
         cur.clear();
@@ -182,7 +186,9 @@ mod tests {
         let spec = spec(2);
         let p = spec.layout().len;
         assert_eq!(p, 17);
-        let data: Vec<f32> = (0..2 * p).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
+        let data: Vec<f32> = (0..2 * p)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0)
+            .collect();
         let params = Params {
             version: 3,
             population: 2,
@@ -199,7 +205,10 @@ mod tests {
             for row in 0..3 {
                 let want = reference(params.agent(agent), &obs[row * 2..row * 2 + 2]);
                 for k in 0..2 {
-                    assert!((q[row * 2 + k] - want[k]).abs() < 1e-5, "agent {agent} row {row}");
+                    assert!(
+                        (q[row * 2 + k] - want[k]).abs() < 1e-5,
+                        "agent {agent} row {row}"
+                    );
                 }
             }
         }

@@ -105,7 +105,9 @@ pub fn run_actor(
     let mut next = vec![0.0f32; obs_dim];
     let mut q = vec![0.0f32; n * num_actions];
     let mut greedy = vec![0usize; n];
-    let mut windows: Vec<NStep> = (0..n).map(|_| NStep::new(cfg.n_step, cfg.gamma, obs_dim)).collect();
+    let mut windows: Vec<NStep> = (0..n)
+        .map(|_| NStep::new(cfg.n_step, cfg.gamma, obs_dim))
+        .collect();
     let mut returns = vec![0.0f32; n];
     let mut lengths = vec![0u32; n];
     for (i, env) in envs.iter_mut().enumerate() {
@@ -164,7 +166,8 @@ pub fn run_actor(
         control.env_steps.fetch_add(n as u64, Ordering::Relaxed);
 
         if batch.len() >= cfg.batch_rows {
-            let mut full = TransitionBatch::with_capacity(row_bytes, cfg.batch_rows + n * cfg.n_step);
+            let mut full =
+                TransitionBatch::with_capacity(row_bytes, cfg.batch_rows + n * cfg.n_step);
             std::mem::swap(&mut full, &mut batch);
             full.actor_id = cfg.actor_id;
             full.seq = seq;
@@ -244,15 +247,29 @@ mod tests {
             assert_eq!(b.seq, i as u64);
             assert!(b.len() >= 64);
             b.validate(16).unwrap();
-            assert!(b.discounts.iter().all(|d| [0.0, 0.99, 0.99f32 * 0.99, 0.99f32.powi(3)]
+            assert!(b
+                .discounts
                 .iter()
-                .any(|x| (x - d).abs() < 1e-6)));
+                .all(|d| [0.0, 0.99, 0.99f32 * 0.99, 0.99f32.powi(3)]
+                    .iter()
+                    .any(|x| (x - d).abs() < 1e-6)));
         }
         // A random CartPole policy falls within ~22 steps: many episodes, all short.
         assert!(out.episodes.len() > 10);
-        assert!(out.episodes.iter().all(|e| e.length <= 500 && e.episode_return == e.length as f32));
-        let terminal = out.batches.iter().flat_map(|b| &b.discounts).filter(|d| **d == 0.0).count();
-        assert!(terminal >= out.episodes.len(), "every episode ends in terminal rows");
+        assert!(out
+            .episodes
+            .iter()
+            .all(|e| e.length <= 500 && e.episode_return == e.length as f32));
+        let terminal = out
+            .batches
+            .iter()
+            .flat_map(|b| &b.discounts)
+            .filter(|d| **d == 0.0)
+            .count();
+        assert!(
+            terminal >= out.episodes.len(),
+            "every episode ends in terminal rows"
+        );
     }
 
     #[test]

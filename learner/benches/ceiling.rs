@@ -40,10 +40,19 @@ fn parse() -> Opts {
             "--hidden" => {
                 o.hidden = next
                     .split(';')
-                    .map(|h| h.split(',').map(|x| x.parse().expect("--hidden 64,64[;128,128]")).collect())
+                    .map(|h| {
+                        h.split(',')
+                            .map(|x| x.parse().expect("--hidden 64,64[;128,128]"))
+                            .collect()
+                    })
                     .collect();
             }
-            "--batch" => o.batch = next.split(',').map(|x| x.parse().expect("--batch 32,512")).collect(),
+            "--batch" => {
+                o.batch = next
+                    .split(',')
+                    .map(|x| x.parse().expect("--batch 32,512"))
+                    .collect()
+            }
             "--obs" => o.obs = next.parse().expect("--obs N"),
             "--actions" => o.actions = next.parse().expect("--actions N"),
             "--seconds" => o.seconds = next.parse().expect("--seconds S"),
@@ -73,7 +82,10 @@ fn main() {
         "device {:?}, {} intra-op thread(s), obs {}, actions {}",
         o.device, o.threads, o.obs, o.actions
     );
-    println!("{:<12} {:>6} {:>12} {:>10}", "hidden", "batch", "updates/s", "us/update");
+    println!(
+        "{:<12} {:>6} {:>12} {:>10}",
+        "hidden", "batch", "updates/s", "us/update"
+    );
     let obs = ObsSpec {
         shape: vec![o.obs],
         dtype: DType::F32,
@@ -113,8 +125,18 @@ fn main() {
             }
             let _ = dqn.take_stats();
             let dt = start.elapsed().as_secs_f64();
-            let label = hidden.iter().map(|h| h.to_string()).collect::<Vec<_>>().join("x");
-            println!("{:<12} {:>6} {:>12.0} {:>10.1}", label, b, n as f64 / dt, dt * 1e6 / n as f64);
+            let label = hidden
+                .iter()
+                .map(|h| h.to_string())
+                .collect::<Vec<_>>()
+                .join("x");
+            println!(
+                "{:<12} {:>6} {:>12.0} {:>10.1}",
+                label,
+                b,
+                n as f64 / dt,
+                dt * 1e6 / n as f64
+            );
         }
     }
 }

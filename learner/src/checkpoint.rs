@@ -67,15 +67,24 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
 }
 
 /// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
-fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<(), CheckpointError>) -> Result<(), CheckpointError> {
+fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<(), CheckpointError>,
+) -> Result<(), CheckpointError> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     write(&tmp)?;
-    File::open(&tmp).and_then(|f| f.sync_all()).map_err(io(&tmp))?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io(&tmp))?;
     fs::rename(&tmp, path).map_err(io(path))
 }
 
 /// Saves a checkpoint into `dir` (created if needed) and removes older model files.
-pub fn save(dir: &Path, state: &DqnState, mut meta: CheckpointMeta) -> Result<PathBuf, CheckpointError> {
+pub fn save(
+    dir: &Path,
+    state: &DqnState,
+    mut meta: CheckpointMeta,
+) -> Result<PathBuf, CheckpointError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
     meta.format = FORMAT_VERSION;
     meta.updates = state.updates;
@@ -96,7 +105,9 @@ pub fn save(dir: &Path, state: &DqnState, mut meta: CheckpointMeta) -> Result<Pa
             path: tmp.to_path_buf(),
             reason: e.to_string(),
         })?;
-        File::create(tmp).and_then(|mut f| f.write_all(&text)).map_err(io(tmp))
+        File::create(tmp)
+            .and_then(|mut f| f.write_all(&text))
+            .map_err(io(tmp))
     })?;
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
@@ -105,7 +116,10 @@ pub fn save(dir: &Path, state: &DqnState, mut meta: CheckpointMeta) -> Result<Pa
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with("model-") && name.ends_with(".safetensors") && name != meta.model_file {
+            if name.starts_with("model-")
+                && name.ends_with(".safetensors")
+                && name != meta.model_file
+            {
                 let _ = fs::remove_file(entry.path());
             }
         }
@@ -136,7 +150,10 @@ pub fn load(path: &Path) -> Result<(CheckpointMeta, DqnState), CheckpointError> 
     };
     let len = fs::metadata(&meta_path).map_err(io(&meta_path))?.len();
     if len > MAX_META_BYTES {
-        return Err(invalid(&meta_path, format!("{len} bytes is too large for metadata")));
+        return Err(invalid(
+            &meta_path,
+            format!("{len} bytes is too large for metadata"),
+        ));
     }
     let text = fs::read(&meta_path).map_err(io(&meta_path))?;
     let meta: CheckpointMeta =
@@ -149,14 +166,20 @@ pub fn load(path: &Path) -> Result<(CheckpointMeta, DqnState), CheckpointError> 
     }
     let file_name = Path::new(&meta.model_file);
     if file_name.components().count() != 1 {
-        return Err(invalid(&meta_path, format!("model file {:?} is not a plain name", meta.model_file)));
+        return Err(invalid(
+            &meta_path,
+            format!("model file {:?} is not a plain name", meta.model_file),
+        ));
     }
     let model = dir.join(file_name);
     let tensors = Tensor::read_safetensors(&model).map_err(|source| CheckpointError::Tensor {
         path: model.clone(),
         source,
     })?;
-    let shape = [meta.network.population as i64, meta.network.layout().len as i64];
+    let shape = [
+        meta.network.population as i64,
+        meta.network.layout().len as i64,
+    ];
     let mut found: Vec<Option<Tensor>> = vec![None, None, None, None];
     for (name, t) in tensors {
         let Some(i) = TENSORS.iter().position(|n| *n == name) else {
@@ -165,7 +188,11 @@ pub fn load(path: &Path) -> Result<(CheckpointMeta, DqnState), CheckpointError> 
         if t.size() != shape || t.kind() != Kind::Float {
             return Err(invalid(
                 &model,
-                format!("{name} is {:?} {:?}, expected {shape:?} Float", t.size(), t.kind()),
+                format!(
+                    "{name} is {:?} {:?}, expected {shape:?} Float",
+                    t.size(),
+                    t.kind()
+                ),
             ));
         }
         found[i] = Some(t.to_device(Device::Cpu));
@@ -187,7 +214,11 @@ pub fn load(path: &Path) -> Result<(CheckpointMeta, DqnState), CheckpointError> 
 }
 
 /// Checks that a loaded checkpoint can continue a run on `env` with `network`.
-pub fn check_fits(meta: &CheckpointMeta, env: &EnvSpec, network: &NetworkSpec) -> Result<(), CheckpointError> {
+pub fn check_fits(
+    meta: &CheckpointMeta,
+    env: &EnvSpec,
+    network: &NetworkSpec,
+) -> Result<(), CheckpointError> {
     if meta.env.id != env.id {
         return Err(CheckpointError::Mismatch(format!(
             "it was trained on {}, this run is {}",
@@ -262,7 +293,10 @@ mod tests {
         assert!(loaded.target.equal(&state.target));
         assert!(loaded.adam_m.equal(&state.adam_m));
         assert!(loaded.adam_v.equal(&state.adam_v));
-        assert!(!state.online.equal(&state.target), "target lags the online net");
+        assert!(
+            !state.online.equal(&state.target),
+            "target lags the online net"
+        );
         check_fits(&m, &env, &net).unwrap();
         // Loading through meta.json works too.
         assert!(load(&dir.path().join("meta.json")).is_ok());
@@ -300,16 +334,25 @@ mod tests {
 
         let other_env = millrace_actor::env::spec("Acrobot-v1").unwrap();
         let err = check_fits(&m, &other_env, &net).unwrap_err().to_string();
-        assert!(err.contains("CartPole-v1") && err.contains("Acrobot-v1"), "{err}");
+        assert!(
+            err.contains("CartPole-v1") && err.contains("Acrobot-v1"),
+            "{err}"
+        );
         let bigger = NetworkSpec::mlp(&env.obs, &[32], 2, 1).unwrap();
         assert!(check_fits(&m, &env, &bigger).is_err());
 
         let model = dir.path().join(&m.model_file);
         fs::write(&model, b"garbage").unwrap();
-        assert!(matches!(load(dir.path()), Err(CheckpointError::Tensor { .. })));
+        assert!(matches!(
+            load(dir.path()),
+            Err(CheckpointError::Tensor { .. })
+        ));
 
         fs::write(dir.path().join("meta.json"), b"{\"format\": 1}").unwrap();
-        assert!(matches!(load(dir.path()), Err(CheckpointError::Invalid { .. })));
+        assert!(matches!(
+            load(dir.path()),
+            Err(CheckpointError::Invalid { .. })
+        ));
 
         let missing = dir.path().join("nope");
         assert!(matches!(load(&missing), Err(CheckpointError::Io { .. })));

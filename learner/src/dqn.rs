@@ -195,14 +195,23 @@ impl Dqn {
     }
 
     /// Restores from a checkpointed state (shapes checked by the caller).
-    pub fn from_state(spec: NetworkSpec, config: DqnConfig, device: Device, state: DqnState) -> Self {
+    pub fn from_state(
+        spec: NetworkSpec,
+        config: DqnConfig,
+        device: Device,
+        state: DqnState,
+    ) -> Self {
         let layout = spec.layout();
         let k = spec.population as i64;
         let online = state.online.to_device(device).detach();
         let target = state.target.to_device(device).detach();
         let target_views = param_views(&target, &layout, k);
         let online_views = param_views(&online, &layout, k);
-        let online_wt = online_views.iter().step_by(2).map(|w| w.transpose(1, 2)).collect();
+        let online_wt = online_views
+            .iter()
+            .step_by(2)
+            .map(|w| w.transpose(1, 2))
+            .collect();
         let grad = online.zeros_like();
         let grad_views = param_views(&grad, &layout, k);
         Self {
@@ -248,7 +257,7 @@ impl Dqn {
         if let TargetUpdate::Polyak { tau } = self.config.target {
             let _ = self.target.lerp_(&self.online, tau);
         }
-        if self.updates % DETAIL_STATS_EVERY == 0 {
+        if self.updates.is_multiple_of(DETAIL_STATS_EVERY) {
             let k = self.spec.population as f64;
             let detail = Tensor::stack(
                 &[
@@ -264,7 +273,7 @@ impl Dqn {
         self.updates += 1;
         self.updates_since_stats += 1;
         if let TargetUpdate::Hard { period } = self.config.target {
-            if self.updates % period.max(1) == 0 {
+            if self.updates.is_multiple_of(period.max(1)) {
                 self.sync_target();
             }
         }
@@ -322,7 +331,10 @@ impl Dqn {
     fn adam_step(&mut self) {
         let c = &self.config;
         let norms = self.grad.norm_scalaropt_dim(2, [1], true);
-        let scale = norms.clamp_min(c.max_grad_norm).reciprocal().g_mul_scalar_(c.max_grad_norm);
+        let scale = norms
+            .clamp_min(c.max_grad_norm)
+            .reciprocal()
+            .g_mul_scalar_(c.max_grad_norm);
         let _ = self.grad.g_mul_(&scale);
 
         self.adam_step += 1;
@@ -367,15 +379,18 @@ impl Dqn {
 
     /// The online parameters as host floats, `[K, P]` row-major (to publish to actors).
     pub fn online_params(&self) -> Vec<f32> {
-        let host = self.online.detach().to_device(Device::Cpu).contiguous().view([-1]);
+        let host = self
+            .online
+            .detach()
+            .to_device(Device::Cpu)
+            .contiguous()
+            .view([-1]);
         Vec::<f32>::try_from(&host).unwrap_or_default()
     }
 
     /// Q-values of the online network for `obs` `[K, N, obs_dim]` (tests, export).
     pub fn q_values(&self, obs: &Tensor) -> Tensor {
-        tch::no_grad(|| {
-            forward(&self.online_views, &obs.to_device(self.device))
-        })
+        tch::no_grad(|| forward(&self.online_views, &obs.to_device(self.device)))
     }
 
     /// A host copy of the full state, for a checkpoint.
@@ -427,7 +442,12 @@ mod tests {
         // The target net's own max would be action 0 (100); double DQN takes action 1.
         let online = t(&[0.0, 1.0], &[1, 1, 2]);
         let target = t(&[100.0, 7.0], &[1, 1, 2]);
-        let y = double_dqn_targets(&online, &target, &t(&[0.0], &[1, 1, 1]), &t(&[1.0], &[1, 1, 1]));
+        let y = double_dqn_targets(
+            &online,
+            &target,
+            &t(&[0.0], &[1, 1, 1]),
+            &t(&[1.0], &[1, 1, 1]),
+        );
         close(&y, &[7.0]);
     }
 
@@ -471,7 +491,11 @@ mod tests {
         let q = dqn.q_values(&Tensor::ones([1, 1, 3], (Kind::Float, Device::Cpu)));
         let q0 = q.double_value(&[0, 0, 0]);
         assert!((q0 - 3.0).abs() < 0.05, "Q(s, 0) = {q0}, want 3");
-        assert_eq!(dqn.take_stats(), UpdateStats::default(), "stats reset after a read");
+        assert_eq!(
+            dqn.take_stats(),
+            UpdateStats::default(),
+            "stats reset after a read"
+        );
         assert!(stats.loss.is_finite() && stats.q.is_finite());
     }
 
@@ -529,15 +553,25 @@ mod tests {
         let q_all = forward(&views, &batch.obs2);
         let targets = tch::no_grad(|| {
             let q_next_target = forward(&dqn.target_views, &batch.obs2.narrow(1, b, b));
-            double_dqn_targets(&q_all.narrow(1, b, b), &q_next_target, &batch.rewards, &batch.discounts)
+            double_dqn_targets(
+                &q_all.narrow(1, b, b),
+                &q_next_target,
+                &batch.rewards,
+                &batch.discounts,
+            )
         });
         let q = q_all.narrow(1, 0, b).gather(2, &batch.actions, false);
         let loss = q.huber_loss(&targets, Reduction::Mean, 1.0) * k as f64;
-        let auto = Tensor::run_backward(&[&loss], &[&leaf], false, false).pop().unwrap();
+        let auto = Tensor::run_backward(&[&loss], &[&leaf], false, false)
+            .pop()
+            .unwrap();
         let err = (&manual - &auto).abs().max().double_value(&[]);
         let scale = auto.abs().max().double_value(&[]);
         assert!(scale > 1e-3, "gradient is not trivially zero");
-        assert!(err < 1e-5 * scale.max(1.0), "max |manual - autograd| = {err}");
+        assert!(
+            err < 1e-5 * scale.max(1.0),
+            "max |manual - autograd| = {err}"
+        );
     }
 
     #[test]
@@ -559,7 +593,10 @@ mod tests {
         let before = dqn.state().target;
         dqn.update(&b);
         dqn.update(&b);
-        assert!(dqn.state().target.equal(&before), "no sync before the period");
+        assert!(
+            dqn.state().target.equal(&before),
+            "no sync before the period"
+        );
         dqn.update(&b);
         let s = dqn.state();
         assert!(s.target.equal(&s.online), "synced at the period");

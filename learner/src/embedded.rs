@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Sender, TrySendError};
 use millrace_actor::{
-    run_actor, ActorConfig, ActorControl, ActorSink, EpisodeStats, EpsilonSchedule, MlpPolicy, Policy,
+    run_actor, ActorConfig, ActorControl, ActorSink, EpisodeStats, EpsilonSchedule, MlpPolicy,
+    Policy,
 };
 use millrace_proto::{EnvSpec, NetworkSpec, Params, TransitionBatch};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, ReplayError, Table};
@@ -117,7 +118,10 @@ struct ReplaySink {
 }
 
 impl ActorSink for ReplaySink {
-    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), millrace_actor::runner::SinkClosed> {
+    fn transitions(
+        &mut self,
+        batch: TransitionBatch,
+    ) -> Result<(), millrace_actor::runner::SinkClosed> {
         match self.table.insert(&batch) {
             Ok(()) => Ok(()),
             Err(ReplayError::Closed) => Err(millrace_actor::runner::SinkClosed),
@@ -172,9 +176,15 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
                 meta.updates,
                 meta.env_steps
             );
-            (Dqn::from_state(network.clone(), cfg.dqn.clone(), cfg.device, state), Some(meta))
+            (
+                Dqn::from_state(network.clone(), cfg.dqn.clone(), cfg.device, state),
+                Some(meta),
+            )
         }
-        None => (Dqn::new(network.clone(), cfg.dqn.clone(), cfg.device, cfg.seed), None),
+        None => (
+            Dqn::new(network.clone(), cfg.dqn.clone(), cfg.device, cfg.seed),
+            None,
+        ),
     };
     let control = Arc::new(ActorControl::default());
     let version = match &resumed {
@@ -186,7 +196,10 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
     };
     let batch = cfg.batch_size as u64;
     // The band must hold one insert plus one sampled batch (see RateLimiterConfig).
-    let tolerance = cfg.replay.tolerance.max(2.0 * (cfg.replay.samples_per_insert + batch as f64));
+    let tolerance = cfg
+        .replay
+        .tolerance
+        .max(2.0 * (cfg.replay.samples_per_insert + batch as f64));
     // Replay is not part of a checkpoint yet: a resumed run refills it from empty, so
     // the limiter starts afresh (learning_starts again) rather than from saved counters.
     let limiter = RateLimiterConfig::sample_to_insert_ratio(
@@ -215,13 +228,16 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
             actor_id: id as u32,
             env_id: cfg.env_id.clone(),
             num_envs: cfg.envs_per_actor,
-            seed: cfg.seed.wrapping_add(resumed.as_ref().map_or(0, |m| m.env_steps)),
+            seed: cfg
+                .seed
+                .wrapping_add(resumed.as_ref().map_or(0, |m| m.env_steps)),
             n_step: cfg.n_step,
             gamma: cfg.gamma,
             batch_rows: cfg.envs_per_actor.max(16),
             epsilon: cfg.epsilon,
         };
-        let mut policy = MlpPolicy::new(network.clone(), 0).map_err(|e| TrainError::Thread("actor", e.to_string()))?;
+        let mut policy = MlpPolicy::new(network.clone(), 0)
+            .map_err(|e| TrainError::Thread("actor", e.to_string()))?;
         let mut source = SlotReader(Arc::clone(&params));
         let mut sink = ReplaySink {
             table: Arc::clone(&table),
@@ -229,14 +245,22 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         };
         let control = Arc::clone(&control);
         actors.push(spawn(&format!("actor-{id}"), move || {
-            run_actor(&acfg, &mut policy, &mut source, &mut sink, &control).map_err(|e| e.to_string())
+            run_actor(&acfg, &mut policy, &mut source, &mut sink, &control)
+                .map_err(|e| e.to_string())
         })?);
     }
     drop(episode_tx);
 
     // Prefetcher and learner.
     let pinned = cfg.device != Device::Cpu && tch::Cuda::is_available();
-    let prefetcher = Prefetcher::spawn(Arc::clone(&table), &env.obs, cfg.batch_size, 4, pinned, cfg.seed ^ 0x5eed)?;
+    let prefetcher = Prefetcher::spawn(
+        Arc::clone(&table),
+        &env.obs,
+        cfg.batch_size,
+        4,
+        pinned,
+        cfg.seed ^ 0x5eed,
+    )?;
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded::<Command>(1);
     let (report_tx, report_rx) = crossbeam_channel::bounded::<LearnerReport>(64);
     let loop_cfg = LoopConfig {
@@ -256,7 +280,15 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         spawn("learner", move || {
             // The learner gets one intra-op thread: actors and the sampler need the rest.
             tch::set_num_threads(1);
-            let outcome = update_loop::run(dqn, &loop_cfg, &prefetcher, &params, &cmd_rx, &report_tx, &ckpt);
+            let outcome = update_loop::run(
+                dqn,
+                &loop_cfg,
+                &prefetcher,
+                &params,
+                &cmd_rx,
+                &report_tx,
+                &ckpt,
+            );
             prefetcher.join();
             outcome
         })?
@@ -276,7 +308,10 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
                 let out = policy
                     .load(&req.params)
                     .map_err(|e| e.to_string())
-                    .and_then(|()| millrace_actor::evaluate(&env, &mut policy, episodes, seed).map_err(|e| e.to_string()));
+                    .and_then(|()| {
+                        millrace_actor::evaluate(&env, &mut policy, episodes, seed)
+                            .map_err(|e| e.to_string())
+                    });
                 let done = match out {
                     Ok(r) => EvalDone {
                         env_steps: req.env_steps,
@@ -297,7 +332,11 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
     };
 
     // Coordinator.
-    let mut metrics = Metrics::new(&cfg.logdir, cfg.progress.clone(), control.env_steps.load(Ordering::Relaxed))?;
+    let mut metrics = Metrics::new(
+        &cfg.logdir,
+        cfg.progress.clone(),
+        control.env_steps.load(Ordering::Relaxed),
+    )?;
     let mut window: VecDeque<f32> = VecDeque::with_capacity(100);
     let mut episodes = 0u64;
     let start_steps = control.env_steps.load(Ordering::Relaxed);
@@ -350,7 +389,8 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
                 next_eval = (steps / cfg.eval_every.max(1) + 1) * cfg.eval_every.max(1);
             }
         }
-        let train_mean = (!window.is_empty()).then(|| window.iter().sum::<f32>() / window.len() as f32);
+        let train_mean =
+            (!window.is_empty()).then(|| window.iter().sum::<f32>() / window.len() as f32);
         let eps = cfg.epsilon.value(steps);
         metrics.tick(steps, &report, train_mean, eps, &table.stats());
         if interrupt.load(Ordering::Relaxed) {
@@ -389,7 +429,8 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         wall_s: started.elapsed().as_secs_f64(),
         solved_at_steps: solved_at,
         last_eval,
-        train_return_100: (!window.is_empty()).then(|| window.iter().sum::<f32>() / window.len() as f32),
+        train_return_100: (!window.is_empty())
+            .then(|| window.iter().sum::<f32>() / window.len() as f32),
         episodes,
         stalls: outcome.last.stalls,
         checkpoint,

@@ -220,7 +220,9 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
         (true, _) => Device::Cpu,
         (false, Some(i)) => {
             if !tch::Cuda::is_available() {
-                bail!("--gpu {i}: CUDA is not available on this machine (drop --gpu to use the CPU)");
+                bail!(
+                    "--gpu {i}: CUDA is not available on this machine (drop --gpu to use the CPU)"
+                );
             }
             let n = tch::Cuda::device_count() as usize;
             if i >= n {
@@ -342,20 +344,29 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 s.solved_at_steps.unwrap_or(s.env_steps),
                 fmt_opt(cfg.target_return)
             ),
-            StopReason::MaxSteps => format!("target not reached within {} env steps", cfg.max_steps),
+            StopReason::MaxSteps =>
+                format!("target not reached within {} env steps", cfg.max_steps),
             StopReason::Interrupted => "interrupted".to_string(),
         }
     );
     println!("  wall time:       {:.2} s", s.wall_s);
     println!("  env steps:       {}", s.env_steps);
-    println!("  updates:         {} ({:.0}/s)", s.updates, s.updates as f64 / s.wall_s.max(1e-9));
+    println!(
+        "  updates:         {} ({:.0}/s)",
+        s.updates,
+        s.updates as f64 / s.wall_s.max(1e-9)
+    );
     println!("  episodes:        {}", s.episodes);
     println!(
         "  eval return:     {}",
-        s.last_eval
-            .map_or("n/a".into(), |(steps, mean)| format!("{mean:.1} (100 greedy episodes at {steps} steps)"))
+        s.last_eval.map_or("n/a".into(), |(steps, mean)| format!(
+            "{mean:.1} (100 greedy episodes at {steps} steps)"
+        ))
     );
-    println!("  train return:    {} (last 100 episodes)", fmt_opt(s.train_return_100));
+    println!(
+        "  train return:    {} (last 100 episodes)",
+        fmt_opt(s.train_return_100)
+    );
     println!(
         "  learner time:    {:.0}% update compute, {:.0}% waiting for data, {:.0}% host-to-device, {:.0}% publishing, {:.0}% checkpointing",
         100.0 * s.stalls.duty_cycle(),

@@ -28,7 +28,9 @@ pub struct Metrics {
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics").field("tb", &self.tb).finish_non_exhaustive()
+        f.debug_struct("Metrics")
+            .field("tb", &self.tb)
+            .finish_non_exhaustive()
     }
 }
 
@@ -63,7 +65,8 @@ impl Metrics {
         let steps_s = (steps - self.last_steps.min(steps)) as f64 / dt;
         let updates_s = (report.updates - self.last_updates.min(report.updates)) as f64 / dt;
         let inserts_s = (replay.inserted - self.last_inserted.min(replay.inserted)) as f64 / dt;
-        (self.last_steps, self.last_updates, self.last_inserted) = (steps, report.updates, replay.inserted);
+        (self.last_steps, self.last_updates, self.last_inserted) =
+            (steps, report.updates, replay.inserted);
         self.last_tick = Instant::now();
         let s = &report.stalls;
         let frac = |x: f64| if s.total > 0.0 { x / s.total } else { 0.0 };
@@ -86,7 +89,10 @@ impl Metrics {
             ("replay/size", replay.size as f64),
             ("replay/insert_blocked_s", replay.insert_blocked_s),
             ("replay/sample_blocked_s", replay.sample_blocked_s),
-            ("replay/ratio", replay.sampled as f64 / replay.inserted.max(1) as f64),
+            (
+                "replay/ratio",
+                replay.sampled as f64 / replay.inserted.max(1) as f64,
+            ),
             ("params/version", report.params_version as f64),
             ("params/staleness", report.staleness),
         ];
@@ -109,7 +115,10 @@ impl Metrics {
     }
 
     pub fn eval(&mut self, steps: u64, mean: f32) {
-        if let Err(e) = self.tb.scalars(steps, &[("eval/mean_return", f64::from(mean))]) {
+        if let Err(e) = self
+            .tb
+            .scalars(steps, &[("eval/mean_return", f64::from(mean))])
+        {
             tracing::warn!("TensorBoard write failed: {e}");
         }
     }

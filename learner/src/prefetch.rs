@@ -71,7 +71,11 @@ impl Slot {
     }
 
     /// Samples a batch from `table` into this slot.
-    pub fn fill(&mut self, table: &Table, rng: &mut SmallRng) -> Result<(), millrace_replay::Closed> {
+    pub fn fill(
+        &mut self,
+        table: &Table,
+        rng: &mut SmallRng,
+    ) -> Result<(), millrace_replay::Closed> {
         // SAFETY: slot tensors are contiguous host tensors created in `Slot::new`, and
         // `&mut self` means this thread alone holds the slot.
         let (obs2, actions, rewards, discounts) = unsafe {

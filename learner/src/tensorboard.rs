@@ -59,7 +59,9 @@ pub struct EventWriter {
 
 impl std::fmt::Debug for EventWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventWriter").field("path", &self.path).finish()
+        f.debug_struct("EventWriter")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -136,8 +138,8 @@ mod tests {
     fn crc32c_matches_the_standard_check_value() {
         // CRC-32C (Castagnoli) of "123456789" is 0xE3069283 (RFC 3720).
         assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
-        let crc: u32 = 0xE306_9283;
-        assert_eq!(masked_crc32c(b"123456789"), ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8));
+        // Masked as TFRecord does: rotate right by 15, add 0xa282ead8.
+        assert_eq!(masked_crc32c(b"123456789"), 0xC78A_B0E5);
     }
 
     /// Reads records back, checking both CRCs, as TensorBoard's reader does.
@@ -162,8 +164,15 @@ mod tests {
     fn writes_a_version_header_then_scalar_events() {
         let dir = tempfile::tempdir().unwrap();
         let mut w = EventWriter::create(dir.path()).unwrap();
-        w.scalars(10, &[("train/return", 21.5), ("train/epsilon", 0.5), ("nan", f64::NAN)])
-            .unwrap();
+        w.scalars(
+            10,
+            &[
+                ("train/return", 21.5),
+                ("train/epsilon", 0.5),
+                ("nan", f64::NAN),
+            ],
+        )
+        .unwrap();
         w.flush().unwrap();
         let records = read_records(&std::fs::read(w.path()).unwrap());
         assert_eq!(records.len(), 2);

@@ -150,7 +150,7 @@ pub fn run(
         t.host_to_device += (t2 - t1).as_secs_f64();
         t.compute += (t3 - t2).as_secs_f64();
 
-        if dqn.updates() % config.publish_every.max(1) == 0 {
+        if dqn.updates().is_multiple_of(config.publish_every.max(1)) {
             let p0 = Instant::now();
             version += 1;
             params.publish(Params {

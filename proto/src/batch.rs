@@ -61,7 +61,8 @@ impl TransitionBatch {
         next_obs: &[f32],
     ) {
         self.obs.extend_from_slice(bytemuck::cast_slice(obs));
-        self.next_obs.extend_from_slice(bytemuck::cast_slice(next_obs));
+        self.next_obs
+            .extend_from_slice(bytemuck::cast_slice(next_obs));
         self.actions.push(action);
         self.rewards.push(reward);
         self.discounts.push(discount);

@@ -144,7 +144,9 @@ mod tests {
     use super::*;
 
     fn limiter(spi: f64, min_size: u64, buffer: f64) -> RateLimiter {
-        RateLimiter::new(RateLimiterConfig::sample_to_insert_ratio(spi, min_size, buffer, 1).unwrap())
+        RateLimiter::new(
+            RateLimiterConfig::sample_to_insert_ratio(spi, min_size, buffer, 1).unwrap(),
+        )
     }
 
     #[test]

@@ -100,7 +100,8 @@ impl Shard {
             // Copy the longest run that fits before the ring wraps.
             let run = (rows - row).min(self.capacity - self.cursor);
             let (dst, src) = (self.cursor, row);
-            self.obs[dst * rb..(dst + run) * rb].copy_from_slice(&batch.obs[src * rb..(src + run) * rb]);
+            self.obs[dst * rb..(dst + run) * rb]
+                .copy_from_slice(&batch.obs[src * rb..(src + run) * rb]);
             self.next_obs[dst * rb..(dst + run) * rb]
                 .copy_from_slice(&batch.next_obs[src * rb..(src + run) * rb]);
             self.actions[dst..dst + run].copy_from_slice(&batch.actions[src..src + run]);
@@ -149,10 +150,16 @@ mod tests {
         b
     }
 
-    fn buffers(
-        n: usize,
-    ) -> (Vec<u8>, Vec<u8>, Vec<i64>, Vec<f32>, Vec<f32>) {
-        (vec![0; n * 4], vec![0; n * 4], vec![0; n], vec![0.0; n], vec![0.0; n])
+    type Columns = (Vec<u8>, Vec<u8>, Vec<i64>, Vec<f32>, Vec<f32>);
+
+    fn buffers(n: usize) -> Columns {
+        (
+            vec![0; n * 4],
+            vec![0; n * 4],
+            vec![0; n],
+            vec![0.0; n],
+            vec![0.0; n],
+        )
     }
 
     #[test]
@@ -176,7 +183,10 @@ mod tests {
             shard.gather(slot as f64 + 0.5, &mut out, slot);
         }
         assert_eq!(out.actions, [5, 6, 7, 3, 4]);
-        let next: Vec<f32> = n.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
+        let next: Vec<f32> = n
+            .chunks(4)
+            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+            .collect();
         assert_eq!(next, [5.5, 6.5, 7.5, 3.5, 4.5]);
         assert!(d.iter().all(|x| *x == 0.5));
         assert_eq!(shard.bytes_per_item(), 32);

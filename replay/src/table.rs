@@ -144,7 +144,9 @@ impl Table {
         self.gate().limiter.sample(n as u64);
         self.changed.notify_all();
 
-        let totals: Vec<f64> = (0..self.shards.len()).map(|i| self.shard(i).total()).collect();
+        let totals: Vec<f64> = (0..self.shards.len())
+            .map(|i| self.shard(i).total())
+            .collect();
         let sum: f64 = totals.iter().sum();
         // Draw all points first, then visit each shard once in order.
         let mut picks: Vec<(usize, f64)> = (0..n)
@@ -172,11 +174,7 @@ impl Table {
     }
 
     /// Blocks until `ready` holds or the table closes; adds the time waited to `blocked`.
-    fn wait(
-        &self,
-        blocked: &AtomicU64,
-        ready: impl Fn(&Gate) -> bool,
-    ) -> Result<(), ReplayError> {
+    fn wait(&self, blocked: &AtomicU64, ready: impl Fn(&Gate) -> bool) -> Result<(), ReplayError> {
         let mut gate = self.gate();
         if gate.closed {
             return Err(ReplayError::Closed);
@@ -213,7 +211,9 @@ impl Table {
 
     /// Items held by each shard.
     pub fn shard_lens(&self) -> Vec<usize> {
-        (0..self.shards.len()).map(|i| self.shard(i).len()).collect()
+        (0..self.shards.len())
+            .map(|i| self.shard(i).len())
+            .collect()
     }
 
     /// Bytes stored per transition (observation columns included).
@@ -329,12 +329,18 @@ mod tests {
         }
         // 100k draws over 1000 items: expect 100 each. Chi-square with 999 degrees of
         // freedom has mean 999 and sd ~45; 1200 is > 4 sd out.
-        let chi2: f64 = counts.iter().map(|c| (f64::from(*c) - 100.0).powi(2) / 100.0).sum();
+        let chi2: f64 = counts
+            .iter()
+            .map(|c| (f64::from(*c) - 100.0).powi(2) / 100.0)
+            .sum();
         assert!(chi2 < 1200.0, "chi2 {chi2}");
         // Rows come back whole: reward and observation belong to the same item.
         for (i, a) in out.actions.iter().enumerate() {
             assert_eq!(out.rewards[i], *a as f32);
-            assert_eq!(f32::from_ne_bytes(out.obs[i * 4..i * 4 + 4].try_into().unwrap()), *a as f32);
+            assert_eq!(
+                f32::from_ne_bytes(out.obs[i * 4..i * 4 + 4].try_into().unwrap()),
+                *a as f32
+            );
         }
     }
 
@@ -346,7 +352,9 @@ mod tests {
         }
         let draw = |seed| {
             let mut out = Out::new(64);
-            table.sample(&mut SmallRng::seed_from_u64(seed), &mut out.buffers()).unwrap();
+            table
+                .sample(&mut SmallRng::seed_from_u64(seed), &mut out.buffers())
+                .unwrap();
             out.actions
         };
         assert_eq!(draw(1), draw(1));

@@ -134,7 +134,10 @@ impl Env for Acrobot {
         }
         for s in &mut self.state {
             // Gymnasium draws the start state in float32.
-            *s = f64::from(self.rng.random_range(-RESET_BOUND as f32..RESET_BOUND as f32));
+            *s = f64::from(
+                self.rng
+                    .random_range(-RESET_BOUND as f32..RESET_BOUND as f32),
+            );
         }
         self.elapsed = 0;
         self.observe(obs);

@@ -62,7 +62,10 @@ fn replay<E: Env>(id: &str, mut make: impl FnMut() -> E, set: fn(&mut E, &[f64],
     let mut env = make();
     let mut obs = vec![0.0f32; env.spec().obs.numel()];
     for (e, episode) in golden.episodes.iter().enumerate() {
-        let ctx = format!("{id} episode {e} (seed {}, {})", episode.seed, episode.policy);
+        let ctx = format!(
+            "{id} episode {e} (seed {}, {})",
+            episode.seed, episode.policy
+        );
         set(&mut env, &episode.initial_state, &mut obs);
         assert_close(&obs, &episode.reset_obs, tol, &format!("{ctx} reset"));
         for (t, want) in episode.steps.iter().enumerate() {
@@ -85,29 +88,38 @@ fn assert_close(got: &[f32], want: &[f32], tol: f64, at: &str) {
     assert_eq!(got.len(), want.len(), "{at}: observation length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let diff = (f64::from(*g) - f64::from(*w)).abs();
-        assert!(diff <= tol, "{at}: obs[{i}] = {g}, reference {w} (|diff| {diff:e} > {tol:e})");
+        assert!(
+            diff <= tol,
+            "{at}: obs[{i}] = {g}, reference {w} (|diff| {diff:e} > {tol:e})"
+        );
     }
 }
 
 #[test]
 fn cartpole_matches_gymnasium() {
-    replay("CartPole-v1", || CartPole::new(0), |env, s, o| {
-        env.set_state(s, o).unwrap()
-    });
+    replay(
+        "CartPole-v1",
+        || CartPole::new(0),
+        |env, s, o| env.set_state(s, o).unwrap(),
+    );
 }
 
 #[test]
 fn acrobot_matches_gymnasium() {
-    replay("Acrobot-v1", || Acrobot::new(0), |env, s, o| {
-        env.set_state(s, o).unwrap()
-    });
+    replay(
+        "Acrobot-v1",
+        || Acrobot::new(0),
+        |env, s, o| env.set_state(s, o).unwrap(),
+    );
 }
 
 #[test]
 fn mountain_car_matches_gymnasium() {
-    replay("MountainCar-v0", || MountainCar::new(0), |env, s, o| {
-        env.set_state(s, o).unwrap()
-    });
+    replay(
+        "MountainCar-v0",
+        || MountainCar::new(0),
+        |env, s, o| env.set_state(s, o).unwrap(),
+    );
 }
 
 #[test]
