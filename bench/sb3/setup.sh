@@ -7,7 +7,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../../scripts/env.sh"
 "$here/../../scripts/setup.sh"
 SB3_VENV="${SB3_VENV:-$MILLRACE_CACHE/sb3-venv}"
-if ! "$SB3_VENV/bin/python" -c 'import stable_baselines3, rl_zoo3' >/dev/null 2>&1; then
+if ! "$SB3_VENV/bin/python" -c 'import stable_baselines3, rl_zoo3, tensorboard' >/dev/null 2>&1; then
     python3 -m venv "$SB3_VENV"
     torch_site="$("$MILLRACE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     sb3_site="$("$SB3_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

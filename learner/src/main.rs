@@ -352,9 +352,10 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!("  wall time:       {:.2} s", s.wall_s);
     println!("  env steps:       {}", s.env_steps);
     println!(
-        "  updates:         {} ({:.0}/s)",
+        "  updates:         {} ({:.0}/s over the learner thread's {:.2} s)",
         s.updates,
-        s.updates as f64 / s.wall_s.max(1e-9)
+        s.updates as f64 / s.stalls.total.max(1e-9),
+        s.stalls.total
     );
     println!("  episodes:        {}", s.episodes);
     println!(

@@ -7,7 +7,13 @@ use std::process::Command;
 fn defaults_solve_cartpole() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args(["--env", "CartPole-v1", "--max-steps", "100000", "--no-progress"])
+        .args([
+            "--env",
+            "CartPole-v1",
+            "--max-steps",
+            "100000",
+            "--no-progress",
+        ])
         .arg("--logdir")
         .arg(dir.path())
         .env("RUST_LOG", "warn")
@@ -22,7 +28,12 @@ fn defaults_solve_cartpole() {
     );
     assert!(text.contains("solved at"), "{text}");
     let eval_line = text.lines().find(|l| l.contains("eval return:")).unwrap();
-    let mean: f32 = eval_line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let mean: f32 = eval_line
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(mean >= 475.0, "{eval_line}");
     assert!(dir.path().join("checkpoint/meta.json").exists());
 }

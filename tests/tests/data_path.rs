@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use millrace_actor::env::{CartPole, Env};
-use millrace_actor::{run_actor, ActorConfig, ActorControl, EpsilonSchedule, MlpPolicy, ParamsSource};
+use millrace_actor::{
+    run_actor, ActorConfig, ActorControl, EpsilonSchedule, MlpPolicy, ParamsSource,
+};
 use millrace_learner::prefetch::Prefetcher;
 use millrace_proto::{NetworkSpec, Params};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
@@ -43,7 +45,14 @@ fn sampled_batches_are_true_cartpole_transitions() {
     let net = NetworkSpec::mlp(&spec.obs, &[8], 2, 1).unwrap();
     let mut policy = MlpPolicy::new(net, 0).unwrap();
     let mut sink = TableSink::new(Arc::clone(&table), 50);
-    run_actor(&cfg, &mut policy, &mut NoParams, &mut sink, &ActorControl::default()).unwrap();
+    run_actor(
+        &cfg,
+        &mut policy,
+        &mut NoParams,
+        &mut sink,
+        &ActorControl::default(),
+    )
+    .unwrap();
     assert!(table.len() >= 1600);
     assert_eq!(table.shard_lens()[1], table.len(), "actor 1 writes shard 1");
 
@@ -65,7 +74,10 @@ fn sampled_batches_are_true_cartpole_transitions() {
             env.set_state(&state, &mut predicted).unwrap();
             let step = env.step(actions[row] as usize, &mut predicted);
             for (p, n) in predicted.iter().zip(next) {
-                assert!((p - n).abs() < 1e-4, "row {row}: predicted {predicted:?}, stored {next:?}");
+                assert!(
+                    (p - n).abs() < 1e-4,
+                    "row {row}: predicted {predicted:?}, stored {next:?}"
+                );
             }
             assert_eq!(rewards[row], 1.0);
             if step.terminated {
