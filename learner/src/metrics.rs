@@ -94,7 +94,7 @@ impl Metrics {
                 replay.sampled as f64 / replay.inserted.max(1) as f64,
             ),
             ("params/version", report.params_version as f64),
-            ("params/staleness", report.staleness),
+            ("replay/sampled_age_versions", report.staleness),
         ];
         if let Err(e) = self.tb.scalars(steps, &values) {
             tracing::warn!("TensorBoard write failed: {e}");
