@@ -258,7 +258,7 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         &env.obs,
         cfg.batch_size,
         4,
-        pinned,
+        pinned.then_some(cfg.device),
         cfg.seed ^ 0x5eed,
     )?;
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded::<Command>(1);
@@ -309,6 +309,8 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
                     .load(&req.params)
                     .map_err(|e| e.to_string())
                     .and_then(|()| {
+                        // Fresh start states for every evaluation, reproducible per step.
+                        let seed = millrace_actor::derive_seed(seed, req.env_steps);
                         millrace_actor::evaluate(&env, &mut policy, episodes, seed)
                             .map_err(|e| e.to_string())
                     });
@@ -399,7 +401,8 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         if steps >= cfg.max_steps && !eval_in_flight {
             break StopReason::MaxSteps;
         }
-        if learner.is_finished() {
+        // A thread that ends on its own has failed; joining below reports why.
+        if learner.is_finished() || actors.iter().any(JoinHandle::is_finished) {
             break StopReason::Interrupted;
         }
     };

@@ -49,16 +49,16 @@ unsafe fn bytes_mut(t: &mut Tensor) -> &mut [u8] {
 }
 
 impl Slot {
-    pub fn new(obs: &ObsSpec, batch_size: usize, pinned: bool) -> Self {
+    /// `pin_for`: the CUDA device to pin host memory for, if any.
+    pub fn new(obs: &ObsSpec, batch_size: usize, pin_for: Option<Device>) -> Self {
         let b = batch_size as i64;
         let mut obs_shape = vec![1, 2 * b];
         obs_shape.extend(obs.shape.iter().map(|d| *d as i64));
         let make = |shape: &[i64], k: Kind| {
             let t = Tensor::zeros(shape, (k, Device::Cpu));
-            if pinned {
-                t.pin_memory(Device::Cuda(0))
-            } else {
-                t
+            match pin_for {
+                Some(device) => t.pin_memory(device),
+                None => t,
             }
         };
         Self {
@@ -137,7 +137,7 @@ impl Prefetcher {
         obs: &ObsSpec,
         batch_size: usize,
         slots: usize,
-        pinned: bool,
+        pin_for: Option<Device>,
         seed: u64,
     ) -> std::io::Result<Self> {
         let slots = slots.max(2);
@@ -145,7 +145,7 @@ impl Prefetcher {
         let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Slot>(slots);
         for _ in 0..slots {
             free_tx
-                .send(Slot::new(obs, batch_size, pinned))
+                .send(Slot::new(obs, batch_size, pin_for))
                 .expect("channel has room for every slot");
         }
         let handle = std::thread::Builder::new()

@@ -158,7 +158,7 @@ fn a_run_checkpoints_and_resume_continues_it() {
 #[test]
 fn sigterm_stops_cleanly_with_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_learner"))
+    let child = Command::new(env!("CARGO_BIN_EXE_learner"))
         .args([
             "--no-progress",
             "--target-return",

@@ -56,7 +56,7 @@ fn sampled_batches_are_true_cartpole_transitions() {
     assert!(table.len() >= 1600);
     assert_eq!(table.shard_lens()[1], table.len(), "actor 1 writes shard 1");
 
-    let prefetcher = Prefetcher::spawn(Arc::clone(&table), &spec.obs, 32, 2, false, 0).unwrap();
+    let prefetcher = Prefetcher::spawn(Arc::clone(&table), &spec.obs, 32, 2, None, 0).unwrap();
     let mut env = CartPole::new(0);
     let mut predicted = [0.0f32; 4];
     let (mut terminal, mut checked) = (0, 0);
