@@ -325,9 +325,11 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             .context("installing the Ctrl-C/SIGTERM handler")?;
     }
     tracing::info!(
-        "training {} on {:?}: {} actor(s) x {} envs, network {:?}",
+        "training {} on {:?} (CUDA available: {}, {} device(s)): {} actor(s) x {} envs, network {:?}",
         cfg.env_id,
         cfg.device,
+        tch::Cuda::is_available(),
+        tch::Cuda::device_count(),
         cfg.actors,
         cfg.envs_per_actor,
         cfg.hidden
