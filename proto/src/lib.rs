@@ -3,10 +3,13 @@
 //! ([`TransitionBatch`]) and how parameters are published ([`Params`]).
 //!
 //! This crate depends on nothing internal so that actors, replay and the learner can all
-//! use it without cycles, and so that the wire format (a later codec module) has one home.
+//! use it without cycles, and so that the wire format has one home: [`wire`] holds the
+//! messages, [`codec`] the only code that turns bytes into them.
 
 pub mod batch;
+pub mod codec;
 pub mod spec;
+pub mod wire;
 
 pub use batch::{Params, TransitionBatch};
 pub use spec::{DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError};
