@@ -378,6 +378,10 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         100.0 * s.stalls.publish / s.stalls.total.max(1e-9),
         100.0 * s.stalls.checkpoint / s.stalls.total.max(1e-9),
     );
+    println!(
+        "  replay:          {} bytes per stored transition",
+        s.replay_bytes_per_item
+    );
     println!("  checkpoint:      {}", s.checkpoint.display());
     Ok(match s.reason {
         StopReason::Solved => ExitCode::SUCCESS,
