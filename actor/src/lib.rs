@@ -11,6 +11,7 @@ pub mod env;
 pub mod eval;
 pub mod nstep;
 pub mod policy;
+pub mod remote;
 pub mod runner;
 pub mod schedule;
 
@@ -21,7 +22,7 @@ pub use policy::{MlpPolicy, Policy, PolicyError};
 pub use runner::{
     run_actor, ActorConfig, ActorControl, ActorError, ActorSink, EpisodeStats, ParamsSource,
 };
-pub use schedule::EpsilonSchedule;
+pub use schedule::{apex_epsilon, EpsilonSchedule};
 
 /// SplitMix64: derives independent, reproducible seeds from one user seed.
 pub fn derive_seed(seed: u64, stream: u64) -> u64 {

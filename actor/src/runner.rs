@@ -27,7 +27,10 @@ pub struct ActorConfig {
     pub gamma: f32,
     /// Transitions per batch handed to the sink.
     pub batch_rows: usize,
+    /// Exploration shared by all environments (embedded mode: a decaying schedule)...
     pub epsilon: EpsilonSchedule,
+    /// ...or a fixed ε per environment (Ape-X: one per actor slot), when given.
+    pub env_epsilons: Option<Vec<f32>>,
 }
 
 /// A finished episode, as seen by an actor.
@@ -137,6 +140,11 @@ pub fn run_actor(
             batch_version = policy.version();
         }
         for i in 0..n {
+            let eps = cfg
+                .env_epsilons
+                .as_ref()
+                .and_then(|e| e.get(i).copied())
+                .unwrap_or(eps);
             let explore = policy.version().is_none() || rng.random::<f32>() < eps;
             let action = if explore {
                 rng.random_range(0..num_actions)
@@ -228,6 +236,7 @@ mod tests {
             gamma: 0.99,
             batch_rows: 64,
             epsilon: EpsilonSchedule::Constant(1.0),
+            env_epsilons: None,
         };
         let mut sink = Collect {
             limit: 10,

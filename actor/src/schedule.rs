@@ -26,9 +26,27 @@ impl EpsilonSchedule {
     }
 }
 
+/// Ape-X's per-actor exploration: slot `i` of `n` gets `base^(1 + alpha·i/(n−1))`
+/// (Horgan et al. 2018 use base 0.4, alpha 7), from 0.4 down to 0.4⁸ ≈ 0.00066.
+pub fn apex_epsilon(slot: u32, slots: u32, base: f32, alpha: f32) -> f32 {
+    if slots <= 1 {
+        return base;
+    }
+    base.powf(1.0 + alpha * slot as f32 / (slots - 1) as f32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn apex_epsilons_span_base_to_base_to_the_eighth() {
+        assert_eq!(apex_epsilon(0, 1, 0.4, 7.0), 0.4);
+        assert!((apex_epsilon(0, 64, 0.4, 7.0) - 0.4).abs() < 1e-6);
+        assert!((apex_epsilon(63, 64, 0.4, 7.0) - 0.4f32.powi(8)).abs() < 1e-7);
+        let mid = apex_epsilon(9, 19, 0.4, 7.0);
+        assert!((mid - 0.4f32.powf(4.5)).abs() < 1e-6);
+    }
 
     #[test]
     fn linear_decays_then_holds() {

@@ -72,11 +72,24 @@ fn write_atomic(
     write: impl FnOnce(&Path) -> Result<(), CheckpointError>,
 ) -> Result<(), CheckpointError> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    write(&tmp)?;
-    File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io(&tmp))?;
-    fs::rename(&tmp, path).map_err(io(path))
+    let result = write(&tmp)
+        .and_then(|()| {
+            File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(io(&tmp))
+        })
+        .and_then(|()| fs::rename(&tmp, path).map_err(io(path)));
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+        return result;
+    }
+    // Make the rename itself durable before anything refers to the new name.
+    if let Some(dir) = path.parent() {
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
 }
 
 /// Saves a checkpoint into `dir` (created if needed) and removes older model files.
@@ -176,10 +189,25 @@ pub fn load(path: &Path) -> Result<(CheckpointMeta, DqnState), CheckpointError> 
         path: model.clone(),
         source,
     })?;
-    let shape = [
-        meta.network.population as i64,
-        meta.network.layout().len as i64,
-    ];
+    // Sizes come from a file: check them before computing anything from them.
+    let per_agent = meta
+        .network
+        .widths()
+        .windows(2)
+        .try_fold(0usize, |acc, w| {
+            acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?)
+        })
+        .filter(|p| {
+            p.checked_mul(meta.network.population)
+                .is_some_and(|n| n <= 1 << 34)
+        })
+        .ok_or_else(|| {
+            invalid(
+                &meta_path,
+                format!("implausible network {:?}", meta.network),
+            )
+        })?;
+    let shape = [meta.network.population as i64, per_agent as i64];
     let mut found: Vec<Option<Tensor>> = vec![None, None, None, None];
     for (name, t) in tensors {
         let Some(i) = TENSORS.iter().position(|n| *n == name) else {

@@ -338,10 +338,11 @@ impl Dqn {
         let _ = self.grad.g_mul_(&scale);
 
         self.adam_step += 1;
-        let t = self.adam_step as i32;
+        // powf on the float count: no overflow however long the run (or odd the checkpoint).
+        let t = self.adam_step as f64;
         let (b1, b2) = c.adam_betas;
-        let bias1 = 1.0 - b1.powi(t);
-        let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
+        let bias1 = 1.0 - b1.powf(t);
+        let bias2_sqrt = (1.0 - b2.powf(t)).sqrt();
         let _ = self.adam_m.lerp_(&self.grad, 1.0 - b1);
         let _ = self.adam_v.lerp_(&self.grad.square(), 1.0 - b2);
         let denom = self.adam_v.sqrt().g_add_scalar_(c.adam_eps * bias2_sqrt);

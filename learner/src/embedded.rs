@@ -220,6 +220,13 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         data: dqn.online_params(),
     }));
 
+    // Fallible set-up first, so that an error here leaves no threads running.
+    let mut metrics = Metrics::new(
+        &cfg.logdir,
+        cfg.progress.clone(),
+        control.env_steps.load(Ordering::Relaxed),
+    )?;
+
     // Actors.
     let (episode_tx, episode_rx) = crossbeam_channel::bounded::<EpisodeStats>(4096);
     let mut actors = Vec::new();
@@ -235,6 +242,7 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
             gamma: cfg.gamma,
             batch_rows: cfg.envs_per_actor.max(16),
             epsilon: cfg.epsilon,
+            env_epsilons: None,
         };
         let mut policy = MlpPolicy::new(network.clone(), 0)
             .map_err(|e| TrainError::Thread("actor", e.to_string()))?;
@@ -334,11 +342,6 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
     };
 
     // Coordinator.
-    let mut metrics = Metrics::new(
-        &cfg.logdir,
-        cfg.progress.clone(),
-        control.env_steps.load(Ordering::Relaxed),
-    )?;
     let mut window: VecDeque<f32> = VecDeque::with_capacity(100);
     let mut episodes = 0u64;
     let start_steps = control.env_steps.load(Ordering::Relaxed);
@@ -381,7 +384,8 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         if solved_at.is_some() {
             break StopReason::Solved;
         }
-        if !eval_in_flight && steps >= next_eval {
+        // Past the step budget no new evaluation starts; the one in flight may finish.
+        if !eval_in_flight && steps >= next_eval && steps < cfg.max_steps {
             let sent = eval_tx.try_send(EvalRequest {
                 params: params.latest(),
                 env_steps: steps,
@@ -402,7 +406,10 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
             break StopReason::MaxSteps;
         }
         // A thread that ends on its own has failed; joining below reports why.
-        if learner.is_finished() || actors.iter().any(JoinHandle::is_finished) {
+        if learner.is_finished()
+            || evaluator.is_finished()
+            || actors.iter().any(JoinHandle::is_finished)
+        {
             break StopReason::Interrupted;
         }
     };

@@ -321,8 +321,14 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     let interrupt = Arc::new(AtomicBool::new(false));
     {
         let interrupt = Arc::clone(&interrupt);
-        ctrlc::set_handler(move || interrupt.store(true, Ordering::Relaxed))
-            .context("installing the Ctrl-C/SIGTERM handler")?;
+        // The first signal stops the run cleanly (checkpoint included); a second one
+        // exits at once.
+        ctrlc::set_handler(move || {
+            if interrupt.swap(true, Ordering::Relaxed) {
+                std::process::exit(130);
+            }
+        })
+        .context("installing the Ctrl-C/SIGTERM handler")?;
     }
     tracing::info!(
         "training {} on {:?} (CUDA available: {}, {} device(s)): {} actor(s) x {} envs, network {:?}",

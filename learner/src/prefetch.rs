@@ -50,7 +50,14 @@ unsafe fn bytes_mut(t: &mut Tensor) -> &mut [u8] {
 
 impl Slot {
     /// `pin_for`: the CUDA device to pin host memory for, if any.
+    ///
+    /// # Panics
+    /// If `batch_size` is 0 (an empty tensor has no storage to gather into).
     pub fn new(obs: &ObsSpec, batch_size: usize, pin_for: Option<Device>) -> Self {
+        assert!(
+            batch_size > 0,
+            "staging slots need a batch size of at least 1"
+        );
         let b = batch_size as i64;
         let mut obs_shape = vec![1, 2 * b];
         obs_shape.extend(obs.shape.iter().map(|d| *d as i64));
@@ -99,7 +106,10 @@ impl Slot {
     }
 
     /// The slot's batch on `device`: the same tensors on the CPU, a copy on a GPU.
-    pub fn to_device(&self, device: Device) -> Batch {
+    ///
+    /// The result borrows the slot: on the CPU it shares the slot's memory, so the slot
+    /// cannot be handed back for refilling while the batch is alive.
+    pub fn to_device(&self, device: Device) -> SlotBatch<'_> {
         let mv = |t: &Tensor| {
             if device == Device::Cpu {
                 t.shallow_clone()
@@ -107,12 +117,30 @@ impl Slot {
                 t.to_device(device)
             }
         };
-        Batch {
-            obs2: mv(&self.obs2),
-            actions: mv(&self.actions),
-            rewards: mv(&self.rewards),
-            discounts: mv(&self.discounts),
+        SlotBatch {
+            batch: Batch {
+                obs2: mv(&self.obs2),
+                actions: mv(&self.actions),
+                rewards: mv(&self.rewards),
+                discounts: mv(&self.discounts),
+            },
+            _slot: std::marker::PhantomData,
         }
+    }
+}
+
+/// A [`Batch`] that may share memory with the [`Slot`] it came from, borrowing it.
+#[derive(Debug)]
+pub struct SlotBatch<'a> {
+    batch: Batch,
+    _slot: std::marker::PhantomData<&'a Slot>,
+}
+
+impl std::ops::Deref for SlotBatch<'_> {
+    type Target = Batch;
+
+    fn deref(&self) -> &Batch {
+        &self.batch
     }
 }
 

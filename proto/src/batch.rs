@@ -101,6 +101,29 @@ impl TransitionBatch {
     }
 }
 
+impl TransitionBatch {
+    /// Checks the values a learner relies on, for batches from outside the process:
+    /// actions in `0..num_actions`, finite rewards, discounts in `[0, 1]`.
+    pub fn check_values(&self, num_actions: usize) -> Result<(), SpecError> {
+        if let Some(a) = self
+            .actions
+            .iter()
+            .find(|a| !(0..num_actions as i64).contains(a))
+        {
+            return Err(SpecError::BadValue(format!(
+                "action {a} outside 0..{num_actions}"
+            )));
+        }
+        if self.rewards.iter().any(|r| !r.is_finite()) {
+            return Err(SpecError::BadValue("non-finite reward".into()));
+        }
+        if self.discounts.iter().any(|d| !(0.0..=1.0).contains(d)) {
+            return Err(SpecError::BadValue("discount outside [0, 1]".into()));
+        }
+        Ok(())
+    }
+}
+
 /// A published parameter snapshot: all agents' flat parameters, `[K, P]` row-major.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Params {
@@ -131,6 +154,19 @@ mod tests {
         assert_eq!(b.validate(8), Ok(()));
         let next: &[f32] = bytemuck::cast_slice(&b.next_obs[8..]);
         assert_eq!(next, [7.0, 8.0]);
+    }
+
+    #[test]
+    fn check_values_rejects_out_of_range_rows() {
+        let mut b = TransitionBatch::with_capacity(4, 2);
+        b.push_f32(&[1.0], 1, 0.5, 0.99, &[3.0]);
+        assert_eq!(b.check_values(2), Ok(()));
+        assert!(b.check_values(1).is_err(), "action 1 with one action");
+        b.rewards[0] = f32::NAN;
+        assert!(b.check_values(2).is_err());
+        b.rewards[0] = 0.0;
+        b.discounts[0] = 1.5;
+        assert!(b.check_values(2).is_err());
     }
 
     #[test]

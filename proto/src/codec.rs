@@ -3,8 +3,11 @@
 //! A frame is a little-endian `u32` payload length followed by the payload, a bincode
 //! 2.0.1 (serde, standard config) encoding of one message. Every length is checked
 //! against an explicit maximum before anything is allocated for it, and decoding runs
-//! with bincode's byte limit, so a hostile peer can make a reader allocate at most one
-//! frame limit's worth of memory, never more. Handlers never see bytes.
+//! with bincode's byte limit. Memory a hostile frame can cost is therefore bounded: the
+//! frame itself, plus what decoding expands it to (at most ~24 bytes per encoded byte,
+//! for a sequence of empty strings; 8 for varint-coded integers). Servers should read
+//! the pre-authentication handshake with a small frame limit for that reason. Handlers
+//! never see bytes.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -94,7 +97,7 @@ impl Framer {
             return Ok(HEADER_BYTES - self.buf.len());
         }
         let len = payload_len(self.header(), self.max_frame)?;
-        Ok((HEADER_BYTES + len - self.buf.len()).max(1))
+        Ok((HEADER_BYTES + len).saturating_sub(self.buf.len()).max(1))
     }
 
     fn header(&self) -> [u8; HEADER_BYTES] {

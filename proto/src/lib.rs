@@ -8,6 +8,8 @@
 
 pub mod batch;
 pub mod codec;
+#[cfg(feature = "tokio")]
+pub mod io;
 pub mod spec;
 pub mod wire;
 

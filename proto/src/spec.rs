@@ -60,6 +60,8 @@ pub enum SpecError {
     BadHidden(Vec<usize>),
     #[error("population must be at least 1")]
     EmptyPopulation,
+    #[error("bad value: {0}")]
+    BadValue(String),
     #[error("{what}: expected {expected} values, got {got}")]
     Length {
         what: &'static str,

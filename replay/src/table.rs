@@ -17,7 +17,9 @@ use crate::shard::{SampleBuffers, Shard};
 pub struct ReplayConfig {
     /// Items held in all shards together (each shard holds `capacity / shards`).
     pub capacity: usize,
-    /// Independent locks; inserts from actor `a` go to shard `a % shards`.
+    /// Independent locks; batch `seq` of actor `a` goes to shard `(a + seq) % shards`, so
+    /// every actor's data spreads over all shards (full capacity with any actor count)
+    /// while concurrent actors still tend to hit different locks.
     pub shards: usize,
     /// Bytes of one observation row.
     pub obs_row_bytes: usize,
@@ -57,10 +59,10 @@ struct Gate {
 /// Sharded replay with rate-limited, blocking insert and sample.
 ///
 /// Locking: `gate` (a std `Mutex` + `Condvar`: waits are short and never span an
-/// `.await`) guards only the limiter's counters; shard locks guard storage. An insert
-/// writes its shard first and counts afterwards, so anything the limiter lets a sampler
-/// take is already stored. A sampler reserves its items in the limiter before gathering,
-/// so two samplers never overdraw the ratio.
+/// `.await`) guards only the limiter's counters; shard locks guard storage, and the two
+/// are never held together. An insert writes its shard first and counts afterwards, so
+/// anything the limiter lets a sampler take is already stored. A sampler reserves its
+/// items under the lock that checked the limiter, so samplers never overdraw the ratio.
 pub struct Table {
     shards: Vec<Mutex<Shard>>,
     row_bytes: usize,
@@ -126,8 +128,10 @@ impl Table {
         if batch.is_empty() {
             return Ok(());
         }
-        self.wait(&self.insert_blocked_ns, |g| g.limiter.can_insert())?;
-        let shard = batch.actor_id as usize % self.shards.len();
+        // Counted only once stored (below), so a sampler never sees counted but absent
+        // items; concurrent inserters may overshoot the band by a batch each.
+        self.wait(&self.insert_blocked_ns, |g| g.limiter.can_insert(), |_| ())?;
+        let shard = ((u64::from(batch.actor_id) + batch.seq) % self.shards.len() as u64) as usize;
         self.shard(shard).insert(batch);
         self.gate().limiter.insert(batch.len() as u64);
         self.changed.notify_all();
@@ -139,9 +143,13 @@ impl Table {
     /// parameter version among the sampled items.
     pub fn sample<R: Rng>(&self, rng: &mut R, out: &mut SampleBuffers<'_>) -> Result<u64, Closed> {
         let n = out.rows();
-        self.wait(&self.sample_blocked_ns, |g| g.limiter.can_sample(n as u64))
-            .map_err(|_| Closed)?;
-        self.gate().limiter.sample(n as u64);
+        // Reserve under the same lock that checked, so samplers never overdraw the ratio.
+        self.wait(
+            &self.sample_blocked_ns,
+            |g| g.limiter.can_sample(n as u64),
+            |g| g.limiter.sample(n as u64),
+        )
+        .map_err(|_| Closed)?;
         self.changed.notify_all();
 
         let totals: Vec<f64> = (0..self.shards.len())
@@ -173,13 +181,20 @@ impl Table {
         Ok(oldest)
     }
 
-    /// Blocks until `ready` holds or the table closes; adds the time waited to `blocked`.
-    fn wait(&self, blocked: &AtomicU64, ready: impl Fn(&Gate) -> bool) -> Result<(), ReplayError> {
+    /// Blocks until `ready` holds or the table closes, then runs `then` under the same
+    /// lock; adds the time waited to `blocked`.
+    fn wait(
+        &self,
+        blocked: &AtomicU64,
+        ready: impl Fn(&Gate) -> bool,
+        then: impl FnOnce(&mut Gate),
+    ) -> Result<(), ReplayError> {
         let mut gate = self.gate();
         if gate.closed {
             return Err(ReplayError::Closed);
         }
         if ready(&gate) {
+            then(&mut gate);
             return Ok(());
         }
         let start = Instant::now();
@@ -190,6 +205,7 @@ impl Table {
         if gate.closed {
             Err(ReplayError::Closed)
         } else {
+            then(&mut gate);
             Ok(())
         }
     }
@@ -292,12 +308,24 @@ mod tests {
     }
 
     #[test]
-    fn routes_each_actor_to_its_shard() {
+    fn routes_batches_round_robin_from_each_actor() {
         let table = Table::new(&config(400, 4, 1.0, 1));
-        table.insert(&batch(5, 0..10)).unwrap();
-        table.insert(&batch(2, 0..3)).unwrap();
-        assert_eq!(table.shard_lens(), [0, 10, 3, 0]);
-        assert_eq!(table.len(), 13);
+        let mut b = batch(5, 0..10);
+        table.insert(&b).unwrap(); // (5 + 0) % 4 = 1
+        b.seq = 1;
+        table.insert(&b).unwrap(); // 2
+        let mut c = batch(2, 0..3);
+        c.seq = 4;
+        table.insert(&c).unwrap(); // (2 + 4) % 4 = 2
+        assert_eq!(table.shard_lens(), [0, 10, 13, 0]);
+        // One actor alone still fills every shard, i.e. the whole capacity.
+        let single = Table::new(&config(40, 4, 1.0, 1));
+        for seq in 0..8 {
+            let mut b = batch(0, 0..10);
+            b.seq = seq;
+            single.insert(&b).unwrap();
+        }
+        assert_eq!(single.shard_lens(), [10, 10, 10, 10]);
     }
 
     #[test]

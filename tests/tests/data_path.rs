@@ -41,6 +41,7 @@ fn sampled_batches_are_true_cartpole_transitions() {
         gamma: 0.99,
         batch_rows: 32,
         epsilon: EpsilonSchedule::Constant(1.0),
+        env_epsilons: None,
     };
     let net = NetworkSpec::mlp(&spec.obs, &[8], 2, 1).unwrap();
     let mut policy = MlpPolicy::new(net, 0).unwrap();
@@ -54,7 +55,10 @@ fn sampled_batches_are_true_cartpole_transitions() {
     )
     .unwrap();
     assert!(table.len() >= 1600);
-    assert_eq!(table.shard_lens()[1], table.len(), "actor 1 writes shard 1");
+    assert!(
+        table.shard_lens().iter().all(|n| *n > 0),
+        "batches spread over shards"
+    );
 
     let prefetcher = Prefetcher::spawn(Arc::clone(&table), &spec.obs, 32, 2, None, 0).unwrap();
     let mut env = CartPole::new(0);
