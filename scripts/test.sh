@@ -8,4 +8,6 @@ source "$here/env.sh"
 cd "$here/.."
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The multi-process tests run the learner and actor binaries.
+cargo build --workspace --bins --locked
 cargo test --workspace --locked "$@"

@@ -13,7 +13,7 @@ use millrace_proto::wire::{
 };
 use millrace_proto::{Params, TransitionBatch};
 use rand::Rng;
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::env;
@@ -122,6 +122,7 @@ struct ChannelSink {
 impl ActorSink for ChannelSink {
     fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
         self.stats.env_steps += batch.len() as u64;
+        self.stats.params_version = batch.version;
         self.tx
             .blocking_send(ActorMsg::Transitions(batch))
             .map_err(|_| SinkClosed)?;
@@ -178,7 +179,7 @@ fn refused_for_good(reason: &str) -> bool {
 }
 
 async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> End {
-    let stream = match TcpStream::connect(&cfg.learner).await {
+    let stream = match connect(&cfg.learner).await {
         Ok(s) => s,
         Err(e) => return End::Lost(format!("cannot connect to {}: {e}", cfg.learner)),
     };
@@ -231,7 +232,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
 
     let latest = Arc::new(LatestParams::default());
     let control = Arc::new(ActorControl::default());
-    let (tx, mut rx) = mpsc::channel::<ActorMsg>(8);
+    let (tx, mut rx) = mpsc::channel::<ActorMsg>(2);
     let actor = {
         let (latest, control, network) = (
             Arc::clone(&latest),
@@ -288,6 +289,29 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     // Let the writer flush a goodbye, but never wait on a stalled socket for long.
     let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
     end
+}
+
+/// Bytes of socket send buffer. Kept small on purpose: the kernel's autotuned buffers
+/// hold megabytes, i.e. tens of thousands of transitions generated with old parameters
+/// that the learner would take seconds to drain; backpressure should reach the actor
+/// loop instead.
+pub const SOCKET_BUFFER_BYTES: u32 = 16 << 10;
+
+async fn connect(learner: &str) -> std::io::Result<TcpStream> {
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    for addr in tokio::net::lookup_host(learner).await? {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_send_buffer_size(SOCKET_BUFFER_BYTES)?;
+        match socket.connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 /// The actor's configuration, all from the learner's [`Welcome`].

@@ -65,6 +65,8 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Progress bar to drive (the binary creates it so logging can share the terminal).
     pub progress: Option<indicatif::ProgressBar>,
+    /// Also serve remote actors (`learner --listen`).
+    pub server: Option<crate::server::ServerConfig>,
 }
 
 /// Why a run ended.
@@ -227,8 +229,29 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         control.env_steps.load(Ordering::Relaxed),
     )?;
 
-    // Actors.
     let (episode_tx, episode_rx) = crossbeam_channel::bounded::<EpisodeStats>(4096);
+    // Remote actors, if listening.
+    let server = match &cfg.server {
+        Some(scfg) => {
+            let mut scfg = scfg.clone();
+            scfg.n_step = cfg.n_step as u32;
+            scfg.gamma = cfg.gamma;
+            scfg.batch_rows = cfg.envs_per_actor.max(16) as u32;
+            let ctx = crate::server::ServerContext {
+                env: env.clone(),
+                network: network.clone(),
+                run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
+                table: Arc::clone(&table),
+                params: Arc::clone(&params),
+                episodes: episode_tx.clone(),
+                control: Arc::clone(&control),
+            };
+            Some(crate::server::spawn(scfg, ctx)?)
+        }
+        None => None,
+    };
+
+    // Actors.
     let mut actors = Vec::new();
     for id in 0..cfg.actors {
         let acfg = ActorConfig {
@@ -418,6 +441,9 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
     control.stop.store(true, Ordering::Relaxed);
     let _ = cmd_tx.try_send(Command::Stop);
     table.close();
+    if let Some(server) = server {
+        server.shutdown();
+    }
     drop(eval_tx);
     let outcome = learner
         .join()

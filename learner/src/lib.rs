@@ -13,6 +13,7 @@ pub mod embedded;
 pub mod metrics;
 pub mod params;
 pub mod prefetch;
+pub mod server;
 pub mod tensorboard;
 pub mod update_loop;
 

@@ -28,9 +28,19 @@ struct Args {
     #[arg(long, default_value = "CartPole-v1")]
     env: String,
 
-    /// Actor threads, each stepping --envs-per-actor environments with batched inference.
-    #[arg(long, default_value_t = 1)]
-    actors: usize,
+    /// Actor threads in this process, each stepping --envs-per-actor environments with
+    /// batched inference. Default: 1, or 0 with --listen (remote actors only).
+    #[arg(long)]
+    actors: Option<usize>,
+
+    /// Serve remote actors (`actor --learner HOST:PORT`) on this address; `--listen`
+    /// alone means 127.0.0.1:7787. Any address but loopback needs a token.
+    #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:7787")]
+    listen: Option<std::net::SocketAddr>,
+
+    /// File holding the token remote actors must present (else MILLRACE_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
 
     /// Environments per actor. 8 keeps the inference batch useful without making
     /// transitions stale.
@@ -172,8 +182,34 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
     ] {
         positive(name, v)?;
     }
+    let actors = args
+        .actors
+        .unwrap_or(if args.listen.is_some() { 0 } else { 1 });
+    if actors == 0 && args.listen.is_none() {
+        bail!("--actors 0 needs --listen (remote actors), or nothing would ever act");
+    }
+    let server = match args.listen {
+        Some(addr) => {
+            let token = match &args.token_file {
+                Some(path) => Some(
+                    std::fs::read_to_string(path)
+                        .with_context(|| format!("--token-file {}", path.display()))?
+                        .trim()
+                        .to_string(),
+                ),
+                None => std::env::var("MILLRACE_TOKEN").ok(),
+            }
+            .filter(|t| !t.is_empty());
+            if token.is_none() && !addr.ip().is_loopback() {
+                bail!("--listen {addr}: binding beyond loopback needs a token (--token-file or MILLRACE_TOKEN)");
+            }
+            let mut scfg = millrace_learner::server::ServerConfig::new(addr);
+            scfg.token = token;
+            Some(scfg)
+        }
+        None => None,
+    };
     for (name, v) in [
-        ("actors", args.actors),
         ("envs-per-actor", args.envs_per_actor),
         ("batch-size", args.batch_size),
         ("n-step", args.n_step),
@@ -259,7 +295,7 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
             tolerance: args.samples_per_insert_tolerance,
             learning_starts: args.learning_starts,
         },
-        actors: args.actors,
+        actors,
         envs_per_actor: args.envs_per_actor,
         n_step: args.n_step,
         gamma: args.gamma,
@@ -276,6 +312,7 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
         checkpoint_every: args.checkpoint_every_s.map(Duration::from_secs),
         resume: args.resume,
         progress: bar,
+        server,
     })
 }
 
