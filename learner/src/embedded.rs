@@ -231,6 +231,7 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
 
     let (episode_tx, episode_rx) = crossbeam_channel::bounded::<EpisodeStats>(4096);
     // Remote actors, if listening.
+    let board = Arc::new(crate::server::ActorBoard::default());
     let server = match &cfg.server {
         Some(scfg) => {
             let mut scfg = scfg.clone();
@@ -245,6 +246,7 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
                 params: Arc::clone(&params),
                 episodes: episode_tx.clone(),
                 control: Arc::clone(&control),
+                board: Arc::clone(&board),
             };
             Some(crate::server::spawn(scfg, ctx)?)
         }
@@ -421,7 +423,8 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         let train_mean =
             (!window.is_empty()).then(|| window.iter().sum::<f32>() / window.len() as f32);
         let eps = cfg.epsilon.value(steps);
-        metrics.tick(steps, &report, train_mean, eps, &table.stats());
+        let remote = server.as_ref().map(|_| board.summary());
+        metrics.tick(steps, &report, train_mean, eps, &table.stats(), remote);
         if interrupt.load(Ordering::Relaxed) {
             break StopReason::Interrupted;
         }

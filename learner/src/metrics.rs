@@ -8,6 +8,7 @@ use indicatif::ProgressBar;
 use millrace_replay::ReplayStats;
 
 use crate::embedded::TrainSummary;
+use crate::server::BoardSummary;
 use crate::tensorboard::EventWriter;
 use crate::update_loop::LearnerReport;
 
@@ -57,6 +58,7 @@ impl Metrics {
         train_return: Option<f32>,
         epsilon: f32,
         replay: &ReplayStats,
+        remote: Option<BoardSummary>,
     ) {
         let dt = self.last_tick.elapsed().as_secs_f64();
         if dt < TICK_S {
@@ -96,14 +98,29 @@ impl Metrics {
             ("params/version", report.params_version as f64),
             ("replay/sampled_age_versions", report.staleness),
         ];
+        let mut values = values.to_vec();
+        if let Some(r) = &remote {
+            values.extend([
+                ("actors/connected", r.connected as f64),
+                ("actors/transitions_per_s", r.transitions_per_s),
+                ("actors/mean_version_lag", r.mean_version_lag),
+                ("actors/max_version_lag", r.max_version_lag as f64),
+            ]);
+        }
         if let Err(e) = self.tb.scalars(steps, &values) {
             tracing::warn!("TensorBoard write failed: {e}");
         }
         let _ = self.tb.flush();
-        let line = format!(
+        let mut line = format!(
             "{steps_s:>6.0} steps/s {updates_s:>5.0} upd/s  return {ret:>6.1}  eps {epsilon:.3}  loss {:.4}",
             report.stats.loss
         );
+        if let Some(r) = &remote {
+            line += &format!(
+                "  actors {} (lag {:.0}, max {})",
+                r.connected, r.mean_version_lag, r.max_version_lag
+            );
+        }
         if let Some(bar) = &self.bar {
             bar.set_position(steps);
             bar.set_message(line.clone());

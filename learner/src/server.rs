@@ -75,6 +75,57 @@ impl ServerConfig {
     }
 }
 
+/// Per-actor statistics, updated by connections and read by the coordinator for the
+/// progress bar and TensorBoard.
+#[derive(Debug, Default)]
+pub struct ActorBoard {
+    actors: std::sync::Mutex<std::collections::HashMap<u32, ActorEntry>>,
+}
+
+/// One connected actor, as last reported.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ActorEntry {
+    pub peer: String,
+    pub transitions_per_s: f64,
+    /// Learner parameter version minus the version the actor last acted with.
+    pub version_lag: u64,
+}
+
+/// All connected actors together.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BoardSummary {
+    pub connected: usize,
+    pub transitions_per_s: f64,
+    pub mean_version_lag: f64,
+    pub max_version_lag: u64,
+}
+
+impl ActorBoard {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, ActorEntry>> {
+        self.actors.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn update(&self, slot: u32, entry: ActorEntry) {
+        self.lock().insert(slot, entry);
+    }
+
+    pub fn remove(&self, slot: u32) {
+        self.lock().remove(&slot);
+    }
+
+    pub fn summary(&self) -> BoardSummary {
+        let actors = self.lock();
+        let n = actors.len();
+        BoardSummary {
+            connected: n,
+            transitions_per_s: actors.values().map(|a| a.transitions_per_s).sum(),
+            mean_version_lag: actors.values().map(|a| a.version_lag as f64).sum::<f64>()
+                / n.max(1) as f64,
+            max_version_lag: actors.values().map(|a| a.version_lag).max().unwrap_or(0),
+        }
+    }
+}
+
 /// What the server shares with the rest of the learner.
 #[derive(Clone, Debug)]
 pub struct ServerContext {
@@ -86,6 +137,7 @@ pub struct ServerContext {
     pub episodes: Sender<EpisodeStats>,
     /// Remote transitions count as env steps here (one per transition).
     pub control: Arc<ActorControl>,
+    pub board: Arc<ActorBoard>,
 }
 
 /// A running server.
@@ -258,6 +310,7 @@ impl Connection {
             self.cfg.write_timeout,
         ));
         let outcome = self.receive_loop(&mut rd, first_slot).await;
+        self.ctx.board.remove(first_slot);
         let _ = close_tx.send(true);
         // Take the write half back to send the reason, unless the peer stalled it.
         let wr = match tokio::time::timeout(Duration::from_secs(1), writer).await {
@@ -353,6 +406,7 @@ impl Connection {
         let num_actions = self.ctx.env.num_actions;
         let mut stop = self.stop.clone();
         let (mut steps, mut since) = (0u64, Instant::now());
+        let (mut window_steps, mut window_start) = (0u64, Instant::now());
         loop {
             let msg = tokio::select! {
                 m = tokio::time::timeout(self.cfg.idle_timeout, read_msg::<ActorMsg, _>(rd, self.cfg.max_frame)) => m,
@@ -376,6 +430,7 @@ impl Connection {
                     // The connection's own slot, whatever the actor claims.
                     batch.actor_id = slot;
                     steps += batch.len() as u64;
+                    window_steps += batch.len() as u64;
                     self.ctx
                         .control
                         .env_steps
@@ -403,6 +458,23 @@ impl Connection {
                             length: 0,
                             env_steps: stats.env_steps,
                         });
+                    }
+                    let lag = self
+                        .ctx
+                        .params
+                        .version()
+                        .saturating_sub(stats.params_version);
+                    let window = window_start.elapsed().as_secs_f64();
+                    if window >= 1.0 {
+                        self.ctx.board.update(
+                            slot,
+                            ActorEntry {
+                                peer: self.peer.to_string(),
+                                transitions_per_s: window_steps as f64 / window,
+                                version_lag: lag,
+                            },
+                        );
+                        (window_steps, window_start) = (0, Instant::now());
                     }
                     let dt = since.elapsed().as_secs_f64();
                     if dt >= 10.0 {

@@ -9,6 +9,7 @@ fn learner(args: &[&str]) -> Output {
         .args(args)
         .arg("--no-progress")
         .env("RUST_LOG", "warn")
+        .env_remove("MILLRACE_TOKEN")
         .output()
         .expect("learner runs")
 }
@@ -54,6 +55,11 @@ fn bad_flag_values_are_rejected_before_training() {
             "--learning-starts (10) must be at least --batch-size (64)",
         ),
         (vec!["--resume", "/nonexistent/ckpt"], "no such checkpoint"),
+        (
+            vec!["--listen", "0.0.0.0:0"],
+            "binding beyond loopback needs a token",
+        ),
+        (vec!["--actors", "0"], "--actors 0 needs --listen"),
     ] {
         assert_clear_error(&learner(&args), needle);
     }

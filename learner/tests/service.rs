@@ -62,6 +62,7 @@ fn fixture(token: Option<&str>) -> Fixture {
             params: Arc::clone(&params),
             episodes: tx,
             control: Arc::new(ActorControl::default()),
+            board: Arc::default(),
         },
     )
     .unwrap();

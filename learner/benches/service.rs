@@ -1,0 +1,281 @@
+//! The service's data paths, measured side by side in one run:
+//! (1) transitions/s and bytes/s from actors into replay over loopback TCP (the real
+//!     server, N client connections sending encoded batches as fast as replay takes
+//!     them) against the in-process path (N threads inserting the same batches);
+//! (2) parameter broadcast latency: publish a Nature-DQN-sized snapshot (~1.69M floats,
+//!     6.7 MB) and time until every one of 64 connected actors has received it.
+//!
+//! `cargo bench -p millrace-learner --bench service -- [--seconds 3] [--connections 4]
+//!  [--rows 64] [--actors 64] [--repeats 5]`
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use millrace_actor::ActorControl;
+use millrace_learner::params::ParamsSlot;
+use millrace_learner::server::{self, ServerConfig, ServerContext};
+use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
+use millrace_proto::wire::{ActorMsg, Capabilities, Hello, LearnerMsg, PROTOCOL_VERSION};
+use millrace_proto::{NetworkSpec, Params, TransitionBatch};
+use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
+
+/// Nature-DQN parameter count: conv 8x8x4→32, 4x4x32→64, 3x3x64→64, fc 3136→512→18.
+const NATURE_DQN_PARAMS: usize = (8 * 8 * 4 * 32 + 32)
+    + (4 * 4 * 32 * 64 + 64)
+    + (3 * 3 * 64 * 64 + 64)
+    + (3136 * 512 + 512)
+    + (512 * 18 + 18);
+
+fn arg(name: &str, default: f64) -> f64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().expect("a number"))
+        .unwrap_or(default)
+}
+
+fn table() -> Arc<Table> {
+    Arc::new(Table::new(&ReplayConfig {
+        capacity: 1 << 20,
+        shards: 4,
+        obs_row_bytes: 16,
+        // No rate limiting: measure the transport, not the replay ratio.
+        limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+    }))
+}
+
+fn batch(rows: usize) -> TransitionBatch {
+    let mut b = TransitionBatch::with_capacity(16, rows);
+    for i in 0..rows {
+        let x = i as f32 * 0.01;
+        b.push_f32(
+            &[x, -x, 0.5 * x, 0.1],
+            (i % 2) as i64,
+            1.0,
+            0.970299,
+            &[x + 0.01, -x, 0.5 * x, 0.2],
+        );
+    }
+    b
+}
+
+fn server(table: Arc<Table>, params: Arc<ParamsSlot>) -> server::ServerHandle {
+    let env = millrace_actor::env::spec("CartPole-v1").unwrap();
+    let network = NetworkSpec::mlp(&env.obs, &[64, 64], 2, 1).unwrap();
+    let (tx, _rx) = crossbeam_channel::bounded(1);
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.idle_timeout = Duration::from_secs(600);
+    server::spawn(
+        cfg,
+        ServerContext {
+            env,
+            network,
+            run_id: "bench".into(),
+            table,
+            params,
+            episodes: tx,
+            control: Arc::new(ActorControl::default()),
+            board: Arc::default(),
+        },
+    )
+    .unwrap()
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let hello = ActorMsg::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        token: String::new(),
+        actor_name: "bench".into(),
+        capabilities: Capabilities {
+            envs: 1,
+            env_ids: vec!["CartPole-v1".into()],
+        },
+    });
+    s.write_all(&codec::encode(&hello, DEFAULT_MAX_FRAME).unwrap())
+        .unwrap();
+    s
+}
+
+fn recv(s: &mut TcpStream) -> Option<LearnerMsg> {
+    let mut header = [0u8; 4];
+    s.read_exact(&mut header).ok()?;
+    let mut payload = vec![0u8; codec::payload_len(header, DEFAULT_MAX_FRAME).ok()?];
+    s.read_exact(&mut payload).ok()?;
+    codec::decode(&payload).ok()
+}
+
+fn throughput(seconds: f64, connections: usize, rows: usize) {
+    let b = batch(rows);
+    let frame = codec::encode(&ActorMsg::Transitions(b.clone()), DEFAULT_MAX_FRAME).unwrap();
+    let raw_bytes = b.obs.len() + b.next_obs.len() + rows * (8 + 4 + 4);
+
+    // In process: N threads inserting into replay, as embedded actors do.
+    let t = table();
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..connections)
+        .map(|i| {
+            let (t, stop, mut b) = (Arc::clone(&t), Arc::clone(&stop), b.clone());
+            b.actor_id = i as u32;
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    t.insert(&b).unwrap();
+                    b.seq += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    threads.into_iter().for_each(|h| h.join().unwrap());
+    let local_rows = t.stats().inserted as f64 / start.elapsed().as_secs_f64();
+
+    // Over loopback: N connections to the real server.
+    let t = table();
+    let params = Arc::new(ParamsSlot::new(Params {
+        version: 0,
+        population: 1,
+        data: vec![0.0; 4610],
+    }));
+    let srv = server(Arc::clone(&t), params);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..connections)
+        .map(|_| {
+            let (stop, sent, frame) = (Arc::clone(&stop), Arc::clone(&sent), frame.clone());
+            let mut s = connect(srv.addr);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if s.write_all(&frame).is_err() {
+                        break;
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200)); // handshakes
+    let (rows0, t0) = (t.stats().inserted, Instant::now());
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let remote_rows = (t.stats().inserted - rows0) as f64 / t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    t.close();
+    srv.shutdown();
+    clients.into_iter().for_each(|h| {
+        let _ = h.join();
+    });
+    let wire_per_row = frame.len() as f64 / rows as f64;
+    println!("transitions into replay ({connections} producers, batches of {rows}, CartPole rows of {} raw bytes):", raw_bytes / rows);
+    println!("  {:<22} {:>14} {:>12}", "path", "transitions/s", "MB/s");
+    println!(
+        "  {:<22} {:>14.0} {:>12.1}",
+        "in-process",
+        local_rows,
+        local_rows * (raw_bytes / rows) as f64 / 1e6
+    );
+    println!(
+        "  {:<22} {:>14.0} {:>12.1}",
+        "loopback TCP",
+        remote_rows,
+        remote_rows * wire_per_row / 1e6
+    );
+    println!(
+        "  loopback / in-process: {:.2}; {:.1} wire bytes per transition",
+        remote_rows / local_rows,
+        wire_per_row
+    );
+}
+
+fn broadcast(actors: usize, repeats: usize) {
+    let t = table();
+    let params = Arc::new(ParamsSlot::new(Params {
+        version: 0,
+        population: 1,
+        data: vec![0.0; 16],
+    }));
+    let srv = server(Arc::clone(&t), Arc::clone(&params));
+    let received: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let ready = Arc::new(Barrier::new(actors + 1));
+    let readers: Vec<_> = (0..actors)
+        .map(|_| {
+            let (received, ready) = (Arc::clone(&received), Arc::clone(&ready));
+            let mut s = connect(srv.addr);
+            std::thread::spawn(move || {
+                let mut waited = false;
+                while let Some(msg) = recv(&mut s) {
+                    match msg {
+                        LearnerMsg::Params(p) if p.version == 0 && !waited => {
+                            ready.wait();
+                            waited = true;
+                        }
+                        LearnerMsg::Params(p) => {
+                            received.lock().unwrap().push((p.version, Instant::now()))
+                        }
+                        _ => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    ready.wait();
+    let mut latencies = Vec::new();
+    for v in 1..=repeats as u64 {
+        let data = vec![v as f32; NATURE_DQN_PARAMS];
+        let t0 = Instant::now();
+        params.publish(Params {
+            version: v,
+            population: 1,
+            data,
+        });
+        loop {
+            let done: Vec<Instant> = received
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(ver, _)| *ver == v)
+                .map(|(_, at)| *at)
+                .collect();
+            if done.len() == actors {
+                let last = done.iter().max().unwrap();
+                latencies.push((*last - t0).as_secs_f64() * 1e3);
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "broadcast did not complete"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    t.close();
+    srv.shutdown();
+    drop(readers);
+    latencies.sort_by(f64::total_cmp);
+    println!(
+        "parameter broadcast, {:.1} MB ({NATURE_DQN_PARAMS} floats) to {actors} actors over loopback, {repeats} publishes:",
+        NATURE_DQN_PARAMS as f64 * 4.0 / 1e6
+    );
+    println!(
+        "  publish -> last actor has it: median {:.0} ms, min {:.0} ms, max {:.0} ms",
+        latencies[latencies.len() / 2],
+        latencies[0],
+        latencies[latencies.len() - 1]
+    );
+}
+
+fn main() {
+    let seconds = arg("--seconds", 3.0);
+    let connections = arg("--connections", 4.0) as usize;
+    let rows = arg("--rows", 64.0) as usize;
+    throughput(seconds, connections, rows);
+    broadcast(
+        arg("--actors", 64.0) as usize,
+        arg("--repeats", 5.0) as usize,
+    );
+}
