@@ -233,7 +233,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     let latest = Arc::new(LatestParams::default());
     let control = Arc::new(ActorControl::default());
     let (tx, mut rx) = mpsc::channel::<ActorMsg>(2);
-    let actor = {
+    let mut actor = {
         let (latest, control, network) = (
             Arc::clone(&latest),
             Arc::clone(&control),
@@ -252,7 +252,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         })
     };
     let max_frame = cfg.max_frame;
-    let writer = tokio::spawn(async move {
+    let mut writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
             if let Err(e) = write_msg(&mut wr, &msg, max_frame).await {
                 return format!("sending to the learner failed: {e}");
@@ -261,6 +261,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         String::new()
     });
 
+    let mut actor_result = None;
     let end = loop {
         tokio::select! {
             msg = read_msg::<LearnerMsg, _>(&mut rd, cfg.max_frame) => match msg {
@@ -273,21 +274,41 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
                 Err(ReadError::Io(e)) => break End::Lost(format!("connection to the learner lost: {e}")),
                 Err(e) => break End::Lost(format!("bad data from the learner: {e}")),
             },
+            // The write side failed (or the actor loop ended): this session is over.
+            w = &mut writer => break End::Lost(match w {
+                Ok(reason) if !reason.is_empty() => reason,
+                _ => "the sending task ended".into(),
+            }),
+            a = &mut actor => {
+                actor_result = Some(a);
+                break End::Lost("the actor loop ended".into());
+            }
             _ = shutdown.changed() => {
-                let _ = tx.send(ActorMsg::Goodbye { reason: "actor shutting down".into() }).await;
+                let goodbye = ActorMsg::Goodbye { reason: "actor shutting down".into() };
+                let _ = tokio::time::timeout(Duration::from_secs(1), tx.send(goodbye)).await;
                 break End::Shutdown;
             }
         }
     };
     control.stop.store(true, Ordering::Relaxed);
     drop(tx);
-    match actor.await {
+    let result = match actor_result {
+        Some(r) => r,
+        None => actor.await,
+    };
+    match result {
         Ok(Err(e)) => tracing::error!("actor loop failed: {e}"),
         Err(e) => tracing::error!("actor thread panicked: {e}"),
         Ok(Ok(_)) => {}
     }
     // Let the writer flush a goodbye, but never wait on a stalled socket for long.
-    let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
+    if !writer.is_finished()
+        && tokio::time::timeout(Duration::from_secs(1), &mut writer)
+            .await
+            .is_err()
+    {
+        writer.abort();
+    }
     end
 }
 
