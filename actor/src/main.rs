@@ -45,8 +45,8 @@ fn token(args: &Args) -> anyhow::Result<String> {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    if args.n == 0 || args.n > 65_536 {
-        bail!("--n must be between 1 and 65536, got {}", args.n);
+    if args.n == 0 || args.n > 4096 {
+        bail!("--n must be between 1 and 4096, got {}", args.n);
     }
     let mut cfg = RemoteConfig::new(args.learner.clone(), args.n);
     cfg.token = token(&args)?;

@@ -40,6 +40,8 @@ pub struct RemoteConfig {
     pub backoff_max: Duration,
     /// Send episode statistics this often.
     pub stats_every: Duration,
+    /// The learner heartbeats every 5 s; this much silence ends the session.
+    pub read_timeout: Duration,
 }
 
 impl RemoteConfig {
@@ -55,6 +57,7 @@ impl RemoteConfig {
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(10),
             stats_every: Duration::from_secs(1),
+            read_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -174,14 +177,27 @@ pub async fn run(
     }
 }
 
+/// Refusals that retrying cannot fix (the server's reasons, see `learner::server`).
 fn refused_for_good(reason: &str) -> bool {
-    reason.contains("token") || reason.contains("protocol version")
+    [
+        "token",
+        "protocol version",
+        "environments requested",
+        "cannot run",
+    ]
+    .iter()
+    .any(|r| reason.contains(r))
 }
 
 async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> End {
-    let stream = match connect(&cfg.learner).await {
-        Ok(s) => s,
-        Err(e) => return End::Lost(format!("cannot connect to {}: {e}", cfg.learner)),
+    let connected = tokio::select! {
+        c = tokio::time::timeout(cfg.handshake_timeout, connect(&cfg.learner)) => c,
+        _ = shutdown.changed() => return End::Shutdown,
+    };
+    let stream = match connected {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return End::Lost(format!("cannot connect to {}: {e}", cfg.learner)),
+        Err(_) => return End::Lost(format!("connecting to {} timed out", cfg.learner)),
     };
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
@@ -264,7 +280,10 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     let mut actor_result = None;
     let end = loop {
         tokio::select! {
-            msg = read_msg::<LearnerMsg, _>(&mut rd, cfg.max_frame) => match msg {
+            // The learner sends a heartbeat every few seconds: silence means a dead link.
+            msg = tokio::time::timeout(cfg.read_timeout, read_msg::<LearnerMsg, _>(&mut rd, cfg.max_frame)) => match msg {
+                Err(_) => break End::Lost(format!("nothing from the learner for {:?}", cfg.read_timeout)),
+                Ok(msg) => match msg {
                 Ok(Some(LearnerMsg::Params(p))) => latest.store(p),
                 Ok(Some(LearnerMsg::Heartbeat)) => {}
                 Ok(Some(LearnerMsg::Welcome(_))) => break End::Lost("protocol error: a second welcome".into()),
@@ -273,7 +292,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
                 Ok(None) => break End::Lost("the learner closed the connection".into()),
                 Err(ReadError::Io(e)) => break End::Lost(format!("connection to the learner lost: {e}")),
                 Err(e) => break End::Lost(format!("bad data from the learner: {e}")),
-            },
+            }},
             // The write side failed (or the actor loop ended): this session is over.
             w = &mut writer => break End::Lost(match w {
                 Ok(reason) if !reason.is_empty() => reason,
@@ -292,6 +311,15 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     };
     control.stop.store(true, Ordering::Relaxed);
     drop(tx);
+    // Let the writer flush (a goodbye), but never wait on a stalled socket for long:
+    // aborting it drops its queue, which unblocks an actor thread stuck sending.
+    if !writer.is_finished()
+        && tokio::time::timeout(Duration::from_secs(1), &mut writer)
+            .await
+            .is_err()
+    {
+        writer.abort();
+    }
     let result = match actor_result {
         Some(r) => r,
         None => actor.await,
@@ -300,14 +328,6 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         Ok(Err(e)) => tracing::error!("actor loop failed: {e}"),
         Err(e) => tracing::error!("actor thread panicked: {e}"),
         Ok(Ok(_)) => {}
-    }
-    // Let the writer flush a goodbye, but never wait on a stalled socket for long.
-    if !writer.is_finished()
-        && tokio::time::timeout(Duration::from_secs(1), &mut writer)
-            .await
-            .is_err()
-    {
-        writer.abort();
     }
     end
 }

@@ -9,7 +9,7 @@
 //! where the socket still works, an `Error` message to the peer.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -54,6 +54,8 @@ pub struct ServerConfig {
     /// Ape-X exploration: slot i of N gets `base^(1 + alpha·i/(N−1))`.
     pub eps_base: f32,
     pub eps_alpha: f32,
+    /// Connections open at once; more are refused at accept.
+    pub max_connections: usize,
 }
 
 impl ServerConfig {
@@ -71,7 +73,43 @@ impl ServerConfig {
             batch_rows: 64,
             eps_base: 0.4,
             eps_alpha: 7.0,
+            max_connections: 256,
         }
+    }
+}
+
+/// Actor slots: handed out lowest first and returned when a connection ends, so an actor
+/// that reconnects gets its old slots (and Ape-X ε) back instead of ever-greedier new
+/// ones. ε is computed over the high-water mark of slots in use.
+#[derive(Debug, Default)]
+struct SlotPool {
+    inner: std::sync::Mutex<(std::collections::BTreeSet<u32>, u32)>,
+}
+
+/// Most slots a server hands out in all (64 actors × 4096 envs).
+const MAX_SLOTS: u32 = 1 << 18;
+
+impl SlotPool {
+    /// `n` slots and the number of slots the ε schedule spans, or `None` when full.
+    fn take(&self, n: u32) -> Option<(Vec<u32>, u32)> {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (free, next) = &mut *guard;
+        let from_free = (n as usize).min(free.len());
+        if from_free < n as usize && next.checked_add(n - from_free as u32)? > MAX_SLOTS {
+            return None;
+        }
+        let mut slots: Vec<u32> = (0..from_free).filter_map(|_| free.pop_first()).collect();
+        while slots.len() < n as usize {
+            slots.push(*next);
+            *next += 1;
+        }
+        slots.sort_unstable();
+        Some((slots, *next))
+    }
+
+    fn give_back(&self, slots: &[u32]) {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.0.extend(slots.iter().copied());
     }
 }
 
@@ -158,6 +196,15 @@ impl ServerHandle {
 
 /// Binds `cfg.listen` and serves on a thread of its own (a small tokio runtime).
 pub fn spawn(cfg: ServerConfig, ctx: ServerContext) -> std::io::Result<ServerHandle> {
+    // Parameters never change size during a run: refuse to start rather than fail to
+    // send them later.
+    let params_bytes = ctx.params.latest().data.len() * 4 + 64;
+    if params_bytes > cfg.max_frame.min(codec::MAX_FRAME_CEILING) {
+        return Err(std::io::Error::other(format!(
+            "parameters ({params_bytes} bytes) exceed the frame limit ({} bytes)",
+            cfg.max_frame
+        )));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("server")
@@ -205,12 +252,20 @@ async fn serve(
         frames_tx,
         stop.clone(),
     ));
-    let slots = Arc::new(AtomicU32::new(0));
+    let slots = Arc::new(SlotPool::default());
+    // Bounds open connections, and with them the threads parked in replay inserts.
+    let permits = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+                        tracing::warn!("{peer}: refused: {} connections already open", cfg.max_connections);
+                        drop(stream);
+                        continue;
+                    };
                     let conn = Connection {
+                        _permit: permit,
                         cfg: Arc::clone(&cfg),
                         ctx: Arc::clone(&ctx),
                         slots: Arc::clone(&slots),
@@ -264,9 +319,10 @@ async fn broadcast_params(
 }
 
 struct Connection {
+    _permit: tokio::sync::OwnedSemaphorePermit,
     cfg: Arc<ServerConfig>,
     ctx: Arc<ServerContext>,
-    slots: Arc<AtomicU32>,
+    slots: Arc<SlotPool>,
     frames: watch::Receiver<Option<Arc<Vec<u8>>>>,
     stop: watch::Receiver<bool>,
     peer: SocketAddr,
@@ -289,6 +345,7 @@ impl Connection {
             }
         };
         let first_slot = welcome.slots[0];
+        let slots = welcome.slots.clone();
         tracing::info!(
             "{peer}: actor joined with {} envs (slots {}..={})",
             welcome.slots.len(),
@@ -311,11 +368,16 @@ impl Connection {
         ));
         let outcome = self.receive_loop(&mut rd, first_slot).await;
         self.ctx.board.remove(first_slot);
+        self.slots.give_back(&slots);
         let _ = close_tx.send(true);
         // Take the write half back to send the reason, unless the peer stalled it.
-        let wr = match tokio::time::timeout(Duration::from_secs(1), writer).await {
+        let mut writer = writer;
+        let wr = match tokio::time::timeout(Duration::from_secs(1), &mut writer).await {
             Ok(Ok(wr)) => wr,
-            _ => None,
+            _ => {
+                writer.abort();
+                None
+            }
         };
         match outcome {
             Ok(reason) => tracing::info!("{peer}: connection closed: {reason}"),
@@ -381,9 +443,10 @@ impl Connection {
                 "{envs} environments requested (1..={MAX_ENVS_PER_ACTOR} allowed)"
             ));
         }
-        let first = self.slots.fetch_add(envs, Ordering::Relaxed);
-        let total = first + envs;
-        let slots: Vec<u32> = (first..total).collect();
+        let (slots, total) = self
+            .slots
+            .take(envs)
+            .ok_or_else(|| "the learner has no actor slots left".to_string())?;
         let epsilons = slots
             .iter()
             .map(|&i| apex_epsilon(i, total, self.cfg.eps_base, self.cfg.eps_alpha))
@@ -451,7 +514,12 @@ impl Connection {
                         stats.episodes,
                         stats.episode_returns.len()
                     );
-                    for r in stats.episode_returns.iter().take(4096) {
+                    for r in stats
+                        .episode_returns
+                        .iter()
+                        .filter(|r| r.is_finite())
+                        .take(4096)
+                    {
                         let _ = self.ctx.episodes.try_send(EpisodeStats {
                             actor_id: slot,
                             episode_return: *r,

@@ -205,12 +205,20 @@ fn an_actor_joins_streams_transitions_and_receives_parameters() {
             other => panic!("unexpected {other:?}"),
         }
     }
-    // A second actor gets the next slots.
+    // A second actor gets the next slots; when the first leaves and comes back it gets
+    // its old slots (and their ε) again.
     let mut d = Client::connect(f.addr);
     let LearnerMsg::Welcome(w2) = d.hello("") else {
         panic!("no welcome")
     };
     assert_eq!(w2.slots, [4, 5, 6, 7]);
+    drop(c);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut e = Client::connect(f.addr);
+    let LearnerMsg::Welcome(w3) = e.hello("") else {
+        panic!("no welcome")
+    };
+    assert_eq!(w3.slots, [0, 1, 2, 3]);
 }
 
 /// A good actor that keeps streaming while bad ones come and go.

@@ -131,7 +131,8 @@ impl Table {
         // Counted only once stored (below), so a sampler never sees counted but absent
         // items; concurrent inserters may overshoot the band by a batch each.
         self.wait(&self.insert_blocked_ns, |g| g.limiter.can_insert(), |_| ())?;
-        let shard = ((u64::from(batch.actor_id) + batch.seq) % self.shards.len() as u64) as usize;
+        let shard =
+            (u64::from(batch.actor_id).wrapping_add(batch.seq) % self.shards.len() as u64) as usize;
         self.shard(shard).insert(batch);
         self.gate().limiter.insert(batch.len() as u64);
         self.changed.notify_all();
