@@ -10,6 +10,7 @@
 pub mod env;
 pub mod eval;
 pub mod nstep;
+pub mod params;
 pub mod policy;
 pub mod remote;
 pub mod runner;
@@ -18,6 +19,7 @@ pub mod schedule;
 pub use env::{make, Env, EnvError, Step};
 pub use eval::{evaluate, EvalResult};
 pub use nstep::NStep;
+pub use params::{ParamsSlot, SlotReader};
 pub use policy::{MlpPolicy, Policy, PolicyError};
 pub use runner::{
     run_actor, ActorConfig, ActorControl, ActorError, ActorSink, EpisodeStats, ParamsSource,

@@ -35,21 +35,14 @@ struct Args {
     seed: u64,
 }
 
-fn token(args: &Args) -> anyhow::Result<String> {
-    if let Some(path) = &args.token_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--token-file {}", path.display()))?;
-        return Ok(text.trim().to_string());
-    }
-    Ok(std::env::var("MILLRACE_TOKEN").unwrap_or_default())
-}
-
 fn run(args: Args) -> anyhow::Result<()> {
     if args.n == 0 || args.n > 4096 {
         bail!("--n must be between 1 and 4096, got {}", args.n);
     }
     let mut cfg = RemoteConfig::new(args.learner.clone(), args.n);
-    cfg.token = token(&args)?;
+    cfg.token = remote::read_token(args.token_file.as_deref())
+        .context("--token-file")?
+        .unwrap_or_default();
     cfg.seed = args.seed;
     if let Some(name) = &args.name {
         cfg.name = name.clone();

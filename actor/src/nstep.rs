@@ -68,12 +68,6 @@ impl NStep {
         }
     }
 
-    /// Drops pending steps (e.g. when an environment is reset from outside).
-    pub fn clear(&mut self) {
-        self.head = 0;
-        self.len = 0;
-    }
-
     /// Emits the oldest pending step as a `len`-step transition ending at `next_obs`.
     fn emit(&mut self, terminated: bool, next_obs: &[f32], out: &mut TransitionBatch) {
         let mut ret = 0.0f32;

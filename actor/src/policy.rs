@@ -35,6 +35,8 @@ pub enum PolicyError {
 pub struct MlpPolicy {
     spec: NetworkSpec,
     layout: ParamLayout,
+    /// `spec.widths()`, computed once: `q_values` runs every actor step.
+    widths: Vec<usize>,
     agent: usize,
     params: Vec<f32>,
     version: Option<u64>,
@@ -55,6 +57,7 @@ impl MlpPolicy {
         Ok(Self {
             params: vec![0.0; layout.len],
             layout,
+            widths: spec.widths(),
             spec,
             agent,
             version: None,
@@ -99,7 +102,7 @@ impl Policy for MlpPolicy {
     }
 
     fn q_values(&mut self, obs: &[f32], q: &mut [f32]) {
-        let widths = self.spec.widths();
+        let widths = &self.widths;
         let batch = obs.len() / widths[0];
         assert_eq!(obs.len(), batch * widths[0], "obs is not [batch, obs_dim]");
         assert_eq!(

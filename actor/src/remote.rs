@@ -2,8 +2,8 @@
 //! thread and streams transitions; reconnects with exponential backoff and jitter when
 //! the learner goes away, and continues with the newest parameters it is sent.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use millrace_proto::codec::DEFAULT_MAX_FRAME;
@@ -11,16 +11,15 @@ use millrace_proto::io::{read_msg, write_msg, ReadError};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, Capabilities, Hello, LearnerMsg, Welcome, PROTOCOL_VERSION,
 };
-use millrace_proto::{Params, TransitionBatch};
+use millrace_proto::TransitionBatch;
 use rand::Rng;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::env;
+use crate::params::{ParamsSlot, SlotReader};
 use crate::policy::MlpPolicy;
-use crate::runner::{
-    run_actor, ActorConfig, ActorControl, ActorSink, EpisodeStats, ParamsSource, SinkClosed,
-};
+use crate::runner::{run_actor, ActorConfig, ActorControl, ActorSink, EpisodeStats, SinkClosed};
 use crate::schedule::EpsilonSchedule;
 
 /// Settings of a remote actor process.
@@ -77,40 +76,6 @@ enum End {
     Refused(String),
     /// Connection lost or never made; worth retrying.
     Lost(String),
-}
-
-/// Newest parameters received from the learner (latest-only).
-#[derive(Debug, Default)]
-pub struct LatestParams {
-    params: Mutex<Option<Arc<Params>>>,
-    version: AtomicU64,
-}
-
-impl LatestParams {
-    pub fn store(&self, params: Params) {
-        let v = params.version;
-        *self.params.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(params));
-        self.version.store(v + 1, Ordering::Release);
-    }
-}
-
-struct Reader(Arc<LatestParams>);
-
-impl ParamsSource for Reader {
-    fn newer_than(&mut self, have: Option<u64>) -> Option<Arc<Params>> {
-        // `version` holds v + 1 once something is stored, 0 before.
-        let stored = self.0.version.load(Ordering::Acquire);
-        match (stored, have) {
-            (0, _) => None,
-            (s, Some(h)) if s - 1 <= h => None,
-            _ => self
-                .0
-                .params
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-        }
-    }
 }
 
 /// Actor output that becomes messages on the connection; blocks when the connection's
@@ -175,6 +140,19 @@ pub async fn run(
             }
         }
     }
+}
+
+/// The shared token from `file` (trimmed), else from `MILLRACE_TOKEN`; `None` when
+/// neither gives a non-empty one. Both binaries read it the same way.
+pub fn read_token(file: Option<&std::path::Path>) -> std::io::Result<Option<String>> {
+    let token = match file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?
+            .trim()
+            .to_string(),
+        None => std::env::var("MILLRACE_TOKEN").unwrap_or_default(),
+    };
+    Ok(Some(token).filter(|t| !t.is_empty()))
 }
 
 /// Refusals that retrying cannot fix (the server's reasons, see `learner::server`).
@@ -246,7 +224,19 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         welcome.params_version
     );
 
-    let latest = Arc::new(LatestParams::default());
+    // The current parameters follow the welcome (a heartbeat may come first); the actor
+    // starts once it has them.
+    let latest = loop {
+        let next = tokio::select! {
+            m = tokio::time::timeout(cfg.handshake_timeout, read_msg::<LearnerMsg, _>(&mut rd, cfg.max_frame)) => m,
+            _ = shutdown.changed() => return End::Shutdown,
+        };
+        match next {
+            Ok(Ok(Some(LearnerMsg::Params(p)))) => break Arc::new(ParamsSlot::new(p)),
+            Ok(Ok(Some(LearnerMsg::Heartbeat))) => continue,
+            _ => return End::Lost("no parameters after the welcome".into()),
+        }
+    };
     let control = Arc::new(ActorControl::default());
     let (tx, mut rx) = mpsc::channel::<ActorMsg>(2);
     let mut actor = {
@@ -263,8 +253,14 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         };
         tokio::task::spawn_blocking(move || -> Result<u64, String> {
             let mut policy = MlpPolicy::new(network, 0).map_err(|e| e.to_string())?;
-            run_actor(&acfg, &mut policy, &mut Reader(latest), &mut sink, &control)
-                .map_err(|e| e.to_string())
+            run_actor(
+                &acfg,
+                &mut policy,
+                &mut SlotReader(latest),
+                &mut sink,
+                &control,
+            )
+            .map_err(|e| e.to_string())
         })
     };
     let max_frame = cfg.max_frame;
@@ -284,7 +280,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             msg = tokio::time::timeout(cfg.read_timeout, read_msg::<LearnerMsg, _>(&mut rd, cfg.max_frame)) => match msg {
                 Err(_) => break End::Lost(format!("nothing from the learner for {:?}", cfg.read_timeout)),
                 Ok(msg) => match msg {
-                Ok(Some(LearnerMsg::Params(p))) => latest.store(p),
+                Ok(Some(LearnerMsg::Params(p))) => latest.publish(p),
                 Ok(Some(LearnerMsg::Heartbeat)) => {}
                 Ok(Some(LearnerMsg::Welcome(_))) => break End::Lost("protocol error: a second welcome".into()),
                 Ok(Some(LearnerMsg::Error { reason })) => break End::Lost(format!("the learner closed the session: {reason}")),

@@ -15,7 +15,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use millrace_actor::ActorControl;
-use millrace_learner::params::ParamsSlot;
+use millrace_actor::ParamsSlot;
 use millrace_learner::server::{self, ServerConfig, ServerContext};
 use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{ActorMsg, Capabilities, Hello, LearnerMsg, PROTOCOL_VERSION};

@@ -301,14 +301,15 @@ impl Dqn {
             &batch.rewards,
             &batch.discounts,
         );
-        let q_taken = q_all.narrow(1, 0, b).gather(2, &batch.actions, false);
+        let q = q_all.narrow(1, 0, b);
+        let q_taken = q.gather(2, &batch.actions, false);
 
         // dLoss/dQ(s, a): Huber's derivative, clamp(q − y, ±δ), over the batch mean;
         // zero for the actions not taken.
         let delta = self.config.huber_delta;
         let mut g = (&q_taken - &targets).clamp(-delta, delta);
         let _ = g.g_mul_scalar_(1.0 / b as f64);
-        let mut d = q_all.narrow(1, 0, b).zeros_like();
+        let mut d = q.zeros_like();
         let _ = d.scatter_(2, &batch.actions, &g);
         // Backward through the layers, on the first B rows only (next_obs is not
         // differentiated); ReLU's derivative is read off its output.

@@ -21,9 +21,9 @@ use tch::Device;
 use crate::checkpoint;
 use crate::dqn::{Dqn, DqnConfig};
 use crate::metrics::Metrics;
-use crate::params::{ParamsSlot, SlotReader};
 use crate::prefetch::Prefetcher;
 use crate::update_loop::{self, CheckpointContext, Command, LearnerReport, LoopConfig, StallTimes};
+use millrace_actor::{ParamsSlot, SlotReader};
 
 /// Replay and rate-limiting settings.
 #[derive(Clone, Debug)]
@@ -161,6 +161,77 @@ fn spawn<T: Send + 'static>(
     std::thread::Builder::new().name(name.into()).spawn(f)
 }
 
+/// The shared ends that actors of either mode feed and read.
+struct Links {
+    env: EnvSpec,
+    network: NetworkSpec,
+    table: Arc<Table>,
+    params: Arc<ParamsSlot>,
+    control: Arc<ActorControl>,
+    episodes: Sender<EpisodeStats>,
+}
+
+type ActorThread = JoinHandle<Result<u64, String>>;
+
+/// Embedded mode: actors as threads of this process, inserting straight into replay.
+fn wire_local_actors(
+    cfg: &TrainConfig,
+    links: &Links,
+    seed_offset: u64,
+) -> Result<Vec<ActorThread>, TrainError> {
+    let mut actors = Vec::new();
+    for id in 0..cfg.actors {
+        let acfg = ActorConfig {
+            actor_id: id as u32,
+            env_id: cfg.env_id.clone(),
+            num_envs: cfg.envs_per_actor,
+            seed: cfg.seed.wrapping_add(seed_offset),
+            n_step: cfg.n_step,
+            gamma: cfg.gamma,
+            batch_rows: cfg.envs_per_actor.max(16),
+            epsilon: cfg.epsilon,
+            env_epsilons: None,
+        };
+        let mut policy = MlpPolicy::new(links.network.clone(), 0)
+            .map_err(|e| TrainError::Thread("actor", e.to_string()))?;
+        let mut source = SlotReader(Arc::clone(&links.params));
+        let mut sink = ReplaySink {
+            table: Arc::clone(&links.table),
+            episodes: links.episodes.clone(),
+        };
+        let control = Arc::clone(&links.control);
+        actors.push(spawn(&format!("actor-{id}"), move || {
+            run_actor(&acfg, &mut policy, &mut source, &mut sink, &control)
+                .map_err(|e| e.to_string())
+        })?);
+    }
+    Ok(actors)
+}
+
+/// Service mode: remote actor processes, through the server, into the same replay.
+fn wire_remote_actors(
+    cfg: &TrainConfig,
+    scfg: &crate::server::ServerConfig,
+    links: &Links,
+    board: &Arc<crate::server::ActorBoard>,
+) -> Result<crate::server::ServerHandle, TrainError> {
+    let mut scfg = scfg.clone();
+    scfg.n_step = cfg.n_step as u32;
+    scfg.gamma = cfg.gamma;
+    scfg.batch_rows = cfg.envs_per_actor.max(16) as u32;
+    let ctx = crate::server::ServerContext {
+        env: links.env.clone(),
+        network: links.network.clone(),
+        run_id: format!("{}-{}-{}", links.env.id, cfg.seed, std::process::id()),
+        table: Arc::clone(&links.table),
+        params: Arc::clone(&links.params),
+        episodes: links.episodes.clone(),
+        control: Arc::clone(&links.control),
+        board: Arc::clone(board),
+    };
+    Ok(crate::server::spawn(scfg, ctx)?)
+}
+
 /// Trains until the target return, `max_steps` or `interrupt`; then checkpoints.
 pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSummary, TrainError> {
     let started = Instant::now();
@@ -230,59 +301,22 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
     )?;
 
     let (episode_tx, episode_rx) = crossbeam_channel::bounded::<EpisodeStats>(4096);
-    // Remote actors, if listening.
+    // Where transitions come from: the two modes differ only here.
+    let links = Links {
+        env: env.clone(),
+        network: network.clone(),
+        table: Arc::clone(&table),
+        params: Arc::clone(&params),
+        control: Arc::clone(&control),
+        episodes: episode_tx.clone(),
+    };
     let board = Arc::new(crate::server::ActorBoard::default());
     let server = match &cfg.server {
-        Some(scfg) => {
-            let mut scfg = scfg.clone();
-            scfg.n_step = cfg.n_step as u32;
-            scfg.gamma = cfg.gamma;
-            scfg.batch_rows = cfg.envs_per_actor.max(16) as u32;
-            let ctx = crate::server::ServerContext {
-                env: env.clone(),
-                network: network.clone(),
-                run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
-                table: Arc::clone(&table),
-                params: Arc::clone(&params),
-                episodes: episode_tx.clone(),
-                control: Arc::clone(&control),
-                board: Arc::clone(&board),
-            };
-            Some(crate::server::spawn(scfg, ctx)?)
-        }
+        Some(scfg) => Some(wire_remote_actors(cfg, scfg, &links, &board)?),
         None => None,
     };
-
-    // Actors.
-    let mut actors = Vec::new();
-    for id in 0..cfg.actors {
-        let acfg = ActorConfig {
-            actor_id: id as u32,
-            env_id: cfg.env_id.clone(),
-            num_envs: cfg.envs_per_actor,
-            seed: cfg
-                .seed
-                .wrapping_add(resumed.as_ref().map_or(0, |m| m.env_steps)),
-            n_step: cfg.n_step,
-            gamma: cfg.gamma,
-            batch_rows: cfg.envs_per_actor.max(16),
-            epsilon: cfg.epsilon,
-            env_epsilons: None,
-        };
-        let mut policy = MlpPolicy::new(network.clone(), 0)
-            .map_err(|e| TrainError::Thread("actor", e.to_string()))?;
-        let mut source = SlotReader(Arc::clone(&params));
-        let mut sink = ReplaySink {
-            table: Arc::clone(&table),
-            episodes: episode_tx.clone(),
-        };
-        let control = Arc::clone(&control);
-        actors.push(spawn(&format!("actor-{id}"), move || {
-            run_actor(&acfg, &mut policy, &mut source, &mut sink, &control)
-                .map_err(|e| e.to_string())
-        })?);
-    }
-    drop(episode_tx);
+    let actors = wire_local_actors(cfg, &links, resumed.as_ref().map_or(0, |m| m.env_steps))?;
+    drop((links, episode_tx));
 
     // Prefetcher and learner.
     let pinned = cfg.device != Device::Cpu && tch::Cuda::is_available();
@@ -423,8 +457,8 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         let train_mean =
             (!window.is_empty()).then(|| window.iter().sum::<f32>() / window.len() as f32);
         let eps = cfg.epsilon.value(steps);
-        let remote = server.as_ref().map(|_| board.summary());
-        metrics.tick(steps, &report, train_mean, eps, &table.stats(), remote);
+        let remote = server.as_ref().map(|_| &*board);
+        metrics.tick(steps, &report, train_mean, eps, &table, remote);
         if interrupt.load(Ordering::Relaxed) {
             break StopReason::Interrupted;
         }

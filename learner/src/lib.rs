@@ -11,7 +11,6 @@ pub mod checkpoint;
 pub mod dqn;
 pub mod embedded;
 pub mod metrics;
-pub mod params;
 pub mod prefetch;
 pub mod server;
 pub mod tensorboard;

@@ -190,16 +190,8 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
     }
     let server = match args.listen {
         Some(addr) => {
-            let token = match &args.token_file {
-                Some(path) => Some(
-                    std::fs::read_to_string(path)
-                        .with_context(|| format!("--token-file {}", path.display()))?
-                        .trim()
-                        .to_string(),
-                ),
-                None => std::env::var("MILLRACE_TOKEN").ok(),
-            }
-            .filter(|t| !t.is_empty());
+            let token = millrace_actor::remote::read_token(args.token_file.as_deref())
+                .context("--token-file")?;
             if token.is_none() && !addr.ip().is_loopback() {
                 bail!("--listen {addr}: binding beyond loopback needs a token (--token-file or MILLRACE_TOKEN)");
             }

@@ -5,10 +5,10 @@ use std::path::Path;
 use std::time::Instant;
 
 use indicatif::ProgressBar;
-use millrace_replay::ReplayStats;
+use millrace_replay::Table;
 
 use crate::embedded::TrainSummary;
-use crate::server::BoardSummary;
+use crate::server::ActorBoard;
 use crate::tensorboard::EventWriter;
 use crate::update_loop::LearnerReport;
 
@@ -57,13 +57,15 @@ impl Metrics {
         report: &LearnerReport,
         train_return: Option<f32>,
         epsilon: f32,
-        replay: &ReplayStats,
-        remote: Option<BoardSummary>,
+        replay: &Table,
+        remote: Option<&ActorBoard>,
     ) {
         let dt = self.last_tick.elapsed().as_secs_f64();
         if dt < TICK_S {
             return;
         }
+        // Reading replay's counters takes its locks: only when a point is recorded.
+        let replay = replay.stats();
         let steps_s = (steps - self.last_steps.min(steps)) as f64 / dt;
         let updates_s = (report.updates - self.last_updates.min(report.updates)) as f64 / dt;
         let inserts_s = (replay.inserted - self.last_inserted.min(replay.inserted)) as f64 / dt;
@@ -98,15 +100,31 @@ impl Metrics {
             ("params/version", report.params_version as f64),
             ("replay/sampled_age_versions", report.staleness),
         ];
-        let mut values = values.to_vec();
-        if let Some(r) = &remote {
+        let mut values: Vec<(String, f64)> =
+            values.iter().map(|(t, v)| (t.to_string(), *v)).collect();
+        // Remote actors: the board is read here, once per tick, not on every poll.
+        let summary = remote.map(|board| {
+            for (slot, a) in board.entries() {
+                values.push((
+                    format!("actor/{slot}/transitions_per_s"),
+                    a.transitions_per_s,
+                ));
+                values.push((format!("actor/{slot}/version_lag"), a.version_lag as f64));
+            }
+            board.summary()
+        });
+        if let Some(r) = &summary {
             values.extend([
-                ("actors/connected", r.connected as f64),
-                ("actors/transitions_per_s", r.transitions_per_s),
-                ("actors/mean_version_lag", r.mean_version_lag),
-                ("actors/max_version_lag", r.max_version_lag as f64),
+                ("actors/connected".to_string(), r.connected as f64),
+                ("actors/transitions_per_s".to_string(), r.transitions_per_s),
+                ("actors/mean_version_lag".to_string(), r.mean_version_lag),
+                (
+                    "actors/max_version_lag".to_string(),
+                    r.max_version_lag as f64,
+                ),
             ]);
         }
+        let values: Vec<(&str, f64)> = values.iter().map(|(t, v)| (t.as_str(), *v)).collect();
         if let Err(e) = self.tb.scalars(steps, &values) {
             tracing::warn!("TensorBoard write failed: {e}");
         }
@@ -115,7 +133,7 @@ impl Metrics {
             "{steps_s:>6.0} steps/s {updates_s:>5.0} upd/s  return {ret:>6.1}  eps {epsilon:.3}  loss {:.4}",
             report.stats.loss
         );
-        if let Some(r) = &remote {
+        if let Some(r) = &summary {
             line += &format!(
                 "  actors {} (lag {:.0}, max {})",
                 r.connected, r.mean_version_lag, r.max_version_lag

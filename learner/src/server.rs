@@ -26,7 +26,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 
-use crate::params::ParamsSlot;
+use millrace_actor::ParamsSlot;
 
 /// The frame limit before a peer has authenticated: a `Hello` is a few hundred bytes.
 pub const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
@@ -149,6 +149,13 @@ impl ActorBoard {
 
     pub fn remove(&self, slot: u32) {
         self.lock().remove(&slot);
+    }
+
+    /// Every connected actor by its first slot, in slot order.
+    pub fn entries(&self) -> Vec<(u32, ActorEntry)> {
+        let mut all: Vec<_> = self.lock().iter().map(|(s, a)| (*s, a.clone())).collect();
+        all.sort_by_key(|(s, _)| *s);
+        all
     }
 
     pub fn summary(&self) -> BoardSummary {

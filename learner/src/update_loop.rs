@@ -13,8 +13,8 @@ use millrace_replay::Table;
 
 use crate::checkpoint::{self, CheckpointError, CheckpointMeta};
 use crate::dqn::{Dqn, UpdateStats};
-use crate::params::ParamsSlot;
 use crate::prefetch::Prefetcher;
+use millrace_actor::ParamsSlot;
 
 /// The learner thread's own settings.
 #[derive(Clone, Debug)]

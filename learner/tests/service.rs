@@ -7,8 +7,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use millrace_actor::ParamsSlot;
 use millrace_actor::{ActorControl, EpisodeStats};
-use millrace_learner::params::ParamsSlot;
 use millrace_learner::server::{self, ServerConfig, ServerContext, ServerHandle};
 use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{

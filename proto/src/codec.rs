@@ -38,18 +38,16 @@ pub enum CodecError {
 
 /// Encodes `msg` as one frame (length prefix included).
 pub fn encode<M: Serialize>(msg: &M, max_frame: usize) -> Result<Vec<u8>, CodecError> {
+    // Encode straight after a placeholder header: one buffer, no copy of the payload.
     let mut frame = vec![0u8; HEADER_BYTES];
-    let payload = bincode::serde::encode_to_vec(msg, config())
+    bincode::serde::encode_into_std_write(msg, &mut frame, config())
         .map_err(|e| CodecError::Encode(e.to_string()))?;
+    let len = frame.len() - HEADER_BYTES;
     let max = max_frame.min(MAX_FRAME_CEILING);
-    if payload.len() > max {
-        return Err(CodecError::FrameTooLarge {
-            len: payload.len(),
-            max,
-        });
+    if len > max {
+        return Err(CodecError::FrameTooLarge { len, max });
     }
-    frame[..HEADER_BYTES].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&payload);
+    frame[..HEADER_BYTES].copy_from_slice(&(len as u32).to_le_bytes());
     Ok(frame)
 }
 

@@ -129,12 +129,6 @@ impl Shard {
         out.discounts[row] = self.discounts[slot];
         self.versions[slot]
     }
-
-    pub fn clear(&mut self) {
-        self.cursor = 0;
-        self.len = 0;
-        self.selector.clear();
-    }
 }
 
 #[cfg(test)]

@@ -84,11 +84,6 @@ impl std::fmt::Debug for Table {
 impl Table {
     /// Allocates every shard's storage up front.
     pub fn new(config: &ReplayConfig) -> Self {
-        Self::with_counts(config, 0, 0)
-    }
-
-    /// As [`Table::new`], with the limiter's counters restored (resume from a checkpoint).
-    pub fn with_counts(config: &ReplayConfig, inserts: u64, samples: u64) -> Self {
         let shards = config.shards.max(1);
         let per_shard = config.capacity.div_ceil(shards).max(1);
         Self {
@@ -103,7 +98,7 @@ impl Table {
                 .collect(),
             row_bytes: config.obs_row_bytes,
             gate: Mutex::new(Gate {
-                limiter: RateLimiter::with_counts(config.limiter, inserts, samples),
+                limiter: RateLimiter::new(config.limiter),
                 closed: false,
             }),
             changed: Condvar::new(),

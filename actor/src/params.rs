@@ -1,10 +1,11 @@
-//! Latest-only parameter publication: the learner replaces the snapshot, readers take the
-//! newest one. A slow reader never builds a queue; it just skips versions.
+//! Latest-only parameter publication: a writer (the learner, or a remote actor's
+//! connection) replaces the snapshot, readers take the newest one. A slow reader never
+//! builds a queue; it just skips versions.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use millrace_actor::ParamsSource;
+use crate::runner::ParamsSource;
 use millrace_proto::Params;
 
 /// Holds the newest [`Params`].
