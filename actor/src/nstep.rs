@@ -5,71 +5,92 @@ use millrace_proto::TransitionBatch;
 use crate::env::Step;
 
 /// Per-environment window of the last `n` steps that turns single steps into n-step
-/// transitions `(s_t, a_t, Σ_{i<k} γ^i r_{t+i}, γ^k or 0, s_{t+k})`.
+/// transitions `(s_t, a_t, Σ_{i<k} γ^i r_{t+i}, γ^k or 0, s_{t+k})` in a
+/// [`TransitionBatch`], storing each observation once.
 ///
 /// A transition is emitted once `n` steps have followed it, or when the episode ends: on
-/// *termination* its discount is 0 (nothing follows), on *truncation* it keeps `γ^k` and
-/// bootstraps from the last observation. Storage is preallocated; nothing allocates per
-/// step.
+/// *termination* its discount is 0 (nothing follows, so the terminal observation is not
+/// stored and the transition points back at its own row), on *truncation* it keeps `γ^k`
+/// and bootstraps from the last observation. Pending steps refer to rows of the batch
+/// being built; [`NStep::carry`] moves them into the next batch when one is handed on.
+/// Nothing allocates per step.
 #[derive(Debug)]
 pub struct NStep {
     n: usize,
     gamma: f32,
-    obs_dim: usize,
-    /// Ring of the last `n` observations, `n * obs_dim`.
-    obs: Vec<f32>,
+    /// Ring of the last `n` steps: the row each started from, action, reward.
+    rows: Vec<u32>,
     actions: Vec<i64>,
     rewards: Vec<f32>,
     /// Index of the oldest pending step.
     head: usize,
     len: usize,
+    /// Row of the current observation (the one the next action is taken in).
+    current: Option<u32>,
 }
 
 impl NStep {
     /// # Panics
     /// If `n` is 0.
-    pub fn new(n: usize, gamma: f32, obs_dim: usize) -> Self {
+    pub fn new(n: usize, gamma: f32) -> Self {
         assert!(n >= 1, "n-step needs n >= 1");
         Self {
             n,
             gamma,
-            obs_dim,
-            obs: vec![0.0; n * obs_dim],
+            rows: vec![0; n],
             actions: vec![0; n],
             rewards: vec![0.0; n],
             head: 0,
             len: 0,
+            current: None,
         }
     }
 
-    /// Records that `action` taken in `obs` gave `step` and led to `next_obs`; appends
-    /// every transition that is now complete to `out`.
-    pub fn push(
-        &mut self,
-        obs: &[f32],
-        action: i64,
-        step: Step,
-        next_obs: &[f32],
-        out: &mut TransitionBatch,
-    ) {
+    /// Starts an episode in `obs` (after a reset).
+    pub fn start(&mut self, obs: &[f32], out: &mut TransitionBatch) {
+        debug_assert_eq!(self.len, 0, "an episode starts with no pending steps");
+        self.current = Some(out.push_obs_f32(obs));
+    }
+
+    /// Records that the action taken in the current observation gave `step` and led to
+    /// `next_obs`; appends every transition that is now complete to `out`. After a step
+    /// that ends the episode, call [`NStep::start`] with the reset observation.
+    ///
+    /// # Panics
+    /// If no episode was started.
+    pub fn push(&mut self, action: i64, step: Step, next_obs: &[f32], out: &mut TransitionBatch) {
+        let row = self.current.take().expect("NStep::start before push");
         let slot = (self.head + self.len) % self.n;
-        self.obs[slot * self.obs_dim..(slot + 1) * self.obs_dim].copy_from_slice(obs);
+        self.rows[slot] = row;
         self.actions[slot] = action;
         self.rewards[slot] = step.reward;
         self.len += 1;
 
-        if step.done() {
+        if step.terminated {
+            // Nothing bootstraps from a terminal observation: don't store it.
             while self.len > 0 {
-                self.emit(step.terminated, next_obs, out);
+                let own = self.rows[self.head];
+                self.emit(true, own, out);
             }
             self.head = 0;
-        } else if self.len == self.n {
-            self.emit(false, next_obs, out);
+        } else {
+            let next = out.push_obs_f32(next_obs);
+            if step.truncated {
+                while self.len > 0 {
+                    self.emit(false, next, out);
+                }
+                self.head = 0;
+            } else {
+                if self.len == self.n {
+                    self.emit(false, next, out);
+                }
+                self.current = Some(next);
+            }
         }
     }
 
-    /// Emits the oldest pending step as a `len`-step transition ending at `next_obs`.
-    fn emit(&mut self, terminated: bool, next_obs: &[f32], out: &mut TransitionBatch) {
+    /// Emits the oldest pending step as a `len`-step transition ending at row `next`.
+    fn emit(&mut self, terminated: bool, next: u32, out: &mut TransitionBatch) {
         let mut ret = 0.0f32;
         let mut scale = 1.0f32;
         for i in 0..self.len {
@@ -78,15 +99,22 @@ impl NStep {
         }
         let discount = if terminated { 0.0 } else { scale };
         let h = self.head;
-        out.push_f32(
-            &self.obs[h * self.obs_dim..(h + 1) * self.obs_dim],
-            self.actions[h],
-            ret,
-            discount,
-            next_obs,
-        );
+        out.push_transition(self.rows[h], self.actions[h], ret, discount, next);
         self.head = (self.head + 1) % self.n;
         self.len -= 1;
+    }
+
+    /// Copies the rows that pending steps and the current observation refer to from
+    /// `old` (a batch about to be handed on) into `new`, and points at them there.
+    /// This is the only duplication: at most `n` rows per environment per batch.
+    pub fn carry(&mut self, old: &TransitionBatch, new: &mut TransitionBatch) {
+        for i in 0..self.len {
+            let slot = (self.head + i) % self.n;
+            self.rows[slot] = new.push_obs_bytes(old.obs_row(self.rows[slot]));
+        }
+        if let Some(row) = self.current {
+            self.current = Some(new.push_obs_bytes(old.obs_row(row)));
+        }
     }
 }
 
@@ -102,37 +130,48 @@ mod tests {
         }
     }
 
-    fn obs(b: &TransitionBatch, col: &[u8], i: usize) -> f32 {
-        let row = &col[i * b.obs_row_bytes..(i + 1) * b.obs_row_bytes];
-        f32::from_ne_bytes(row[..4].try_into().unwrap())
+    fn row(b: &TransitionBatch, i: u32) -> f32 {
+        f32::from_ne_bytes(b.obs_row(i)[..4].try_into().unwrap())
+    }
+
+    fn obs_of(b: &TransitionBatch, i: usize) -> f32 {
+        row(b, b.obs_index[i])
+    }
+
+    fn next_of(b: &TransitionBatch, i: usize) -> f32 {
+        row(b, b.next_index[i])
     }
 
     #[test]
     fn one_step_passes_transitions_through() {
-        let mut ns = NStep::new(1, 0.9, 1);
-        let mut out = TransitionBatch::with_capacity(4, 4);
-        ns.push(&[0.0], 1, step(2.0, false, false), &[1.0], &mut out);
-        ns.push(&[1.0], 0, step(3.0, true, false), &[2.0], &mut out);
+        let mut ns = NStep::new(1, 0.9);
+        let mut out = TransitionBatch::with_capacity(4, 4, 4);
+        ns.start(&[0.0], &mut out);
+        ns.push(1, step(2.0, false, false), &[1.0], &mut out);
+        ns.push(0, step(3.0, false, false), &[2.0], &mut out);
         assert_eq!(out.rewards, [2.0, 3.0]);
-        assert_eq!(out.discounts, [0.9, 0.0]);
+        assert_eq!(out.discounts, [0.9, 0.9]);
         assert_eq!(out.actions, [1, 0]);
-        assert_eq!(obs(&out, &out.next_obs, 1), 2.0);
+        assert_eq!((obs_of(&out, 1), next_of(&out, 1)), (1.0, 2.0));
+        assert_eq!(out.obs_rows(), 3, "each observation stored once");
+        out.validate(4).unwrap();
     }
 
     #[test]
     fn three_step_returns_and_termination() {
         let g = 0.5f32;
-        let mut ns = NStep::new(3, g, 1);
-        let mut out = TransitionBatch::with_capacity(4, 8);
+        let mut ns = NStep::new(3, g);
+        let mut out = TransitionBatch::with_capacity(4, 8, 8);
         // Rewards 1, 2, 4, 8 then terminate on the fourth step.
-        ns.push(&[0.0], 0, step(1.0, false, false), &[1.0], &mut out);
-        ns.push(&[1.0], 1, step(2.0, false, false), &[2.0], &mut out);
+        ns.start(&[0.0], &mut out);
+        ns.push(0, step(1.0, false, false), &[1.0], &mut out);
+        ns.push(1, step(2.0, false, false), &[2.0], &mut out);
         assert!(out.is_empty(), "nothing complete before n steps");
-        ns.push(&[2.0], 0, step(4.0, false, false), &[3.0], &mut out);
+        ns.push(0, step(4.0, false, false), &[3.0], &mut out);
         assert_eq!(out.rewards, [1.0 + g * 2.0 + g * g * 4.0]);
         assert_eq!(out.discounts, [g * g * g]);
-        assert_eq!(obs(&out, &out.next_obs, 0), 3.0);
-        ns.push(&[3.0], 1, step(8.0, true, false), &[4.0], &mut out);
+        assert_eq!(next_of(&out, 0), 3.0);
+        ns.push(1, step(8.0, true, false), &[4.0], &mut out);
         // Terminal flush: from s1 (3 steps), s2 (2 steps), s3 (1 step), all discount 0.
         assert_eq!(out.len(), 4);
         assert_eq!(
@@ -141,30 +180,50 @@ mod tests {
         );
         assert_eq!(out.discounts[1..], [0.0, 0.0, 0.0]);
         for i in 0..4 {
-            assert_eq!(obs(&out, &out.obs, i), i as f32);
+            assert_eq!(obs_of(&out, i), i as f32);
         }
-        for i in 1..4 {
-            assert_eq!(
-                obs(&out, &out.next_obs, i),
-                4.0,
-                "all bootstrap from the end"
-            );
-        }
+        assert_eq!(out.obs_rows(), 4, "the terminal observation is not stored");
+        out.validate(4).unwrap();
     }
 
     #[test]
     fn truncation_keeps_the_bootstrap() {
         let g = 0.9f32;
-        let mut ns = NStep::new(3, g, 1);
-        let mut out = TransitionBatch::with_capacity(4, 8);
-        ns.push(&[0.0], 0, step(1.0, false, false), &[1.0], &mut out);
-        ns.push(&[1.0], 0, step(1.0, false, true), &[2.0], &mut out);
+        let mut ns = NStep::new(3, g);
+        let mut out = TransitionBatch::with_capacity(4, 8, 8);
+        ns.start(&[0.0], &mut out);
+        ns.push(0, step(1.0, false, false), &[1.0], &mut out);
+        ns.push(0, step(1.0, false, true), &[2.0], &mut out);
         assert_eq!(out.rewards, [1.0 + g, 1.0]);
         assert_eq!(out.discounts, [g * g, g]);
+        assert_eq!((next_of(&out, 0), next_of(&out, 1)), (2.0, 2.0));
         // The window starts afresh for the next episode.
-        ns.push(&[5.0], 1, step(1.0, true, false), &[6.0], &mut out);
+        ns.start(&[5.0], &mut out);
+        ns.push(1, step(1.0, true, false), &[6.0], &mut out);
         assert_eq!(out.len(), 3);
-        assert_eq!(obs(&out, &out.obs, 2), 5.0);
+        assert_eq!(obs_of(&out, 2), 5.0);
         assert_eq!(out.discounts[2], 0.0);
+    }
+
+    #[test]
+    fn carry_moves_pending_steps_into_the_next_batch() {
+        let g = 0.5f32;
+        let mut ns = NStep::new(3, g);
+        let mut a = TransitionBatch::with_capacity(4, 8, 8);
+        ns.start(&[0.0], &mut a);
+        for t in 1..=4 {
+            ns.push(t, step(t as f32, false, false), &[t as f32], &mut a);
+        }
+        assert_eq!(a.len(), 2); // from s0 and s1; s2 and s3 pending, current s4
+        let mut b = TransitionBatch::with_capacity(4, 8, 8);
+        ns.carry(&a, &mut b);
+        assert_eq!(b.obs_rows(), 3, "two pending rows and the current one");
+        ns.push(5, step(5.0, false, false), &[5.0], &mut b);
+        ns.push(6, step(6.0, false, false), &[6.0], &mut b);
+        b.validate(4).unwrap();
+        assert_eq!(b.actions, [3, 4]);
+        assert_eq!((obs_of(&b, 0), next_of(&b, 0)), (2.0, 5.0));
+        assert_eq!((obs_of(&b, 1), next_of(&b, 1)), (3.0, 6.0));
+        assert_eq!(b.rewards[0], 3.0 + g * 4.0 + g * g * 5.0);
     }
 }

@@ -108,20 +108,26 @@ pub fn run_actor(
     let mut next = vec![0.0f32; obs_dim];
     let mut q = vec![0.0f32; n * num_actions];
     let mut greedy = vec![0usize; n];
-    let mut windows: Vec<NStep> = (0..n)
-        .map(|_| NStep::new(cfg.n_step, cfg.gamma, obs_dim))
-        .collect();
+    let mut windows: Vec<NStep> = (0..n).map(|_| NStep::new(cfg.n_step, cfg.gamma)).collect();
     let mut returns = vec![0.0f32; n];
     let mut lengths = vec![0u32; n];
+    let row_bytes = spec.obs.row_bytes();
+    // Each step adds one row per environment; a handed-on batch carries up to n_step
+    // rows per environment into the next.
+    let new_batch = || {
+        TransitionBatch::with_capacity(
+            row_bytes,
+            cfg.batch_rows + n * cfg.n_step,
+            cfg.batch_rows + 2 * n * (cfg.n_step + 1),
+        )
+    };
+    let mut batch = new_batch();
     for (i, env) in envs.iter_mut().enumerate() {
-        env.reset(
-            Some(crate::derive_seed(seed, 1 << 32 | i as u64)),
-            &mut obs[i * obs_dim..(i + 1) * obs_dim],
-        );
+        let cur = &mut obs[i * obs_dim..(i + 1) * obs_dim];
+        env.reset(Some(crate::derive_seed(seed, 1 << 32 | i as u64)), cur);
+        windows[i].start(cur, &mut batch);
     }
 
-    let row_bytes = spec.obs.row_bytes();
-    let mut batch = TransitionBatch::with_capacity(row_bytes, cfg.batch_rows + n * cfg.n_step);
     let mut batch_version = None;
     let mut seq = 0u64;
     let mut steps = 0u64;
@@ -153,7 +159,7 @@ pub fn run_actor(
             };
             let cur = &mut obs[i * obs_dim..(i + 1) * obs_dim];
             let step = envs[i].step(action, &mut next);
-            windows[i].push(cur, action as i64, step, &next, &mut batch);
+            windows[i].push(action as i64, step, &next, &mut batch);
             returns[i] += step.reward;
             lengths[i] += 1;
             if step.done() {
@@ -166,6 +172,7 @@ pub fn run_actor(
                 returns[i] = 0.0;
                 lengths[i] = 0;
                 envs[i].reset(None, cur);
+                windows[i].start(cur, &mut batch);
             } else {
                 cur.copy_from_slice(&next);
             }
@@ -174,9 +181,11 @@ pub fn run_actor(
         control.env_steps.fetch_add(n as u64, Ordering::Relaxed);
 
         if batch.len() >= cfg.batch_rows {
-            let mut full =
-                TransitionBatch::with_capacity(row_bytes, cfg.batch_rows + n * cfg.n_step);
+            let mut full = new_batch();
             std::mem::swap(&mut full, &mut batch);
+            for w in &mut windows {
+                w.carry(&full, &mut batch);
+            }
             full.actor_id = cfg.actor_id;
             full.seq = seq;
             full.version = batch_version.unwrap_or(0);

@@ -43,22 +43,22 @@ fn table() -> Arc<Table> {
         capacity: 1 << 20,
         shards: 4,
         obs_row_bytes: 16,
+        obs_rows_per_item: 2.0,
         // No rate limiting: measure the transport, not the replay ratio.
         limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
     }))
 }
 
+/// A batch shaped like an actor's: one environment's consecutive 3-step transitions,
+/// sharing observation rows.
 fn batch(rows: usize) -> TransitionBatch {
-    let mut b = TransitionBatch::with_capacity(16, rows);
-    for i in 0..rows {
+    let mut b = TransitionBatch::with_capacity(16, rows, rows + 3);
+    for i in 0..rows + 3 {
         let x = i as f32 * 0.01;
-        b.push_f32(
-            &[x, -x, 0.5 * x, 0.1],
-            (i % 2) as i64,
-            1.0,
-            0.970299,
-            &[x + 0.01, -x, 0.5 * x, 0.2],
-        );
+        b.push_obs_f32(&[x, -x, 0.5 * x, 0.1]);
+    }
+    for i in 0..rows as u32 {
+        b.push_transition(i, i64::from(i % 2), 1.0, 0.970299, i + 3);
     }
     b
 }
@@ -113,7 +113,7 @@ fn recv(s: &mut TcpStream) -> Option<LearnerMsg> {
 fn throughput(seconds: f64, connections: usize, rows: usize) {
     let b = batch(rows);
     let frame = codec::encode(&ActorMsg::Transitions(b.clone()), DEFAULT_MAX_FRAME).unwrap();
-    let raw_bytes = b.obs.len() + b.next_obs.len() + rows * (8 + 4 + 4);
+    let raw_bytes = b.obs.len() + rows * (4 + 4 + 8 + 4 + 4);
 
     // In process: N threads inserting into replay, as embedded actors do.
     let t = table();

@@ -50,6 +50,8 @@ pub struct TrainConfig {
     pub replay: ReplayOptions,
     pub actors: usize,
     pub envs_per_actor: usize,
+    /// Transitions per batch an actor hands on (at least one step of every env).
+    pub actor_batch: usize,
     pub n_step: usize,
     pub gamma: f32,
     pub epsilon: EpsilonSchedule,
@@ -67,6 +69,13 @@ pub struct TrainConfig {
     pub progress: Option<indicatif::ProgressBar>,
     /// Also serve remote actors (`learner --listen`).
     pub server: Option<crate::server::ServerConfig>,
+}
+
+impl TrainConfig {
+    /// Transitions per batch an actor hands on: at least one step of every env.
+    pub fn actor_batch_rows(&self) -> usize {
+        self.actor_batch.max(self.envs_per_actor)
+    }
 }
 
 /// Why a run ended.
@@ -91,7 +100,10 @@ pub struct TrainSummary {
     pub episodes: u64,
     pub stalls: StallTimes,
     pub checkpoint: PathBuf,
-    pub replay_bytes_per_item: usize,
+    /// Bytes allocated per transition of replay capacity.
+    pub replay_bytes_per_item: f64,
+    pub replay: millrace_replay::ReplayStats,
+    pub obs_row_bytes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +139,7 @@ impl ActorSink for ReplaySink {
         match self.table.insert(&batch) {
             Ok(()) => Ok(()),
             Err(ReplayError::Closed) => Err(millrace_actor::runner::SinkClosed),
-            Err(e @ ReplayError::Malformed(_)) => {
+            Err(e @ (ReplayError::Malformed(_) | ReplayError::TooLarge(_))) => {
                 // Our own actors built this batch: a malformed one is a bug, not input.
                 tracing::error!("actor {} produced a bad batch: {e}", batch.actor_id);
                 Err(millrace_actor::runner::SinkClosed)
@@ -188,7 +200,7 @@ fn wire_local_actors(
             seed: cfg.seed.wrapping_add(seed_offset),
             n_step: cfg.n_step,
             gamma: cfg.gamma,
-            batch_rows: cfg.envs_per_actor.max(16),
+            batch_rows: cfg.actor_batch_rows(),
             epsilon: cfg.epsilon,
             env_epsilons: None,
         };
@@ -218,7 +230,7 @@ fn wire_remote_actors(
     let mut scfg = scfg.clone();
     scfg.n_step = cfg.n_step as u32;
     scfg.gamma = cfg.gamma;
-    scfg.batch_rows = cfg.envs_per_actor.max(16) as u32;
+    scfg.batch_rows = cfg.actor_batch_rows() as u32;
     let ctx = crate::server::ServerContext {
         env: links.env.clone(),
         network: links.network.clone(),
@@ -285,6 +297,11 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         capacity: cfg.replay.capacity,
         shards: cfg.replay.shards,
         obs_row_bytes: env.obs.row_bytes(),
+        obs_rows_per_item: ReplayConfig::obs_rows_for(
+            cfg.envs_per_actor,
+            cfg.n_step,
+            cfg.actor_batch_rows(),
+        ),
         limiter,
     }));
     let params = Arc::new(ParamsSlot::new(Params {
@@ -508,6 +525,8 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         stalls: outcome.last.stalls,
         checkpoint,
         replay_bytes_per_item: table.bytes_per_item(),
+        replay: table.stats(),
+        obs_row_bytes: table.obs_row_bytes(),
     };
     metrics.finish(&summary);
     Ok(summary)

@@ -47,6 +47,12 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     envs_per_actor: usize,
 
+    /// Transitions per batch an actor sends to replay (at least --envs-per-actor).
+    /// Larger batches duplicate fewer observation rows (each batch carries up to
+    /// n-step rows per environment over from the last), at the cost of latency.
+    #[arg(long, default_value_t = 16)]
+    actor_batch: usize,
+
     /// Seed for networks, environments, exploration and sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -203,6 +209,7 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
     };
     for (name, v) in [
         ("envs-per-actor", args.envs_per_actor),
+        ("actor-batch", args.actor_batch),
         ("batch-size", args.batch_size),
         ("n-step", args.n_step),
         ("replay-capacity", args.replay_capacity),
@@ -289,6 +296,7 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
         },
         actors,
         envs_per_actor: args.envs_per_actor,
+        actor_batch: args.actor_batch,
         n_step: args.n_step,
         gamma: args.gamma,
         epsilon: EpsilonSchedule::Linear {
@@ -413,9 +421,21 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         100.0 * s.stalls.publish / s.stalls.total.max(1e-9),
         100.0 * s.stalls.checkpoint / s.stalls.total.max(1e-9),
     );
+    let r = &s.replay;
     println!(
-        "  replay:          {} bytes per stored transition",
-        s.replay_bytes_per_item
+        "  replay:          {} transitions, {:.3} observation rows each ({:.0} bytes allocated per transition, {:.3}x one observation)",
+        r.size,
+        r.obs_rows as f64 / r.size.max(1) as f64,
+        s.replay_bytes_per_item,
+        s.replay_bytes_per_item / s.obs_row_bytes.max(1) as f64,
+    );
+    println!(
+        "  replay ratio:    {:.1} samples per insert ({} inserted, {} sampled); blocked: actors {:.1} s, learner {:.1} s",
+        r.sampled as f64 / r.inserted.max(1) as f64,
+        r.inserted,
+        r.sampled,
+        r.insert_blocked_s,
+        r.sample_blocked_s,
     );
     println!("  checkpoint:      {}", s.checkpoint.display());
     Ok(match s.reason {

@@ -41,6 +41,7 @@ fn fixture(token: Option<&str>) -> Fixture {
         capacity: 10_000,
         shards: 2,
         obs_row_bytes: env.obs.row_bytes(),
+        obs_rows_per_item: 2.0,
         limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e9, 1).unwrap(),
     }));
     let params = Arc::new(ParamsSlot::new(Params {
@@ -133,7 +134,7 @@ fn hello(token: &str, version: u32) -> ActorMsg {
 }
 
 fn batch(rows: usize, obs_floats: usize) -> ActorMsg {
-    let mut b = TransitionBatch::with_capacity(obs_floats * 4, rows);
+    let mut b = TransitionBatch::with_capacity(obs_floats * 4, rows, 2 * rows);
     for i in 0..rows {
         let obs = vec![i as f32; obs_floats];
         b.push_f32(&obs, (i % 2) as i64, 1.0, 0.99, &obs);

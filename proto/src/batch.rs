@@ -5,13 +5,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::spec::SpecError;
 
-/// Transitions as columns already in tensor layout (struct of arrays).
+/// Transitions as columns already in tensor layout (struct of arrays), with each
+/// observation stored once.
 ///
-/// Row `i` is an n-step transition: from `obs[i]` the actor took `actions[i]`, collected
-/// the discounted return `rewards[i]` over up to n steps, and reached `next_obs[i]`.
+/// `obs` holds observation rows; transition `i` goes from row `obs_index[i]`, where the
+/// actor took `actions[i]` and collected the discounted return `rewards[i]` over up to n
+/// steps, to row `next_index[i]`. Consecutive steps of an environment share rows (the
+/// next observation of one step is the observation of the following one), so a batch
+/// of T transitions from E environments holds about T + E·n rows instead of 2T: replay
+/// keeps roughly one observation per transition (no duplicated next observation).
 /// `discounts[i]` is `γ^k` for the k steps taken, or `0` when the episode *terminated*
 /// inside them (a truncated episode still bootstraps), so the learner's target is simply
-/// `r + discount · Q_target(next_obs)` and never needs γ, n or episode flags.
+/// `r + discount · Q_target(next)` and never needs γ, n or episode flags. A batch is
+/// self-contained: indices refer to its own rows only.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TransitionBatch {
     /// Which actor slot produced the batch.
@@ -22,19 +28,23 @@ pub struct TransitionBatch {
     pub version: u64,
     /// Bytes of one observation row (`ObsSpec::row_bytes`).
     pub obs_row_bytes: usize,
+    /// Observation rows, `obs_row_bytes` each.
     pub obs: Vec<u8>,
-    pub next_obs: Vec<u8>,
+    pub obs_index: Vec<u32>,
+    pub next_index: Vec<u32>,
     pub actions: Vec<i64>,
     pub rewards: Vec<f32>,
     pub discounts: Vec<f32>,
 }
 
 impl TransitionBatch {
-    pub fn with_capacity(obs_row_bytes: usize, rows: usize) -> Self {
+    /// Room for `rows` transitions and `obs_rows` observation rows.
+    pub fn with_capacity(obs_row_bytes: usize, rows: usize, obs_rows: usize) -> Self {
         Self {
             obs_row_bytes,
-            obs: Vec::with_capacity(rows * obs_row_bytes),
-            next_obs: Vec::with_capacity(rows * obs_row_bytes),
+            obs: Vec::with_capacity(obs_rows * obs_row_bytes),
+            obs_index: Vec::with_capacity(rows),
+            next_index: Vec::with_capacity(rows),
             actions: Vec::with_capacity(rows),
             rewards: Vec::with_capacity(rows),
             discounts: Vec::with_capacity(rows),
@@ -51,7 +61,48 @@ impl TransitionBatch {
         self.actions.is_empty()
     }
 
-    /// Appends one transition with `f32` observations.
+    /// Number of observation rows.
+    pub fn obs_rows(&self) -> usize {
+        self.obs.len().checked_div(self.obs_row_bytes).unwrap_or(0)
+    }
+
+    /// Observation row `i`.
+    pub fn obs_row(&self, i: u32) -> &[u8] {
+        let rb = self.obs_row_bytes;
+        &self.obs[i as usize * rb..(i as usize + 1) * rb]
+    }
+
+    /// Appends an observation row given as raw bytes; returns its index.
+    pub fn push_obs_bytes(&mut self, row: &[u8]) -> u32 {
+        debug_assert_eq!(row.len(), self.obs_row_bytes);
+        let i = self.obs_rows() as u32;
+        self.obs.extend_from_slice(row);
+        i
+    }
+
+    /// Appends an `f32` observation row; returns its index.
+    pub fn push_obs_f32(&mut self, row: &[f32]) -> u32 {
+        self.push_obs_bytes(bytemuck::cast_slice(row))
+    }
+
+    /// Appends a transition between two rows already in the batch.
+    pub fn push_transition(
+        &mut self,
+        obs_index: u32,
+        action: i64,
+        reward: f32,
+        discount: f32,
+        next_index: u32,
+    ) {
+        self.obs_index.push(obs_index);
+        self.next_index.push(next_index);
+        self.actions.push(action);
+        self.rewards.push(reward);
+        self.discounts.push(discount);
+    }
+
+    /// Appends one transition with its own two `f32` observation rows (tests and
+    /// synthetic load; actors share rows between steps instead).
     pub fn push_f32(
         &mut self,
         obs: &[f32],
@@ -60,31 +111,43 @@ impl TransitionBatch {
         discount: f32,
         next_obs: &[f32],
     ) {
-        self.obs.extend_from_slice(bytemuck::cast_slice(obs));
-        self.next_obs
-            .extend_from_slice(bytemuck::cast_slice(next_obs));
-        self.actions.push(action);
-        self.rewards.push(reward);
-        self.discounts.push(discount);
+        let o = self.push_obs_f32(obs);
+        let n = self.push_obs_f32(next_obs);
+        self.push_transition(o, action, reward, discount, n);
     }
 
     /// Removes all rows, keeping the allocations.
     pub fn clear(&mut self) {
         self.obs.clear();
-        self.next_obs.clear();
+        self.obs_index.clear();
+        self.next_index.clear();
         self.actions.clear();
         self.rewards.clear();
         self.discounts.clear();
     }
 
-    /// Checks that every column has the same number of rows and the expected row size.
-    /// Anything that arrives from outside goes through this before it is stored.
+    /// Checks that every column has the same number of rows, the expected row size, and
+    /// indices that point at rows of this batch. Anything that arrives from outside goes
+    /// through this before it is stored.
     pub fn validate(&self, obs_row_bytes: usize) -> Result<(), SpecError> {
         let rows = self.actions.len();
+        if self.obs_row_bytes != obs_row_bytes {
+            return Err(SpecError::Length {
+                what: "obs row bytes",
+                expected: obs_row_bytes,
+                got: self.obs_row_bytes,
+            });
+        }
+        if obs_row_bytes == 0 || self.obs.len() % obs_row_bytes != 0 {
+            return Err(SpecError::Length {
+                what: "obs column (whole rows)",
+                expected: self.obs_rows() * obs_row_bytes,
+                got: self.obs.len(),
+            });
+        }
         let checks = [
-            ("obs row bytes", obs_row_bytes, self.obs_row_bytes),
-            ("obs column", rows * obs_row_bytes, self.obs.len()),
-            ("next_obs column", rows * obs_row_bytes, self.next_obs.len()),
+            ("obs_index column", rows, self.obs_index.len()),
+            ("next_index column", rows, self.next_index.len()),
             ("rewards column", rows, self.rewards.len()),
             ("discounts column", rows, self.discounts.len()),
         ];
@@ -96,6 +159,17 @@ impl TransitionBatch {
                     got,
                 });
             }
+        }
+        let obs_rows = self.obs_rows();
+        if let Some(i) = self
+            .obs_index
+            .iter()
+            .chain(&self.next_index)
+            .find(|i| **i as usize >= obs_rows)
+        {
+            return Err(SpecError::BadValue(format!(
+                "observation index {i} outside the batch's {obs_rows} rows"
+            )));
         }
         Ok(())
     }
@@ -147,18 +221,24 @@ mod tests {
 
     #[test]
     fn push_builds_aligned_columns() {
-        let mut b = TransitionBatch::with_capacity(8, 2);
+        let mut b = TransitionBatch::with_capacity(8, 2, 4);
         b.push_f32(&[1.0, 2.0], 1, 0.5, 0.99, &[3.0, 4.0]);
         b.push_f32(&[5.0, 6.0], 0, 1.0, 0.0, &[7.0, 8.0]);
         assert_eq!(b.len(), 2);
         assert_eq!(b.validate(8), Ok(()));
-        let next: &[f32] = bytemuck::cast_slice(&b.next_obs[8..]);
+        let next: &[f32] = bytemuck::cast_slice(b.obs_row(b.next_index[1]));
         assert_eq!(next, [7.0, 8.0]);
+        // Shared rows: a third transition from the last next observation.
+        let o = b.next_index[1];
+        let n = b.push_obs_f32(&[9.0, 9.5]);
+        b.push_transition(o, 1, 0.0, 0.99, n);
+        assert_eq!((b.len(), b.obs_rows()), (3, 5));
+        assert_eq!(b.validate(8), Ok(()));
     }
 
     #[test]
     fn check_values_rejects_out_of_range_rows() {
-        let mut b = TransitionBatch::with_capacity(4, 2);
+        let mut b = TransitionBatch::with_capacity(4, 2, 4);
         b.push_f32(&[1.0], 1, 0.5, 0.99, &[3.0]);
         assert_eq!(b.check_values(2), Ok(()));
         assert!(b.check_values(1).is_err(), "action 1 with one action");
@@ -171,7 +251,7 @@ mod tests {
 
     #[test]
     fn validate_names_the_bad_column() {
-        let mut b = TransitionBatch::with_capacity(8, 1);
+        let mut b = TransitionBatch::with_capacity(8, 1, 2);
         b.push_f32(&[1.0, 2.0], 1, 0.5, 0.99, &[3.0, 4.0]);
         b.rewards.push(1.0);
         assert_eq!(
@@ -183,5 +263,22 @@ mod tests {
             })
         );
         assert!(matches!(b.validate(4), Err(SpecError::Length { .. })));
+        b.rewards.pop();
+        b.obs.pop();
+        assert!(
+            matches!(b.validate(8), Err(SpecError::Length { .. })),
+            "partial row"
+        );
+    }
+
+    #[test]
+    fn validate_rejects_indices_outside_the_batch() {
+        let mut b = TransitionBatch::with_capacity(4, 1, 2);
+        b.push_f32(&[1.0], 1, 0.5, 0.99, &[3.0]);
+        b.next_index[0] = 2;
+        assert!(matches!(b.validate(4), Err(SpecError::BadValue(_))));
+        b.next_index[0] = 1;
+        b.obs_index[0] = u32::MAX;
+        assert!(matches!(b.validate(4), Err(SpecError::BadValue(_))));
     }
 }

@@ -166,7 +166,7 @@ mod tests {
     }
 
     fn transitions(rows: usize) -> ActorMsg {
-        let mut b = TransitionBatch::with_capacity(16, rows);
+        let mut b = TransitionBatch::with_capacity(16, rows, 2 * rows);
         for i in 0..rows {
             let x = i as f32;
             b.push_f32(

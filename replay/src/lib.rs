@@ -13,5 +13,5 @@ pub mod table;
 
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 pub use selector::{Selector, Uniform};
-pub use shard::{SampleBuffers, Shard};
+pub use shard::{SampleBuffers, Shard, TooLarge};
 pub use table::{Closed, ReplayConfig, ReplayError, ReplayStats, Table};

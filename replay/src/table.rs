@@ -10,7 +10,7 @@ use rand::Rng;
 
 use crate::limiter::{RateLimiter, RateLimiterConfig};
 use crate::selector::Uniform;
-use crate::shard::{SampleBuffers, Shard};
+use crate::shard::{SampleBuffers, Shard, TooLarge};
 
 /// Replay settings, checked by whoever builds them.
 #[derive(Clone, Debug)]
@@ -23,7 +23,22 @@ pub struct ReplayConfig {
     pub shards: usize,
     /// Bytes of one observation row.
     pub obs_row_bytes: usize,
+    /// Observation rows allocated per item of capacity (≥ 1). A batch of T transitions
+    /// from E environments with n-step returns holds about T + E·n rows (see
+    /// [`TransitionBatch`]), so `1 + E·n/T` plus a little for truncated episodes; if
+    /// the data needs more, the oldest items are evicted early instead.
+    pub obs_rows_per_item: f64,
     pub limiter: RateLimiterConfig,
+}
+
+impl ReplayConfig {
+    /// Observation rows per item for batches of at least `batch_rows` transitions from
+    /// `envs` environments with `n_step` returns: each batch carries at most `n_step`
+    /// rows per environment over from the one before, plus 5% for truncated episodes
+    /// (which store their final observation as well).
+    pub fn obs_rows_for(envs: usize, n_step: usize, batch_rows: usize) -> f64 {
+        1.05 + (envs * n_step) as f64 / batch_rows.max(1) as f64
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -32,6 +47,8 @@ pub enum ReplayError {
     Closed,
     #[error("malformed batch: {0}")]
     Malformed(#[from] SpecError),
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
 }
 
 /// The table was closed while waiting.
@@ -45,6 +62,8 @@ pub struct ReplayStats {
     pub inserted: u64,
     pub sampled: u64,
     pub size: usize,
+    /// Observation rows held by the stored items.
+    pub obs_rows: usize,
     /// Total time inserters spent blocked by the rate limiter.
     pub insert_blocked_s: f64,
     /// Total time samplers spent blocked by the rate limiter.
@@ -66,6 +85,8 @@ struct Gate {
 pub struct Table {
     shards: Vec<Mutex<Shard>>,
     row_bytes: usize,
+    /// Items and observation rows per shard.
+    per_shard: (usize, usize),
     gate: Mutex<Gate>,
     changed: Condvar,
     insert_blocked_ns: AtomicU64,
@@ -86,17 +107,21 @@ impl Table {
     pub fn new(config: &ReplayConfig) -> Self {
         let shards = config.shards.max(1);
         let per_shard = config.capacity.div_ceil(shards).max(1);
+        let obs_per_shard =
+            (per_shard as f64 * config.obs_rows_per_item.max(1.0)).ceil() as usize + 1;
         Self {
             shards: (0..shards)
                 .map(|_| {
                     Mutex::new(Shard::new(
                         per_shard,
+                        obs_per_shard,
                         config.obs_row_bytes,
-                        Box::new(Uniform::default()),
+                        Box::new(Uniform::new(per_shard)),
                     ))
                 })
                 .collect(),
             row_bytes: config.obs_row_bytes,
+            per_shard: (per_shard, obs_per_shard),
             gate: Mutex::new(Gate {
                 limiter: RateLimiter::new(config.limiter),
                 closed: false,
@@ -123,12 +148,22 @@ impl Table {
         if batch.is_empty() {
             return Ok(());
         }
+        let (capacity, obs_capacity) = self.per_shard;
+        if batch.len() > capacity || batch.obs_rows() > obs_capacity {
+            return Err(TooLarge {
+                items: batch.len(),
+                rows: batch.obs_rows(),
+                capacity,
+                obs_capacity,
+            }
+            .into());
+        }
         // Counted only once stored (below), so a sampler never sees counted but absent
         // items; concurrent inserters may overshoot the band by a batch each.
         self.wait(&self.insert_blocked_ns, |g| g.limiter.can_insert(), |_| ())?;
         let shard =
             (u64::from(batch.actor_id).wrapping_add(batch.seq) % self.shards.len() as u64) as usize;
-        self.shard(shard).insert(batch);
+        self.shard(shard).insert(batch)?;
         self.gate().limiter.insert(batch.len() as u64);
         self.changed.notify_all();
         Ok(())
@@ -228,9 +263,14 @@ impl Table {
             .collect()
     }
 
-    /// Bytes stored per transition (observation columns included).
-    pub fn bytes_per_item(&self) -> usize {
+    /// Bytes allocated per transition of capacity (observation rows included).
+    pub fn bytes_per_item(&self) -> f64 {
         self.shard(0).bytes_per_item()
+    }
+
+    /// Bytes of one observation row.
+    pub fn obs_row_bytes(&self) -> usize {
+        self.row_bytes
     }
 
     pub fn stats(&self) -> ReplayStats {
@@ -242,6 +282,9 @@ impl Table {
             inserted,
             sampled,
             size: self.len(),
+            obs_rows: (0..self.shards.len())
+                .map(|i| self.shard(i).obs_len())
+                .sum(),
             insert_blocked_s: self.insert_blocked_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             sample_blocked_s: self.sample_blocked_ns.load(Ordering::Relaxed) as f64 * 1e-9,
         }
@@ -261,12 +304,14 @@ mod tests {
             capacity,
             shards,
             obs_row_bytes: 4,
+            obs_rows_per_item: 2.0,
             limiter: RateLimiterConfig::sample_to_insert_ratio(spi, min_size, 1e9, 64).unwrap(),
         }
     }
 
     fn batch(actor_id: u32, values: std::ops::Range<i64>) -> TransitionBatch {
-        let mut b = TransitionBatch::with_capacity(4, (values.end - values.start) as usize);
+        let n = (values.end - values.start) as usize;
+        let mut b = TransitionBatch::with_capacity(4, n, 2 * n);
         b.actor_id = actor_id;
         for v in values {
             b.push_f32(&[v as f32], v, v as f32, 1.0, &[v as f32]);

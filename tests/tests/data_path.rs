@@ -30,6 +30,7 @@ fn sampled_batches_are_true_cartpole_transitions() {
         capacity: 10_000,
         shards: 2,
         obs_row_bytes: spec.obs.row_bytes(),
+        obs_rows_per_item: ReplayConfig::obs_rows_for(4, 1, 32),
         limiter: RateLimiterConfig::sample_to_insert_ratio(1e6, 100, 1e12, 32).unwrap(),
     }));
     let cfg = ActorConfig {
@@ -59,6 +60,14 @@ fn sampled_batches_are_true_cartpole_transitions() {
         table.shard_lens().iter().all(|n| *n > 0),
         "batches spread over shards"
     );
+    // One observation row per transition, plus what each batch carries over (at most
+    // n_step = 1 row per env: 4 per 32 transitions) and a row per truncation (none here).
+    let stats = table.stats();
+    let rows_per_item = stats.obs_rows as f64 / stats.size as f64;
+    assert!(
+        (1.0..=1.0 + 4.0 / 32.0 + 1e-9).contains(&rows_per_item),
+        "{rows_per_item} observation rows per transition"
+    );
 
     let prefetcher = Prefetcher::spawn(Arc::clone(&table), &spec.obs, 32, 2, None, 0).unwrap();
     let mut env = CartPole::new(0);
@@ -77,17 +86,20 @@ fn sampled_batches_are_true_cartpole_transitions() {
             let state: Vec<f64> = obs.iter().map(|x| f64::from(*x)).collect();
             env.set_state(&state, &mut predicted).unwrap();
             let step = env.step(actions[row] as usize, &mut predicted);
-            for (p, n) in predicted.iter().zip(next) {
-                assert!(
-                    (p - n).abs() < 1e-4,
-                    "row {row}: predicted {predicted:?}, stored {next:?}"
-                );
-            }
             assert_eq!(rewards[row], 1.0);
             if step.terminated {
+                // Nothing bootstraps from a terminal observation, so replay does not
+                // store it: the row points back at its own observation.
                 assert_eq!(discounts[row], 0.0, "terminal rows do not bootstrap");
+                assert_eq!(next, obs);
                 terminal += 1;
             } else {
+                for (p, n) in predicted.iter().zip(next) {
+                    assert!(
+                        (p - n).abs() < 1e-4,
+                        "row {row}: predicted {predicted:?}, stored {next:?}"
+                    );
+                }
                 assert!((discounts[row] - 0.99).abs() < 1e-6);
             }
             checked += 1;
