@@ -138,7 +138,7 @@ impl TransitionBatch {
                 got: self.obs_row_bytes,
             });
         }
-        if obs_row_bytes == 0 || self.obs.len() % obs_row_bytes != 0 {
+        if obs_row_bytes == 0 || !self.obs.len().is_multiple_of(obs_row_bytes) {
             return Err(SpecError::Length {
                 what: "obs column (whole rows)",
                 expected: self.obs_rows() * obs_row_bytes,
