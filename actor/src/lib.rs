@@ -7,6 +7,7 @@
 //!
 //! [`TransitionBatch`]: millrace_proto::TransitionBatch
 
+pub mod cnn;
 pub mod env;
 pub mod eval;
 pub mod nstep;
@@ -16,13 +17,15 @@ pub mod remote;
 pub mod runner;
 pub mod schedule;
 
-pub use env::{make, Env, EnvError, Step};
+pub use cnn::CnnPolicy;
+pub use env::{make, make_pixels, Env, EnvError, Step};
 pub use eval::{evaluate, EvalResult};
 pub use nstep::NStep;
 pub use params::{ParamsSlot, SlotReader};
 pub use policy::{MlpPolicy, Policy, PolicyError};
 pub use runner::{
-    run_actor, ActorConfig, ActorControl, ActorError, ActorSink, EpisodeStats, ParamsSource,
+    run_actor, run_actor_with, ActorConfig, ActorControl, ActorError, ActorSink, EpisodeStats,
+    ParamsSource,
 };
 pub use schedule::{apex_epsilon, EpsilonSchedule};
 

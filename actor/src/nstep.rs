@@ -1,5 +1,6 @@
 //! n-step returns, computed where transitions are produced (Ape-X: actors compute them).
 
+use bytemuck::Pod;
 use millrace_proto::TransitionBatch;
 
 use crate::env::Step;
@@ -47,9 +48,9 @@ impl NStep {
     }
 
     /// Starts an episode in `obs` (after a reset).
-    pub fn start(&mut self, obs: &[f32], out: &mut TransitionBatch) {
+    pub fn start<O: Pod>(&mut self, obs: &[O], out: &mut TransitionBatch) {
         debug_assert_eq!(self.len, 0, "an episode starts with no pending steps");
-        self.current = Some(out.push_obs_f32(obs));
+        self.current = Some(out.push_obs_bytes(bytemuck::cast_slice(obs)));
     }
 
     /// Records that the action taken in the current observation gave `step` and led to
@@ -58,7 +59,13 @@ impl NStep {
     ///
     /// # Panics
     /// If no episode was started.
-    pub fn push(&mut self, action: i64, step: Step, next_obs: &[f32], out: &mut TransitionBatch) {
+    pub fn push<O: Pod>(
+        &mut self,
+        action: i64,
+        step: Step,
+        next_obs: &[O],
+        out: &mut TransitionBatch,
+    ) {
         let row = self.current.take().expect("NStep::start before push");
         let slot = (self.head + self.len) % self.n;
         self.rows[slot] = row;
@@ -74,7 +81,7 @@ impl NStep {
             }
             self.head = 0;
         } else {
-            let next = out.push_obs_f32(next_obs);
+            let next = out.push_obs_bytes(bytemuck::cast_slice(next_obs));
             if step.truncated {
                 while self.len > 0 {
                     self.emit(false, next, out);
@@ -146,9 +153,9 @@ mod tests {
     fn one_step_passes_transitions_through() {
         let mut ns = NStep::new(1, 0.9);
         let mut out = TransitionBatch::with_capacity(4, 4, 4);
-        ns.start(&[0.0], &mut out);
-        ns.push(1, step(2.0, false, false), &[1.0], &mut out);
-        ns.push(0, step(3.0, false, false), &[2.0], &mut out);
+        ns.start(&[0.0f32], &mut out);
+        ns.push(1, step(2.0, false, false), &[1.0f32], &mut out);
+        ns.push(0, step(3.0, false, false), &[2.0f32], &mut out);
         assert_eq!(out.rewards, [2.0, 3.0]);
         assert_eq!(out.discounts, [0.9, 0.9]);
         assert_eq!(out.actions, [1, 0]);
@@ -163,15 +170,15 @@ mod tests {
         let mut ns = NStep::new(3, g);
         let mut out = TransitionBatch::with_capacity(4, 8, 8);
         // Rewards 1, 2, 4, 8 then terminate on the fourth step.
-        ns.start(&[0.0], &mut out);
-        ns.push(0, step(1.0, false, false), &[1.0], &mut out);
-        ns.push(1, step(2.0, false, false), &[2.0], &mut out);
+        ns.start(&[0.0f32], &mut out);
+        ns.push(0, step(1.0, false, false), &[1.0f32], &mut out);
+        ns.push(1, step(2.0, false, false), &[2.0f32], &mut out);
         assert!(out.is_empty(), "nothing complete before n steps");
-        ns.push(0, step(4.0, false, false), &[3.0], &mut out);
+        ns.push(0, step(4.0, false, false), &[3.0f32], &mut out);
         assert_eq!(out.rewards, [1.0 + g * 2.0 + g * g * 4.0]);
         assert_eq!(out.discounts, [g * g * g]);
         assert_eq!(next_of(&out, 0), 3.0);
-        ns.push(1, step(8.0, true, false), &[4.0], &mut out);
+        ns.push(1, step(8.0, true, false), &[4.0f32], &mut out);
         // Terminal flush: from s1 (3 steps), s2 (2 steps), s3 (1 step), all discount 0.
         assert_eq!(out.len(), 4);
         assert_eq!(
@@ -191,15 +198,15 @@ mod tests {
         let g = 0.9f32;
         let mut ns = NStep::new(3, g);
         let mut out = TransitionBatch::with_capacity(4, 8, 8);
-        ns.start(&[0.0], &mut out);
-        ns.push(0, step(1.0, false, false), &[1.0], &mut out);
-        ns.push(0, step(1.0, false, true), &[2.0], &mut out);
+        ns.start(&[0.0f32], &mut out);
+        ns.push(0, step(1.0, false, false), &[1.0f32], &mut out);
+        ns.push(0, step(1.0, false, true), &[2.0f32], &mut out);
         assert_eq!(out.rewards, [1.0 + g, 1.0]);
         assert_eq!(out.discounts, [g * g, g]);
         assert_eq!((next_of(&out, 0), next_of(&out, 1)), (2.0, 2.0));
         // The window starts afresh for the next episode.
-        ns.start(&[5.0], &mut out);
-        ns.push(1, step(1.0, true, false), &[6.0], &mut out);
+        ns.start(&[5.0f32], &mut out);
+        ns.push(1, step(1.0, true, false), &[6.0f32], &mut out);
         assert_eq!(out.len(), 3);
         assert_eq!(obs_of(&out, 2), 5.0);
         assert_eq!(out.discounts[2], 0.0);
@@ -210,7 +217,7 @@ mod tests {
         let g = 0.5f32;
         let mut ns = NStep::new(3, g);
         let mut a = TransitionBatch::with_capacity(4, 8, 8);
-        ns.start(&[0.0], &mut a);
+        ns.start(&[0.0f32], &mut a);
         for t in 1..=4 {
             ns.push(t, step(t as f32, false, false), &[t as f32], &mut a);
         }
@@ -218,8 +225,8 @@ mod tests {
         let mut b = TransitionBatch::with_capacity(4, 8, 8);
         ns.carry(&a, &mut b);
         assert_eq!(b.obs_rows(), 3, "two pending rows and the current one");
-        ns.push(5, step(5.0, false, false), &[5.0], &mut b);
-        ns.push(6, step(6.0, false, false), &[6.0], &mut b);
+        ns.push(5, step(5.0, false, false), &[5.0f32], &mut b);
+        ns.push(6, step(6.0, false, false), &[6.0f32], &mut b);
         b.validate(4).unwrap();
         assert_eq!(b.actions, [3, 4]);
         assert_eq!((obs_of(&b, 0), next_of(&b, 0)), (2.0, 5.0));

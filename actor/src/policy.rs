@@ -8,7 +8,7 @@ use millrace_proto::{NetworkSpec, ParamLayout, Params};
 /// ready observations, never one per environment) and allocates nothing once warmed up;
 /// `load` swaps in a newer parameter snapshot. Implementations are `Send` and owned by one
 /// thread; they need not be `Sync`.
-pub trait Policy: Send {
+pub trait Policy<O = f32>: Send {
     fn num_actions(&self) -> usize;
 
     /// Version of the loaded parameters; `None` before the first `load`.
@@ -17,8 +17,8 @@ pub trait Policy: Send {
     /// Loads a snapshot published by the learner.
     fn load(&mut self, params: &Params) -> Result<(), PolicyError>;
 
-    /// Writes `Q[batch, num_actions]` into `q` for `obs[batch, obs_dim]`.
-    fn q_values(&mut self, obs: &[f32], q: &mut [f32]);
+    /// Writes `Q[batch, num_actions]` into `q` for `obs[batch, ...]`.
+    fn q_values(&mut self, obs: &[O], q: &mut [f32]);
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -27,6 +27,8 @@ pub enum PolicyError {
     WrongSize { expected: usize, got: usize },
     #[error("agent {agent} is not in a population of {population}")]
     NoSuchAgent { agent: usize, population: usize },
+    #[error("the network has no convolutional torso")]
+    NotConvolutional,
 }
 
 /// The MLP Q-network of [`NetworkSpec`] evaluated with a cache-blocked SGEMM
@@ -67,15 +69,25 @@ impl MlpPolicy {
 
     /// Index of the greedy action in each row of `q[batch, num_actions]` (first maximum).
     pub fn argmax_rows(q: &[f32], num_actions: usize, out: &mut [usize]) {
-        for (row, a) in q.chunks_exact(num_actions).zip(out.iter_mut()) {
-            let mut best = 0;
-            for (j, v) in row.iter().enumerate().skip(1) {
-                if *v > row[best] {
-                    best = j;
-                }
+        argmax_rows(q, num_actions, out);
+    }
+
+    /// Agent `agent`'s flat parameters (zeros before the first `load`).
+    pub(crate) fn params(&self) -> &[f32] {
+        &self.params
+    }
+}
+
+/// Index of the greedy action in each row of `q[batch, num_actions]` (first maximum).
+pub fn argmax_rows(q: &[f32], num_actions: usize, out: &mut [usize]) {
+    for (row, a) in q.chunks_exact(num_actions).zip(out.iter_mut()) {
+        let mut best = 0;
+        for (j, v) in row.iter().enumerate().skip(1) {
+            if *v > row[best] {
+                best = j;
             }
-            *a = best;
         }
+        *a = best;
     }
 }
 

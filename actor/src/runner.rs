@@ -4,13 +4,14 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bytemuck::Pod;
 use millrace_proto::{Params, TransitionBatch};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::env::{self, Env, EnvError};
 use crate::nstep::NStep;
-use crate::policy::{MlpPolicy, Policy, PolicyError};
+use crate::policy::{argmax_rows, MlpPolicy, Policy, PolicyError};
 use crate::schedule::EpsilonSchedule;
 
 /// Everything one actor needs, checked by whoever builds it.
@@ -85,8 +86,9 @@ pub enum ActorError {
     Policy(#[from] PolicyError),
 }
 
-/// Runs one actor until `control.stop` is set or the sink closes. Returns the number of
-/// environment steps it took.
+/// Runs one actor on the classic-control environment `cfg.env_id` until
+/// `control.stop` is set or the sink closes. Returns the number of environment steps it
+/// took.
 pub fn run_actor(
     cfg: &ActorConfig,
     policy: &mut MlpPolicy,
@@ -95,17 +97,34 @@ pub fn run_actor(
     control: &ActorControl,
 ) -> Result<u64, ActorError> {
     let seed = crate::derive_seed(cfg.seed, u64::from(cfg.actor_id));
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let mut envs: Vec<Box<dyn Env>> = (0..cfg.num_envs)
+    let envs = (0..cfg.num_envs)
         .map(|i| env::make(&cfg.env_id, crate::derive_seed(seed, i as u64)))
         .collect::<Result<_, _>>()?;
-    let spec = envs[0].spec().clone();
+    run_actor_with(cfg, envs, policy, params, sink, control)
+}
+
+/// Runs one actor on the given environments (all of one kind, `cfg.num_envs` of them),
+/// with observations of element type `O` (`f32` vectors, `u8` images).
+pub fn run_actor_with<O: Pod + Default>(
+    cfg: &ActorConfig,
+    mut envs: Vec<Box<dyn Env<O>>>,
+    policy: &mut dyn Policy<O>,
+    params: &mut dyn ParamsSource,
+    sink: &mut dyn ActorSink,
+    control: &ActorControl,
+) -> Result<u64, ActorError> {
+    let seed = crate::derive_seed(cfg.seed, u64::from(cfg.actor_id));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let Some(first) = envs.first() else {
+        return Ok(0);
+    };
+    let spec = first.spec().clone();
     let obs_dim = spec.obs.numel();
     let num_actions = spec.num_actions;
-    let n = cfg.num_envs;
+    let n = envs.len();
 
-    let mut obs = vec![0.0f32; n * obs_dim];
-    let mut next = vec![0.0f32; obs_dim];
+    let mut obs = vec![O::default(); n * obs_dim];
+    let mut next = vec![O::default(); obs_dim];
     let mut q = vec![0.0f32; n * num_actions];
     let mut greedy = vec![0usize; n];
     let mut windows: Vec<NStep> = (0..n).map(|_| NStep::new(cfg.n_step, cfg.gamma)).collect();
@@ -140,7 +159,7 @@ pub fn run_actor(
         let eps = cfg.epsilon.value(global);
         if policy.version().is_some() {
             policy.q_values(&obs, &mut q);
-            MlpPolicy::argmax_rows(&q, num_actions, &mut greedy);
+            argmax_rows(&q, num_actions, &mut greedy);
         }
         if batch.is_empty() {
             batch_version = policy.version();

@@ -14,4 +14,6 @@ pub mod spec;
 pub mod wire;
 
 pub use batch::{Params, TransitionBatch};
-pub use spec::{DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError};
+pub use spec::{
+    ConvLayer, DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError,
+};

@@ -70,15 +70,49 @@ pub enum SpecError {
     },
 }
 
-/// A Q-network: an MLP `obs -> hidden... -> num_actions` with ReLU between layers,
-/// for a population of `population` independent agents (stacked parameters, see design.md).
+/// One convolution of a pixel torso: `out_channels` filters of `kernel × kernel`,
+/// stride `stride`, no padding, ReLU after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConvLayer {
+    pub out_channels: usize,
+    pub kernel: usize,
+    pub stride: usize,
+}
+
+/// The convolutional torso of the Nature DQN (Mnih et al. 2015).
+pub const NATURE_CONV: [ConvLayer; 3] = [
+    ConvLayer {
+        out_channels: 32,
+        kernel: 8,
+        stride: 4,
+    },
+    ConvLayer {
+        out_channels: 64,
+        kernel: 4,
+        stride: 2,
+    },
+    ConvLayer {
+        out_channels: 64,
+        kernel: 3,
+        stride: 1,
+    },
+];
+
+/// A Q-network for a population of `population` independent agents (stacked
+/// parameters, see design.md): an optional convolutional torso over `u8` image
+/// observations `[C, H, W]` (scaled to `[0, 1]`), flattened in `C, H, W` order, then an
+/// MLP `obs_dim -> hidden... -> num_actions` with ReLU between layers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkSpec {
+    /// Input of the MLP: the observation size, or the torso's flattened output.
     pub obs_dim: usize,
     pub hidden: Vec<usize>,
     pub num_actions: usize,
     /// Number of stacked agents K; every parameter has a leading `[K]` dimension.
     pub population: usize,
+    /// `[C, H, W]` of image observations; empty for an MLP on flat observations.
+    pub image: Vec<usize>,
+    pub conv: Vec<ConvLayer>,
 }
 
 impl NetworkSpec {
@@ -102,7 +136,56 @@ impl NetworkSpec {
             hidden: hidden.to_vec(),
             num_actions,
             population,
+            image: Vec::new(),
+            conv: Vec::new(),
         })
+    }
+
+    /// The Nature DQN: [`NATURE_CONV`] over `u8` observations `[C, H, W]` (84×84×4 in
+    /// the paper), then a 512-unit hidden layer. One agent (the torso has no population
+    /// dimension).
+    pub fn nature_cnn(obs: &ObsSpec, num_actions: usize) -> Result<Self, SpecError> {
+        let [c, h, w] = obs.shape[..] else {
+            return Err(SpecError::BadValue(format!(
+                "a convolutional network needs [C, H, W] observations, got {:?}",
+                obs.shape
+            )));
+        };
+        if obs.dtype != DType::U8 {
+            return Err(SpecError::BadValue("image observations must be u8".into()));
+        }
+        let mut spec = Self {
+            obs_dim: 0,
+            hidden: vec![512],
+            num_actions,
+            population: 1,
+            image: vec![c, h, w],
+            conv: NATURE_CONV.to_vec(),
+        };
+        let dims = spec.conv_shapes();
+        match dims.last() {
+            Some(&(c, h, w)) if h > 0 && w > 0 => spec.obs_dim = c * h * w,
+            _ => {
+                return Err(SpecError::BadValue(format!(
+                    "{:?} is too small for the Nature torso",
+                    obs.shape
+                )))
+            }
+        }
+        Ok(spec)
+    }
+
+    /// `(channels, height, width)` after each convolution (0 where it does not fit).
+    pub fn conv_shapes(&self) -> Vec<(usize, usize, usize)> {
+        let mut dims = Vec::with_capacity(self.conv.len());
+        if let [_, mut h, mut w] = self.image[..] {
+            for l in &self.conv {
+                let out = |x: usize| x.checked_sub(l.kernel).map_or(0, |d| d / l.stride + 1);
+                (h, w) = (out(h), out(w));
+                dims.push((l.out_channels, h, w));
+            }
+        }
+        dims
     }
 
     /// Layer widths including input and output: `[obs_dim, hidden..., num_actions]`.
@@ -115,7 +198,29 @@ impl NetworkSpec {
     }
 
     pub fn layout(&self) -> ParamLayout {
-        ParamLayout::new(&self.widths())
+        let mut layout = ParamLayout::new(&self.widths());
+        let mut in_channels = self.image.first().copied().unwrap_or(0);
+        for (i, l) in self.conv.iter().enumerate() {
+            let k = l.kernel;
+            for (name, shape) in [
+                (
+                    format!("conv{i}.w"),
+                    vec![l.out_channels, in_channels, k, k],
+                ),
+                (format!("conv{i}.b"), vec![l.out_channels]),
+            ] {
+                let len = shape.iter().product();
+                layout.conv.push(ParamEntry {
+                    name,
+                    shape,
+                    offset: layout.len,
+                    len,
+                });
+                layout.len += len;
+            }
+            in_channels = l.out_channels;
+        }
+        layout
     }
 }
 
@@ -129,14 +234,18 @@ pub struct ParamEntry {
     pub len: usize,
 }
 
-/// The flat layout of one agent's parameters: `w0, b0, w1, b1, ...`, each row-major.
+/// The flat layout of one agent's parameters: `w0, b0, w1, b1, ...` (the MLP), then the
+/// torso's `conv0.w, conv0.b, ...` if any, each row-major.
 ///
 /// The learner keeps all parameters of all agents in one `[K, P]` tensor (one fused
 /// optimizer step, one copy to sync the target network, one copy to publish) and slices
 /// it by this layout; actors read the same layout out of published bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamLayout {
+    /// The MLP's weights and biases.
     pub entries: Vec<ParamEntry>,
+    /// The torso's filters `[out, in, k, k]` and biases `[out]` (PyTorch's layout).
+    pub conv: Vec<ParamEntry>,
     /// Parameters per agent, P.
     pub len: usize,
 }
@@ -163,6 +272,7 @@ impl ParamLayout {
         }
         Self {
             entries,
+            conv: Vec::new(),
             len: offset,
         }
     }
@@ -214,6 +324,30 @@ mod tests {
             NetworkSpec::mlp(&obs(4), &[8], 2, 0),
             Err(SpecError::EmptyPopulation)
         );
+    }
+
+    #[test]
+    fn nature_cnn_shapes_and_layout() {
+        let image = ObsSpec {
+            shape: vec![4, 84, 84],
+            dtype: DType::U8,
+        };
+        let spec = NetworkSpec::nature_cnn(&image, 6).unwrap();
+        assert_eq!(spec.conv_shapes(), [(32, 20, 20), (64, 9, 9), (64, 7, 7)]);
+        assert_eq!(spec.obs_dim, 3136);
+        let layout = spec.layout();
+        let conv: Vec<_> = layout.conv.iter().map(|e| e.shape.clone()).collect();
+        assert_eq!(conv[0], [32, 4, 8, 8]);
+        assert_eq!(conv[4], [64, 64, 3, 3]);
+        // 8,224 + 32,832 + 36,928 (torso) + 1,606,144 + 3,078 (head) for 6 actions.
+        assert_eq!(layout.len, 1_687_206);
+        assert_eq!(layout.conv[0].offset, 3136 * 512 + 512 + 512 * 6 + 6);
+        let tiny = ObsSpec {
+            shape: vec![4, 20, 20],
+            dtype: DType::U8,
+        };
+        assert!(NetworkSpec::nature_cnn(&tiny, 2).is_err());
+        assert!(NetworkSpec::nature_cnn(&obs(4), 2).is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::batch::{Params, TransitionBatch};
 use crate::spec::{EnvSpec, NetworkSpec};
 
 /// Bumped on any incompatible change to these messages or the framing.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// What an actor can do, announced in its [`Hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,10 +6,12 @@
 
 mod acrobot;
 mod cartpole;
+mod catch;
 mod mountain_car;
 
 pub use acrobot::Acrobot;
 pub use cartpole::CartPole;
+pub use catch::CatchPixels;
 pub use mountain_car::MountainCar;
 
 use millrace_proto::EnvSpec;
@@ -32,22 +34,23 @@ impl Step {
     }
 }
 
-/// A single environment with a discrete action space and `f32` observations.
+/// A single environment with a discrete action space and observations of element type
+/// `O` (`f32` vectors for classic control, `u8` images for pixel environments).
 ///
 /// Contract: `reset` must be called before the first `step` and after any step that
 /// returns `done()`. Observations are written into a caller-provided slice of exactly
 /// `spec().obs.numel()` elements, so stepping allocates nothing. The time limit is part
 /// of the environment (as Gymnasium's registered ids wrap `TimeLimit`). Implementations
 /// are `Send` (each lives on one actor thread) but need not be `Sync`.
-pub trait Env: Send {
+pub trait Env<O = f32>: Send {
     fn spec(&self) -> &EnvSpec;
 
     /// Starts an episode. `Some(seed)` re-seeds the environment's generator (as
     /// Gymnasium's `reset(seed=...)`); `None` continues its stream.
-    fn reset(&mut self, seed: Option<u64>, obs: &mut [f32]);
+    fn reset(&mut self, seed: Option<u64>, obs: &mut [O]);
 
     /// Applies `action` (`0..num_actions`), writing the next observation into `obs`.
-    fn step(&mut self, action: usize, obs: &mut [f32]) -> Step;
+    fn step(&mut self, action: usize, obs: &mut [O]) -> Step;
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -60,6 +63,17 @@ pub enum EnvError {
 
 /// Every environment id [`make`] knows.
 pub const KNOWN_IDS: [&str; 3] = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"];
+
+/// Every pixel environment id [`make_pixels`] knows.
+pub const PIXEL_IDS: [&str; 1] = [catch::ID];
+
+/// Builds a registered pixel environment (`u8` image observations).
+pub fn make_pixels(id: &str, seed: u64) -> Result<Box<dyn Env<u8>>, EnvError> {
+    match id {
+        catch::ID => Ok(Box::new(CatchPixels::new(seed))),
+        other => Err(EnvError::UnknownId(other.to_string())),
+    }
+}
 
 /// The spec of a registered environment, without building one.
 pub fn spec(id: &str) -> Result<EnvSpec, EnvError> {

@@ -1,0 +1,243 @@
+//! Batched CPU inference for convolutional Q-networks (the Nature DQN) over `u8` image
+//! observations: each convolution is an im2col followed by one SGEMM, in `C, H, W`
+//! layout as PyTorch's `conv2d`, so the flattened features match the learner's.
+
+use millrace_proto::{ConvLayer, NetworkSpec, ParamLayout, Params};
+
+use crate::policy::{MlpPolicy, Policy, PolicyError};
+
+/// A [`NetworkSpec`] with a convolutional torso, evaluated on the CPU; the MLP head is
+/// an [`MlpPolicy`] over the flattened features.
+#[derive(Debug)]
+pub struct CnnPolicy {
+    layout: ParamLayout,
+    conv: Vec<ConvLayer>,
+    /// `(channels, height, width)` of the input and after each convolution.
+    shapes: Vec<(usize, usize, usize)>,
+    head: MlpPolicy,
+    /// im2col matrix `[in·k·k, out_h·out_w]` and two activation buffers.
+    cols: Vec<f32>,
+    act: [Vec<f32>; 2],
+    features: Vec<f32>,
+}
+
+impl CnnPolicy {
+    /// # Errors
+    /// If `spec` has no torso.
+    pub fn new(spec: NetworkSpec) -> Result<Self, PolicyError> {
+        let [c, h, w] = spec.image[..] else {
+            return Err(PolicyError::NotConvolutional);
+        };
+        let mut shapes = vec![(c, h, w)];
+        shapes.extend(spec.conv_shapes());
+        Ok(Self {
+            layout: spec.layout(),
+            conv: spec.conv.clone(),
+            shapes,
+            head: MlpPolicy::new(spec, 0)?,
+            cols: Vec::new(),
+            act: [Vec::new(), Vec::new()],
+            features: Vec::new(),
+        })
+    }
+
+    /// The torso on one observation; appends its flattened features to `self.features`.
+    fn torso(&mut self, image: &[u8]) {
+        let params = self.head.params();
+        let [mut cur, mut next] = std::mem::take(&mut self.act);
+        cur.clear();
+        cur.extend(image.iter().map(|p| f32::from(*p) * (1.0 / 255.0)));
+        for (l, layer) in self.conv.iter().enumerate() {
+            let (ic, ih, iw) = self.shapes[l];
+            let (oc, oh, ow) = self.shapes[l + 1];
+            let (k, s) = (layer.kernel, layer.stride);
+            let (kk, p) = (ic * k * k, oh * ow);
+            self.cols.resize(kk * p, 0.0);
+            for c in 0..ic {
+                for ky in 0..k {
+                    for kx in 0..k {
+                        let row = &mut self.cols[((c * k + ky) * k + kx) * p..][..p];
+                        for oy in 0..oh {
+                            let src = &cur[c * ih * iw + (oy * s + ky) * iw + kx..];
+                            for (ox, v) in row[oy * ow..(oy + 1) * ow].iter_mut().enumerate() {
+                                *v = src[ox * s];
+                            }
+                        }
+                    }
+                }
+            }
+            let (we, be) = (&self.layout.conv[2 * l], &self.layout.conv[2 * l + 1]);
+            let weight = &params[we.offset..we.offset + we.len];
+            let bias = &params[be.offset..be.offset + be.len];
+            next.clear();
+            for b in bias {
+                next.extend(std::iter::repeat_n(*b, p));
+            }
+            assert!(weight.len() == oc * kk && self.cols.len() == kk * p && next.len() == oc * p);
+            // SAFETY: `weight` is [oc, kk], `cols` is [kk, p] and `next` is [oc, p], all
+            // row-major with the strides given; lengths checked above.
+            unsafe {
+                matrixmultiply::sgemm(
+                    oc,
+                    kk,
+                    p,
+                    1.0,
+                    weight.as_ptr(),
+                    kk as isize,
+                    1,
+                    self.cols.as_ptr(),
+                    p as isize,
+                    1,
+                    1.0,
+                    next.as_mut_ptr(),
+                    p as isize,
+                    1,
+                );
+            }
+            for v in &mut next {
+                *v = v.max(0.0);
+            }
+            std::mem::swap(&mut cur, &mut next);
+        }
+        self.features.extend_from_slice(&cur);
+        self.act = [cur, next];
+    }
+}
+
+impl Policy<u8> for CnnPolicy {
+    fn num_actions(&self) -> usize {
+        Policy::<f32>::num_actions(&self.head)
+    }
+
+    fn version(&self) -> Option<u64> {
+        self.head.version()
+    }
+
+    fn load(&mut self, params: &Params) -> Result<(), PolicyError> {
+        self.head.load(params)
+    }
+
+    fn q_values(&mut self, obs: &[u8], q: &mut [f32]) {
+        let (c, h, w) = self.shapes[0];
+        let pixels = c * h * w;
+        assert_eq!(obs.len() % pixels, 0, "obs is not [batch, C, H, W]");
+        self.features.clear();
+        for image in obs.chunks_exact(pixels) {
+            self.torso(image);
+        }
+        let features = std::mem::take(&mut self.features);
+        self.head.q_values(&features, q);
+        self.features = features;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_proto::{DType, ObsSpec};
+
+    /// A direct (nested-loop) convolution to check im2col + SGEMM against.
+    fn conv_ref(
+        x: &[f32],
+        (ic, ih, iw): (usize, usize, usize),
+        w: &[f32],
+        b: &[f32],
+        k: usize,
+        s: usize,
+    ) -> Vec<f32> {
+        let oc = b.len();
+        let (oh, ow) = ((ih - k) / s + 1, (iw - k) / s + 1);
+        let mut out = vec![0.0; oc * oh * ow];
+        for o in 0..oc {
+            for y in 0..oh {
+                for xo in 0..ow {
+                    let mut acc = b[o];
+                    for c in 0..ic {
+                        for ky in 0..k {
+                            for kx in 0..k {
+                                acc += w[((o * ic + c) * k + ky) * k + kx]
+                                    * x[(c * ih + y * s + ky) * iw + xo * s + kx];
+                            }
+                        }
+                    }
+                    out[(o * oh + y) * ow + xo] = acc.max(0.0);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn torso_matches_direct_convolution() {
+        let obs = ObsSpec {
+            shape: vec![4, 84, 84],
+            dtype: DType::U8,
+        };
+        let spec = NetworkSpec::nature_cnn(&obs, 3).unwrap();
+        let layout = spec.layout();
+        let data: Vec<f32> = (0..layout.len)
+            .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.45) * 0.1)
+            .collect();
+        let mut policy = CnnPolicy::new(spec.clone()).unwrap();
+        policy
+            .load(&Params {
+                version: 1,
+                population: 1,
+                data: data.clone(),
+            })
+            .unwrap();
+        let image: Vec<u8> = (0..4 * 84 * 84).map(|i| (i * 31 % 251) as u8).collect();
+        let mut q = [0.0f32; 6];
+        let two: Vec<u8> = image.iter().chain(image.iter().rev()).copied().collect();
+        policy.q_values(&two, &mut q);
+
+        let mut x: Vec<f32> = image.iter().map(|p| f32::from(*p) / 255.0).collect();
+        let mut shape = (4, 84, 84);
+        for (l, layer) in spec.conv.iter().enumerate() {
+            let (we, be) = (&layout.conv[2 * l], &layout.conv[2 * l + 1]);
+            x = conv_ref(
+                &x,
+                shape,
+                &data[we.offset..][..we.len],
+                &data[be.offset..][..be.len],
+                layer.kernel,
+                layer.stride,
+            );
+            shape = spec.conv_shapes()[l];
+        }
+        assert_eq!(x.len(), 3136);
+        let mut head = MlpPolicy::new(spec, 0).unwrap();
+        head.load(&Params {
+            version: 1,
+            population: 1,
+            data,
+        })
+        .unwrap();
+        let mut want = [0.0f32; 3];
+        head.q_values(&x, &mut want);
+        for a in 0..3 {
+            assert!(
+                (q[a] - want[a]).abs() < 1e-4 * want[a].abs().max(1.0),
+                "{q:?} vs {want:?}"
+            );
+        }
+        assert_ne!(
+            q[..3],
+            q[3..],
+            "the second image is a different observation"
+        );
+    }
+
+    #[test]
+    fn an_mlp_spec_is_refused() {
+        let obs = ObsSpec {
+            shape: vec![4],
+            dtype: DType::F32,
+        };
+        let spec = NetworkSpec::mlp(&obs, &[8], 2, 1).unwrap();
+        assert_eq!(
+            CnnPolicy::new(spec).err(),
+            Some(PolicyError::NotConvolutional)
+        );
+    }
+}
