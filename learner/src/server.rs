@@ -359,7 +359,12 @@ impl Connection {
             first_slot,
             welcome.slots.last().copied().unwrap_or(first_slot)
         );
-        if let Err(e) = write_msg(&mut wr, &LearnerMsg::Welcome(welcome), self.cfg.max_frame).await
+        if let Err(e) = write_msg(
+            &mut wr,
+            &LearnerMsg::Welcome(Box::new(welcome)),
+            self.cfg.max_frame,
+        )
+        .await
         {
             tracing::warn!("{peer}: closed during the handshake: {e}");
             return;

@@ -188,7 +188,7 @@ mod tests {
             shape: vec![4],
             dtype: DType::F32,
         };
-        LearnerMsg::Welcome(Welcome {
+        LearnerMsg::Welcome(Box::new(Welcome {
             run_id: "run-1".into(),
             network: NetworkSpec::mlp(&obs, &[64, 64], 2, 1).unwrap(),
             env: EnvSpec {
@@ -204,7 +204,7 @@ mod tests {
             n_step: 3,
             gamma: 0.99,
             batch_rows: 64,
-        })
+        }))
     }
 
     fn round_trip<M: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(msg: M) {

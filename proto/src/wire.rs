@@ -76,7 +76,8 @@ pub enum ActorMsg {
 /// Learner → actor.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum LearnerMsg {
-    Welcome(Welcome),
+    /// Boxed: sent once per connection, and much larger than the other variants.
+    Welcome(Box<Welcome>),
     Params(Params),
     Heartbeat,
     /// The connection is refused or being closed because of something the actor did.
