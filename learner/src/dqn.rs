@@ -11,6 +11,12 @@
 //! weight and bias gradients written straight into views of one flat gradient buffer)
 //! instead of going through autograd, whose graph bookkeeping costs more than the
 //! arithmetic at these sizes. A test checks it against autograd.
+//!
+//! A convolutional torso (the Nature DQN, for `u8` image observations) goes through
+//! autograd: its arithmetic dominates, so graph bookkeeping is noise. Its filters are
+//! leaf views of the same flat `[K, P]` tensor (K = 1), so the fused optimizer, target
+//! sync and publishing are unchanged; the head's hand-written backward hands it the
+//! gradient at the features.
 
 use millrace_proto::{NetworkSpec, ParamLayout};
 use tch::{Device, Kind, Reduction, Tensor};
@@ -80,6 +86,8 @@ pub struct Dqn {
     target_views: Vec<Tensor>,
     adam_m: Tensor,
     adam_v: Tensor,
+    /// The convolutional torso, if the network has one.
+    torso: Option<Torso>,
     /// Adam's step count t (bias corrections are computed on the host: no device sync).
     adam_step: u64,
     updates: u64,
@@ -124,16 +132,82 @@ pub struct DqnState {
 }
 
 fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
-    let sizes: Vec<i64> = layout.entries.iter().map(|e| e.len as i64).collect();
-    flat.split_with_sizes(sizes.as_slice(), 1)
-        .into_iter()
-        .zip(&layout.entries)
-        .map(|(t, e)| match e.shape.as_slice() {
-            [fan_in, fan_out] => t.view([population, *fan_in as i64, *fan_out as i64]),
-            [fan_out] => t.view([population, 1, *fan_out as i64]),
-            other => unreachable!("layout entry of rank {}", other.len()),
+    layout
+        .entries
+        .iter()
+        .map(|e| {
+            let t = flat.narrow(1, e.offset as i64, e.len as i64);
+            match e.shape.as_slice() {
+                [fan_in, fan_out] => t.view([population, *fan_in as i64, *fan_out as i64]),
+                [fan_out] => t.view([population, 1, *fan_out as i64]),
+                other => unreachable!("layout entry of rank {}", other.len()),
+            }
         })
         .collect()
+}
+
+/// Views of the torso's filters and biases in PyTorch's shapes (population 1).
+fn conv_views(flat: &Tensor, layout: &ParamLayout) -> Vec<Tensor> {
+    layout
+        .conv
+        .iter()
+        .map(|e| {
+            let shape: Vec<i64> = e.shape.iter().map(|d| *d as i64).collect();
+            flat.narrow(1, e.offset as i64, e.len as i64)
+                .view(shape.as_slice())
+        })
+        .collect()
+}
+
+/// The convolutional torso's parameters, as views of the flat online and target tensors.
+struct Torso {
+    /// Leaves that share the online tensor's storage, for autograd.
+    online: Vec<Tensor>,
+    target: Vec<Tensor>,
+    grad: Vec<Tensor>,
+    strides: Vec<i64>,
+    image: Vec<i64>,
+}
+
+impl Torso {
+    fn new(spec: &NetworkSpec, online: &Tensor, target: &Tensor, grad: &Tensor) -> Option<Self> {
+        if spec.conv.is_empty() {
+            return None;
+        }
+        let layout = spec.layout();
+        Some(Self {
+            online: conv_views(online, &layout)
+                .into_iter()
+                .map(|v| v.detach().set_requires_grad(true))
+                .collect(),
+            target: conv_views(target, &layout),
+            grad: conv_views(grad, &layout),
+            strides: spec.conv.iter().map(|c| c.stride as i64).collect(),
+            image: spec.image.iter().map(|d| *d as i64).collect(),
+        })
+    }
+}
+
+/// The torso: `x` is `[1, N, C, H, W]` `u8`; returns features `[1, N, F]` (ReLU'd,
+/// flattened in `C, H, W` order).
+pub fn torso_forward(views: &[Tensor], strides: &[i64], image: &[i64], x: &Tensor) -> Tensor {
+    let n = x.size()[1];
+    let mut shape = vec![n];
+    shape.extend_from_slice(image);
+    let mut h = x.reshape(shape.as_slice()).to_kind(Kind::Float) * (1.0 / 255.0);
+    for (l, s) in strides.iter().enumerate() {
+        h = h
+            .conv2d(
+                &views[2 * l],
+                Some(&views[2 * l + 1]),
+                [*s, *s],
+                [0, 0],
+                [1, 1],
+                1,
+            )
+            .relu();
+    }
+    h.reshape([1, n, -1])
 }
 
 /// The MLP forward pass: `x` is `[K, N, in]`, `views` alternate weight `[K, in, out]`
@@ -174,8 +248,17 @@ impl Dqn {
         let k = spec.population as i64;
         tch::manual_seed(seed as i64);
         let host = Tensor::empty([k, layout.len as i64], (Kind::Float, Device::Cpu));
-        for layer in layout.entries.chunks(2) {
-            let fan_in = layer[0].shape[0];
+        assert!(
+            spec.conv.is_empty() || spec.population == 1,
+            "a convolutional torso is for one agent"
+        );
+        for layer in layout.entries.chunks(2).chain(layout.conv.chunks(2)) {
+            // [in, out] for a linear layer, [out, in, k, k] for a convolution.
+            let fan_in: usize = match layer[0].shape.as_slice() {
+                [fan_in, _] => *fan_in,
+                [_, rest @ ..] => rest.iter().product(),
+                [] => 1,
+            };
             let bound = 1.0 / (fan_in as f64).sqrt();
             for entry in layer {
                 let _ = host
@@ -214,6 +297,7 @@ impl Dqn {
             .collect();
         let grad = online.zeros_like();
         let grad_views = param_views(&grad, &layout, k);
+        let torso = Torso::new(&spec, &online, &target, &grad);
         Self {
             spec,
             config,
@@ -227,6 +311,7 @@ impl Dqn {
             target_views,
             adam_m: state.adam_m.to_device(device),
             adam_v: state.adam_v.to_device(device),
+            torso,
             adam_step: state.adam_step,
             updates: state.updates,
             updates_since_stats: 0,
@@ -284,17 +369,29 @@ impl Dqn {
     pub fn gradient(&mut self, batch: &Batch) -> (Tensor, Tensor) {
         let b = batch.batch_size();
         let layers = self.online_views.len() / 2;
+        // The torso (autograd on the first B rows only: next observations are not
+        // differentiated) turns images into features; the head starts from those.
+        let (features, head_input) = match &self.torso {
+            Some(t) => {
+                let f = torso_forward(&t.online, &t.strides, &t.image, &batch.obs2.narrow(1, 0, b));
+                let f_next = tch::no_grad(|| {
+                    torso_forward(&t.online, &t.strides, &t.image, &batch.obs2.narrow(1, b, b))
+                });
+                let input = Tensor::cat(&[f.detach(), f_next], 1);
+                (Some(f), input)
+            }
+            None => (None, batch.obs2.shallow_clone()),
+        };
         // Forward over obs and next_obs together, keeping each layer's input.
         let mut inputs = Vec::with_capacity(layers);
-        let mut h = batch.obs2.shallow_clone();
+        let mut h = head_input.shallow_clone();
         for l in 0..layers {
             let z = self.online_views[2 * l + 1].baddbmm(&h, &self.online_views[2 * l], 1.0, 1.0);
             inputs.push(h);
             h = if l + 1 < layers { z.relu() } else { z };
         }
         let q_all = h;
-        let next_obs = batch.obs2.narrow(1, b, b);
-        let q_next_target = forward(&self.target_views, &next_obs);
+        let q_next_target = self.target_q(&batch.obs2.narrow(1, b, b));
         let targets = double_dqn_targets(
             &q_all.narrow(1, b, b),
             &q_next_target,
@@ -319,9 +416,28 @@ impl Dqn {
             let _ = d.sum_intlist_out(&self.grad_views[2 * l + 1], [1i64].as_slice(), true, None);
             if l > 0 {
                 d = x.threshold_backward(&d.bmm(&self.online_wt[l]), 0.0);
+            } else if let (Some(torso), Some(features)) = (&self.torso, &features) {
+                // dLoss/dfeatures, then autograd through the convolutions.
+                let d_features = d.bmm(&self.online_wt[0]);
+                let surrogate = (features * d_features).sum(Kind::Float);
+                let grads = Tensor::run_backward(&[&surrogate], &torso.online, false, false);
+                for (g, out) in grads.iter().zip(&torso.grad) {
+                    let _ = out.detach().copy_(g);
+                }
             }
         }
         (q_taken, targets)
+    }
+
+    /// Q-values of the target network for next observations `[K, B, ...]` (no graph).
+    fn target_q(&self, next_obs: &Tensor) -> Tensor {
+        tch::no_grad(|| match &self.torso {
+            Some(t) => forward(
+                &self.target_views,
+                &torso_forward(&t.target, &t.strides, &t.image, next_obs),
+            ),
+            None => forward(&self.target_views, next_obs),
+        })
     }
 
     /// Per-agent gradient clipping, then Adam, on the flat `[K, P]` tensors (13 ops).
@@ -390,9 +506,18 @@ impl Dqn {
         Vec::<f32>::try_from(&host).unwrap_or_default()
     }
 
-    /// Q-values of the online network for `obs` `[K, N, obs_dim]` (tests, export).
+    /// Q-values of the online network for `obs` `[K, N, ...]` (tests, export).
     pub fn q_values(&self, obs: &Tensor) -> Tensor {
-        tch::no_grad(|| forward(&self.online_views, &obs.to_device(self.device)))
+        tch::no_grad(|| {
+            let obs = obs.to_device(self.device);
+            match &self.torso {
+                Some(t) => forward(
+                    &self.online_views,
+                    &torso_forward(&t.online, &t.strides, &t.image, &obs),
+                ),
+                None => forward(&self.online_views, &obs),
+            }
+        })
     }
 
     /// A host copy of the full state, for a checkpoint.
@@ -584,6 +709,108 @@ mod tests {
     #[test]
     fn manual_backward_matches_autograd_for_a_population() {
         check_gradient_against_autograd(3);
+    }
+
+    /// A Nature-style network on small images (36×36: feature maps 8, 3, 1).
+    fn cnn_spec() -> NetworkSpec {
+        let obs = ObsSpec {
+            shape: vec![4, 36, 36],
+            dtype: DType::U8,
+        };
+        NetworkSpec::nature_cnn(&obs, 2).unwrap()
+    }
+
+    fn images(n: i64) -> Tensor {
+        Tensor::randint(256, [1, n, 4, 36, 36], (Kind::Uint8, Device::Cpu))
+    }
+
+    #[test]
+    fn cnn_gradient_matches_autograd_end_to_end() {
+        let mut dqn = Dqn::new(cnn_spec(), config(), Device::Cpu, 5);
+        let other = Dqn::new(cnn_spec(), config(), Device::Cpu, 6);
+        dqn.target.copy_(&other.online);
+        let b = 6;
+        tch::manual_seed(12);
+        let batch = Batch {
+            obs2: images(2 * b),
+            actions: Tensor::randint(2, [1, b, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::randn([1, b, 1], (Kind::Float, Device::Cpu)) * 3.0,
+            discounts: Tensor::full([1, b, 1], 0.99, (Kind::Float, Device::Cpu)),
+        };
+        let _ = dqn.gradient(&batch);
+        let manual = dqn.grad.copy();
+
+        let layout = dqn.spec.layout();
+        let leaf = dqn.online.detach().copy().set_requires_grad(true);
+        let (head, conv) = (param_views(&leaf, &layout, 1), conv_views(&leaf, &layout));
+        let t = dqn.torso.as_ref().unwrap();
+        let q_all = forward(
+            &head,
+            &torso_forward(&conv, &t.strides, &t.image, &batch.obs2),
+        );
+        let targets = tch::no_grad(|| {
+            double_dqn_targets(
+                &q_all.narrow(1, b, b),
+                &dqn.target_q(&batch.obs2.narrow(1, b, b)),
+                &batch.rewards,
+                &batch.discounts,
+            )
+        });
+        let q = q_all.narrow(1, 0, b).gather(2, &batch.actions, false);
+        let loss = q.huber_loss(&targets, Reduction::Mean, 1.0);
+        let auto = Tensor::run_backward(&[&loss], &[&leaf], false, false)
+            .pop()
+            .unwrap();
+        let conv0 = layout.conv[0].offset as i64;
+        for (what, lo, len) in [
+            ("head", 0, conv0),
+            ("torso", conv0, layout.len as i64 - conv0),
+        ] {
+            let (m, a) = (manual.narrow(1, lo, len), auto.narrow(1, lo, len));
+            let err = (&m - &a).abs().max().double_value(&[]);
+            let scale = a.abs().max().double_value(&[]);
+            assert!(scale > 1e-4, "{what} gradient is not trivially zero");
+            assert!(
+                err < 1e-4 * scale,
+                "{what}: max |manual - autograd| = {err} (scale {scale})"
+            );
+        }
+    }
+
+    #[test]
+    fn cnn_forward_matches_the_actor_cpu_policy_and_learns() {
+        use millrace_actor::{CnnPolicy, Policy};
+        let mut dqn = Dqn::new(cnn_spec(), config(), Device::Cpu, 3);
+        tch::manual_seed(4);
+        let obs = images(3);
+        let host: Vec<u8> = Vec::try_from(obs.view([-1])).unwrap();
+        let mut policy = CnnPolicy::new(cnn_spec()).unwrap();
+        policy
+            .load(&millrace_proto::Params {
+                version: 0,
+                population: 1,
+                data: dqn.online_params(),
+            })
+            .unwrap();
+        let mut q = [0.0f32; 6];
+        policy.q_values(&host, &mut q);
+        let want = Vec::<f32>::try_from(dqn.q_values(&obs).view([-1])).unwrap();
+        for (a, b) in q.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-4 * b.abs().max(1.0), "{q:?} vs {want:?}");
+        }
+        // And the update moves Q(s, a) towards a fixed target.
+        let batch = Batch {
+            obs2: Tensor::cat(&[&obs, &obs], 1),
+            actions: Tensor::zeros([1, 3, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::full([1, 3, 1], 2.0, (Kind::Float, Device::Cpu)),
+            discounts: Tensor::zeros([1, 3, 1], (Kind::Float, Device::Cpu)),
+        };
+        for _ in 0..100 {
+            dqn.update(&batch);
+        }
+        let q = dqn.q_values(&obs).narrow(2, 0, 1);
+        let err = (q - 2.0).abs().max().double_value(&[]);
+        assert!(err < 0.1, "|Q(s, 0) - 2| = {err}");
     }
 
     #[test]
