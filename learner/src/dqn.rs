@@ -422,7 +422,7 @@ impl Dqn {
                 let surrogate = (features * d_features).sum(Kind::Float);
                 let grads = Tensor::run_backward(&[&surrogate], &torso.online, false, false);
                 for (g, out) in grads.iter().zip(&torso.grad) {
-                    let _ = out.detach().copy_(g);
+                    out.detach().copy_(g);
                 }
             }
         }

@@ -1,0 +1,63 @@
+"""Plots bench/learning_curves.sh's CSV: mean greedy return against env steps, one thin
+line per seed and the mean across seeds per mode; prints the per-mode means at each
+evaluation so the comparison is also in text.
+
+    python bench/plot_curves.py bench/results/learning_curves.csv out.png
+"""
+
+import csv
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    path, png = sys.argv[1], sys.argv[2]
+    runs = defaultdict(list)  # (mode, seed) -> [(steps, return)]
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            runs[(row["mode"], row["seed"])].append(
+                (int(row["env_steps"]), float(row["mean_return"]))
+            )
+    colours = {"one-process": "tab:blue", "async": "tab:orange"}
+    by_mode = defaultdict(lambda: defaultdict(list))  # mode -> eval index -> returns
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (mode, seed), points in sorted(runs.items()):
+        points.sort()
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, color=colours.get(mode, "grey"), alpha=0.3, linewidth=1)
+        for i, (x, y) in enumerate(points):
+            by_mode[mode][i].append((x, y))
+    print(f"{'eval':>4} " + " ".join(f"{m:>22}" for m in sorted(by_mode)))
+    for mode, evals in sorted(by_mode.items()):
+        xs = [sum(p[0] for p in v) / len(v) for _, v in sorted(evals.items())]
+        ys = [sum(p[1] for p in v) / len(v) for _, v in sorted(evals.items())]
+        n = max(len(v) for v in evals.values())
+        ax.plot(xs, ys, color=colours.get(mode, "grey"), linewidth=2.5, label=f"{mode} (mean of {n} seeds)")
+    rows = max(len(e) for e in by_mode.values())
+    for i in range(rows):
+        cells = []
+        for mode in sorted(by_mode):
+            v = by_mode[mode].get(i, [])
+            cells.append(
+                f"{sum(p[0] for p in v) / len(v):>9.0f} {sum(p[1] for p in v) / len(v):>7.1f} n={len(v)}"
+                if v
+                else f"{'':>22}"
+            )
+        print(f"{i:>4} " + " ".join(f"{c:>22}" for c in cells))
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("mean greedy return (100 episodes)")
+    ax.set_title("CartPole-v1: one process vs. rate-limited asynchronous service")
+    ax.axhline(475, color="black", linestyle=":", linewidth=1)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()

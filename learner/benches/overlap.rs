@@ -1,0 +1,558 @@
+//! Does the learner ever wait? One command, one run, one table:
+//!
+//! (a) ceiling: `Dqn::update` on a batch already on the device (the "100% busy" loop);
+//! (b) end to end: actor threads → replay (rate limited) → prefetcher → the learner
+//!     thread of a real run; efficiency = (b) / (a), with the learner's duty cycle and
+//!     stall breakdown;
+//! (c) replay: insert and sample+collate throughput against `memcpy` of the same bytes,
+//!     and replay memory per transition against one observation;
+//! (d) one actor's env steps/s (one core, batched inference, 8 envs).
+//!
+//! for the CartPole MLP (64×64) and the Nature CNN on `CatchPixels-v0` (4×84×84 `u8`),
+//! at batch 32 and 512. On a CPU machine the learner thread is pinned to core 0 and
+//! everything else (actors, sampler) to core 1, with one intra-op thread.
+//!
+//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--cpu]`
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use millrace_actor::runner::{ActorSink, EpisodeStats, ParamsSource, SinkClosed};
+use millrace_actor::{
+    make, make_pixels, run_actor_with, ActorConfig, ActorControl, CnnPolicy, Env, EpsilonSchedule,
+    MlpPolicy, ParamsSlot, Policy, SlotReader,
+};
+use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
+use millrace_learner::prefetch::{Prefetcher, Slot};
+use millrace_learner::update_loop::{self, CheckpointContext, LoopConfig};
+use millrace_proto::{EnvSpec, NetworkSpec, Params, TransitionBatch};
+use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tch::{Device, Kind, Tensor};
+
+const ENVS: usize = 8;
+const N_STEP: usize = 3;
+const SPI: f64 = 32.0;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Net {
+    Mlp,
+    Cnn,
+}
+
+impl Net {
+    fn name(self) -> &'static str {
+        match self {
+            Net::Mlp => "MLP 64x64 / CartPole",
+            Net::Cnn => "Nature CNN / CatchPixels",
+        }
+    }
+
+    fn env(self) -> EnvSpec {
+        match self {
+            Net::Mlp => make("CartPole-v1", 0).unwrap().spec().clone(),
+            Net::Cnn => make_pixels("CatchPixels-v0", 0).unwrap().spec().clone(),
+        }
+    }
+
+    fn network(self) -> NetworkSpec {
+        let env = self.env();
+        match self {
+            Net::Mlp => NetworkSpec::mlp(&env.obs, &[64, 64], env.num_actions, 1).unwrap(),
+            Net::Cnn => NetworkSpec::nature_cnn(&env.obs, env.num_actions).unwrap(),
+        }
+    }
+
+    /// Transitions per actor batch: large enough for pixels that carried rows cost
+    /// under 10% (see `ReplayConfig::obs_rows_for`).
+    fn actor_batch(self) -> usize {
+        match self {
+            Net::Mlp => 16,
+            Net::Cnn => 512,
+        }
+    }
+
+    fn capacity(self) -> usize {
+        match self {
+            Net::Mlp => 100_000,
+            Net::Cnn => 20_000,
+        }
+    }
+}
+
+struct Opts {
+    seconds: f64,
+    nets: Vec<Net>,
+    batches: Vec<usize>,
+    device: Device,
+}
+
+fn parse() -> Opts {
+    let mut o = Opts {
+        seconds: 4.0,
+        nets: vec![Net::Mlp, Net::Cnn],
+        batches: vec![32, 512],
+        device: Device::cuda_if_available(),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let next = args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--seconds" => o.seconds = next.parse().expect("--seconds S"),
+            "--only" => {
+                o.nets = match next.as_str() {
+                    "mlp" => vec![Net::Mlp],
+                    "cnn" => vec![Net::Cnn],
+                    other => panic!("--only mlp|cnn, got {other}"),
+                }
+            }
+            "--batch" => {
+                o.batches = next
+                    .split(',')
+                    .map(|x| x.parse().expect("--batch 32,512"))
+                    .collect()
+            }
+            "--cpu" => {
+                o.device = Device::Cpu;
+                i -= 1;
+            }
+            "--bench" => i -= 1,
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    o
+}
+
+/// Pins the calling thread (and threads it spawns later) to `core`, if it exists.
+fn pin(core: usize) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it, and
+    // sched_setaffinity(0, ..) only reads it for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core % cores, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+fn dqn_config() -> DqnConfig {
+    DqnConfig {
+        lr: 1e-4,
+        adam_betas: (0.9, 0.999),
+        adam_eps: 1e-8,
+        max_grad_norm: 10.0,
+        huber_delta: 1.0,
+        target: TargetUpdate::Hard { period: 200 },
+    }
+}
+
+/// (a) updates/s on a batch already on the device.
+fn ceiling(net: Net, b: usize, device: Device, seconds: f64) -> f64 {
+    let env = net.env();
+    let mut dqn = Dqn::new(net.network(), dqn_config(), device, 0);
+    let b = b as i64;
+    let mut shape = vec![1, 2 * b];
+    shape.extend(env.obs.shape.iter().map(|d| *d as i64));
+    let obs2 = match net {
+        Net::Mlp => Tensor::randn(shape.as_slice(), (Kind::Float, device)),
+        Net::Cnn => Tensor::randint(256, shape.as_slice(), (Kind::Uint8, device)),
+    };
+    let batch = Batch {
+        obs2,
+        actions: Tensor::randint(env.num_actions as i64, [1, b, 1], (Kind::Int64, device)),
+        rewards: Tensor::randn([1, b, 1], (Kind::Float, device)),
+        discounts: Tensor::full([1, b, 1], 0.99, (Kind::Float, device)),
+    };
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() < seconds * 0.1 {
+        dqn.update(&batch);
+    }
+    sync(device);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < seconds {
+        dqn.update(&batch);
+        n += 1;
+        if n.is_multiple_of(16) {
+            let _ = dqn.take_stats();
+        }
+    }
+    sync(device);
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Inserts into replay, blocking under its rate limiter.
+struct ReplaySink(Arc<Table>);
+
+impl ActorSink for ReplaySink {
+    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
+        self.0.insert(&batch).map_err(|_| SinkClosed)
+    }
+    fn episode(&mut self, _: EpisodeStats) {}
+}
+
+/// Counts and drops.
+struct Discard(Arc<AtomicU64>);
+
+impl ActorSink for Discard {
+    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
+        self.0.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+    fn episode(&mut self, _: EpisodeStats) {}
+}
+
+fn actor_config(net: Net, id: u32) -> ActorConfig {
+    ActorConfig {
+        actor_id: id,
+        env_id: net.env().id,
+        num_envs: ENVS,
+        seed: 7,
+        n_step: N_STEP,
+        gamma: 0.99,
+        batch_rows: net.actor_batch(),
+        epsilon: EpsilonSchedule::Constant(0.1),
+        env_epsilons: None,
+    }
+}
+
+/// Runs one actor of `net` on this thread until `control` stops it.
+fn run_one_actor(
+    net: Net,
+    id: u32,
+    params: &Arc<ParamsSlot>,
+    sink: &mut dyn ActorSink,
+    control: &ActorControl,
+) {
+    let cfg = actor_config(net, id);
+    let seed = millrace_actor::derive_seed(cfg.seed, u64::from(id));
+    let mut source = SlotReader(Arc::clone(params));
+    let source: &mut dyn ParamsSource = &mut source;
+    let result = match net {
+        Net::Mlp => {
+            let envs: Vec<Box<dyn Env>> = (0..ENVS)
+                .map(|i| make(&cfg.env_id, millrace_actor::derive_seed(seed, i as u64)).unwrap())
+                .collect();
+            let mut policy = MlpPolicy::new(net.network(), 0).unwrap();
+            run_actor_with(
+                &cfg,
+                envs,
+                &mut policy as &mut dyn Policy,
+                source,
+                sink,
+                control,
+            )
+        }
+        Net::Cnn => {
+            let envs: Vec<Box<dyn Env<u8>>> = (0..ENVS)
+                .map(|i| {
+                    make_pixels(&cfg.env_id, millrace_actor::derive_seed(seed, i as u64)).unwrap()
+                })
+                .collect();
+            let mut policy = CnnPolicy::new(net.network()).unwrap();
+            run_actor_with(
+                &cfg,
+                envs,
+                &mut policy as &mut dyn Policy<u8>,
+                source,
+                sink,
+                control,
+            )
+        }
+    };
+    result.expect("actor runs");
+}
+
+fn random_params(net: Net) -> Arc<ParamsSlot> {
+    let dqn = Dqn::new(net.network(), dqn_config(), Device::Cpu, 1);
+    Arc::new(ParamsSlot::new(Params {
+        version: 1,
+        population: 1,
+        data: dqn.online_params(),
+    }))
+}
+
+/// (d) env steps/s of one actor thread with inference on.
+fn actor_steps(net: Net, seconds: f64) -> f64 {
+    let params = random_params(net);
+    let count = Arc::new(AtomicU64::new(0));
+    let control = Arc::new(ActorControl::default());
+    let handle = {
+        let (count, control) = (Arc::clone(&count), Arc::clone(&control));
+        std::thread::spawn(move || {
+            run_one_actor(net, 0, &params, &mut Discard(count), &control);
+        })
+    };
+    std::thread::sleep(Duration::from_secs_f64(seconds * 0.2));
+    let s0 = control.env_steps.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let steps = control.env_steps.load(Ordering::Relaxed) - s0;
+    let dt = t0.elapsed().as_secs_f64();
+    control.stop.store(true, Ordering::Relaxed);
+    handle.join().unwrap();
+    steps as f64 / dt
+}
+
+struct EndToEnd {
+    updates_per_s: f64,
+    duty: f64,
+    wait: f64,
+    h2d: f64,
+    publish: f64,
+    inserts_per_s: f64,
+    obs_rows_per_item: f64,
+    bytes_per_obs_byte: f64,
+}
+
+fn table(net: Net, batch: usize) -> Arc<Table> {
+    let env = net.env();
+    Arc::new(Table::new(&ReplayConfig {
+        capacity: net.capacity(),
+        shards: 4,
+        obs_row_bytes: env.obs.row_bytes(),
+        obs_rows_per_item: ReplayConfig::obs_rows_for(ENVS, N_STEP, net.actor_batch()),
+        limiter: RateLimiterConfig::sample_to_insert_ratio(
+            SPI,
+            1000,
+            (2.0 * (SPI + batch as f64)).max(SPI * net.actor_batch() as f64),
+            batch as u64,
+        )
+        .unwrap(),
+    }))
+}
+
+/// (b) the learner thread of a real run, fed by one actor thread through replay.
+fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
+    let env = net.env();
+    let table = table(net, b);
+    let dqn = Dqn::new(net.network(), dqn_config(), device, 0);
+    let params = Arc::new(ParamsSlot::new(Params {
+        version: 0,
+        population: 1,
+        data: dqn.online_params(),
+    }));
+    let control = Arc::new(ActorControl::default());
+    // This thread is on core 1: actors and the sampler inherit it.
+    pin(1);
+    let actor = {
+        let (table, params, control) = (
+            Arc::clone(&table),
+            Arc::clone(&params),
+            Arc::clone(&control),
+        );
+        std::thread::spawn(move || {
+            run_one_actor(net, 0, &params, &mut ReplaySink(table), &control);
+        })
+    };
+    let pin_for = matches!(device, Device::Cuda(_)).then_some(device);
+    let depth = millrace_learner::prefetch::default_depth(&env.obs, b);
+    let prefetcher = Prefetcher::spawn(Arc::clone(&table), &env.obs, b, depth, pin_for, 0).unwrap();
+    let (cmd_tx, cmd_rx) = crossbeam_channel::bounded(1);
+    let (rep_tx, rep_rx) = crossbeam_channel::bounded(64);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = CheckpointContext {
+        dir: dir.path().to_path_buf(),
+        env: env.clone(),
+        seed: 0,
+        control: Arc::clone(&control),
+        table: Arc::clone(&table),
+    };
+    let learner = {
+        let params = Arc::clone(&params);
+        std::thread::spawn(move || {
+            pin(0);
+            let cfg = LoopConfig {
+                publish_every: 20,
+                report_every: Duration::from_millis(100),
+                checkpoint_every: None,
+            };
+            update_loop::run(dqn, &cfg, &prefetcher, &params, &cmd_rx, &rep_tx, &ckpt);
+            prefetcher
+        })
+    };
+    // Measure from the first report after learning starts to the last one.
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds * 4.0 + 30.0);
+    let mut first = None;
+    let mut last = None;
+    let mut inserts = (0, 0);
+    while Instant::now() < deadline {
+        let Ok(r) = rep_rx.recv_timeout(Duration::from_millis(200)) else {
+            continue;
+        };
+        if r.updates == 0 {
+            continue;
+        }
+        let now = (Instant::now(), r, table.stats().inserted);
+        match &first {
+            None => {
+                first = Some(now);
+                inserts.0 = now.2;
+            }
+            Some(f) => {
+                inserts.1 = now.2;
+                let done = now.0 - f.0 >= Duration::from_secs_f64(seconds);
+                last = Some(now);
+                if done {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = cmd_tx.send(update_loop::Command::Stop);
+    table.close();
+    control.stop.store(true, Ordering::Relaxed);
+    let prefetcher = learner.join().unwrap();
+    prefetcher.join();
+    actor.join().unwrap();
+    pin(0);
+    let (f, l) = (first.expect("learning started"), last.expect("two reports"));
+    let dt = (l.0 - f.0).as_secs_f64();
+    let d = |a: f64, b: f64| (a - b) / (l.1.stalls.total - f.1.stalls.total).max(1e-9);
+    let (ls, fs) = (l.1.stalls, f.1.stalls);
+    let stats = table.stats();
+    EndToEnd {
+        updates_per_s: (l.1.updates - f.1.updates) as f64 / dt,
+        duty: d(ls.compute, fs.compute),
+        wait: d(ls.wait_data, fs.wait_data),
+        h2d: d(ls.host_to_device, fs.host_to_device),
+        publish: d(ls.publish, fs.publish),
+        inserts_per_s: (inserts.1 - inserts.0) as f64 / dt,
+        obs_rows_per_item: stats.obs_rows as f64 / stats.size.max(1) as f64,
+        bytes_per_obs_byte: (stats.obs_rows as f64 * env.obs.row_bytes() as f64
+            + stats.size as f64 * 32.0)
+            / (stats.size.max(1) as f64 * env.obs.row_bytes() as f64),
+    }
+}
+
+/// memcpy bandwidth for blocks of `block` bytes, in bytes/s.
+fn memcpy_bw(block: usize, seconds: f64) -> f64 {
+    let src = vec![1u8; 64 << 20];
+    let mut dst = vec![0u8; 64 << 20];
+    let blocks = src.len() / block;
+    let start = Instant::now();
+    let mut bytes = 0usize;
+    let mut i = 0;
+    while start.elapsed().as_secs_f64() < seconds {
+        for _ in 0..64 {
+            let o = (i % blocks) * block;
+            dst[o..o + block].copy_from_slice(&src[o..o + block]);
+            i += 1;
+            bytes += block;
+        }
+    }
+    std::hint::black_box(&dst);
+    bytes as f64 / start.elapsed().as_secs_f64()
+}
+
+/// (c) replay insert (actor-shaped batches) and sample+collate (into a staging slot),
+/// in bytes/s of observation data moved.
+fn replay_throughput(net: Net, b: usize, seconds: f64) -> (f64, f64) {
+    let env = net.env();
+    let rb = env.obs.row_bytes();
+    // An actor's batch: ENVS interleaved streams, N_STEP rows carried per stream.
+    let items = net.actor_batch();
+    let rows = items + ENVS * N_STEP;
+    let mut batch = TransitionBatch::with_capacity(rb, items, rows);
+    for r in 0..rows {
+        batch.push_obs_bytes(&vec![(r % 251) as u8; rb]);
+    }
+    for i in 0..items as u32 {
+        batch.push_transition(i, 0, 1.0, 0.99, i + (ENVS * N_STEP) as u32);
+    }
+    let t = Arc::new(Table::new(&ReplayConfig {
+        capacity: net.capacity(),
+        shards: 4,
+        obs_row_bytes: rb,
+        obs_rows_per_item: ReplayConfig::obs_rows_for(ENVS, N_STEP, items),
+        limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+    }));
+    let start = Instant::now();
+    let mut inserted = 0usize;
+    while start.elapsed().as_secs_f64() < seconds || inserted < net.capacity() {
+        batch.seq += 1;
+        t.insert(&batch).unwrap();
+        inserted += items;
+    }
+    let insert_bw = (inserted / items * rows * rb) as f64 / start.elapsed().as_secs_f64();
+    let mut slot = Slot::new(&env.obs, b, None);
+    let mut rng = SmallRng::seed_from_u64(0);
+    let start = Instant::now();
+    let mut sampled = 0usize;
+    while start.elapsed().as_secs_f64() < seconds {
+        slot.fill(&t, &mut rng).unwrap();
+        sampled += b;
+    }
+    let sample_bw = (sampled * 2 * rb) as f64 / start.elapsed().as_secs_f64();
+    (insert_bw, sample_bw)
+}
+
+fn main() {
+    let o = parse();
+    tch::set_num_threads(1);
+    pin(0);
+    println!(
+        "device {:?}; learner pinned to core 0, actors and sampler to core 1; 1 intra-op thread; {} s per measurement",
+        o.device, o.seconds
+    );
+    let mut rows = Vec::new();
+    for &net in &o.nets {
+        let steps = actor_steps(net, o.seconds);
+        let row_bytes = net.env().obs.row_bytes();
+        let memcpy = memcpy_bw(row_bytes.max(64), o.seconds.min(2.0));
+        for &b in &o.batches {
+            let a = ceiling(net, b, o.device, o.seconds);
+            let e = end_to_end(net, b, o.device, o.seconds);
+            let (ins, smp) = replay_throughput(net, b, o.seconds.min(2.0));
+            println!(
+                "{} b{b}: ceiling {a:.1}/s, end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",
+                net.name(),
+                e.updates_per_s,
+                e.inserts_per_s,
+                100.0 * e.duty,
+                100.0 * e.wait,
+                100.0 * e.h2d,
+                100.0 * e.publish,
+                ins / 1e9,
+                smp / 1e9,
+                memcpy / 1e9,
+                e.obs_rows_per_item,
+                e.bytes_per_obs_byte,
+            );
+            rows.push((net, b, a, e, ins, smp, memcpy, steps));
+        }
+    }
+    println!();
+    println!(
+        "| network | batch | (a) ceiling upd/s | (b) end-to-end upd/s | b/a | duty | wait data | h2d | publish | (c) insert / memcpy | sample+collate / memcpy | replay bytes per obs byte | (d) actor steps/s/core |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (net, b, a, e, ins, smp, memcpy, steps) in rows {
+        println!(
+            "| {} | {b} | {a:.1} | {:.1} | **{:.2}** | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {:.2} | {:.3} | {steps:.0} |",
+            net.name(),
+            e.updates_per_s,
+            e.updates_per_s / a,
+            100.0 * e.duty,
+            100.0 * e.wait,
+            100.0 * e.h2d,
+            100.0 * e.publish,
+            ins / memcpy,
+            smp / memcpy,
+            e.bytes_per_obs_byte,
+        );
+    }
+}
