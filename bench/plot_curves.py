@@ -49,6 +49,19 @@ def main():
                 else f"{'':>22}"
             )
         print(f"{i:>4} " + " ".join(f"{c:>22}" for c in cells))
+    # Seed noise: each run's mean over all its evaluations (area under the curve).
+    print("mean return over all evaluations, per run:")
+    summary = {}
+    for mode in sorted(by_mode):
+        aucs = [sum(y for _, y in pts) / len(pts) for (m, _), pts in sorted(runs.items()) if m == mode]
+        mean = sum(aucs) / len(aucs)
+        sd = (sum((a - mean) ** 2 for a in aucs) / max(len(aucs) - 1, 1)) ** 0.5
+        summary[mode] = (mean, sd, len(aucs))
+        print(f"  {mode:<12} {' '.join(f'{a:6.1f}' for a in aucs)}  mean {mean:.1f}, sd {sd:.1f}")
+    if len(summary) == 2:
+        (m1, s1, n1), (m2, s2, n2) = summary.values()
+        se = (s1 * s1 / n1 + s2 * s2 / n2) ** 0.5
+        print(f"  difference {m1 - m2:+.1f} = {(m1 - m2) / se if se else 0:+.2f} standard errors (Welch)")
     ax.set_xlabel("env steps")
     ax.set_ylabel("mean greedy return (100 episodes)")
     ax.set_title("CartPole-v1: one process vs. rate-limited asynchronous service")

@@ -182,6 +182,7 @@ mod tests {
         policy
             .load(&Params {
                 version: 1,
+                env_steps: 0,
                 population: 1,
                 data: data.clone(),
             })
@@ -209,6 +210,7 @@ mod tests {
         let mut head = MlpPolicy::new(spec, 0).unwrap();
         head.load(&Params {
             version: 1,
+            env_steps: 0,
             population: 1,
             data,
         })

@@ -87,6 +87,7 @@ mod tests {
         policy
             .load(&Params {
                 version: 1,
+                env_steps: 0,
                 population: 1,
                 data,
             })
@@ -113,6 +114,7 @@ mod tests {
         policy
             .load(&Params {
                 version: 1,
+                env_steps: 0,
                 population: 1,
                 data,
             })

@@ -59,6 +59,7 @@ mod tests {
     fn params(version: u64) -> Params {
         Params {
             version,
+            env_steps: 0,
             population: 1,
             data: vec![version as f32],
         }

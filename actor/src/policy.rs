@@ -206,6 +206,7 @@ mod tests {
             .collect();
         let params = Params {
             version: 3,
+            env_steps: 0,
             population: 2,
             data,
         };
@@ -234,6 +235,7 @@ mod tests {
         let mut policy = MlpPolicy::new(spec(1), 0).unwrap();
         let bad = Params {
             version: 1,
+            env_steps: 0,
             population: 1,
             data: vec![0.0; 5],
         };

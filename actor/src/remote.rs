@@ -371,7 +371,15 @@ fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> 
         n_step: w.n_step.max(1) as usize,
         gamma: w.gamma,
         batch_rows: w.batch_rows.max(1) as usize,
-        epsilon: EpsilonSchedule::Constant(w.epsilons[0]),
-        env_epsilons: Some(w.epsilons.clone()),
+        // The run's decaying schedule on the learner's env steps, or Ape-X's fixed ε.
+        epsilon: match w.epsilon_decay {
+            Some(d) => EpsilonSchedule::Linear {
+                start: d.start,
+                end: d.end,
+                steps: d.steps,
+            },
+            None => EpsilonSchedule::Constant(w.epsilons[0]),
+        },
+        env_epsilons: w.epsilon_decay.is_none().then(|| w.epsilons.clone()),
     })
 }

@@ -154,6 +154,8 @@ pub fn run_actor_with<O: Pod + Default>(
     while !control.stopped() {
         if let Some(p) = params.newer_than(policy.version()) {
             policy.load(&p)?;
+            // A remote actor's schedule follows the learner's global step count.
+            control.env_steps.fetch_max(p.env_steps, Ordering::Relaxed);
         }
         let global = control.env_steps.load(Ordering::Relaxed);
         let eps = cfg.epsilon.value(global);

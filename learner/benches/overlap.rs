@@ -280,6 +280,7 @@ fn random_params(net: Net) -> Arc<ParamsSlot> {
     let dqn = Dqn::new(net.network(), dqn_config(), Device::Cpu, 1);
     Arc::new(ParamsSlot::new(Params {
         version: 1,
+        env_steps: 0,
         population: 1,
         data: dqn.online_params(),
     }))
@@ -342,6 +343,7 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
     let dqn = Dqn::new(net.network(), dqn_config(), device, 0);
     let params = Arc::new(ParamsSlot::new(Params {
         version: 0,
+        env_steps: 0,
         population: 1,
         data: dqn.online_params(),
     }));

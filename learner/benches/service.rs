@@ -140,6 +140,7 @@ fn throughput(seconds: f64, connections: usize, rows: usize) {
     let t = table();
     let params = Arc::new(ParamsSlot::new(Params {
         version: 0,
+        env_steps: 0,
         population: 1,
         data: vec![0.0; 4610],
     }));
@@ -196,6 +197,7 @@ fn broadcast(actors: usize, repeats: usize) {
     let t = table();
     let params = Arc::new(ParamsSlot::new(Params {
         version: 0,
+        env_steps: 0,
         population: 1,
         data: vec![0.0; 16],
     }));
@@ -230,6 +232,7 @@ fn broadcast(actors: usize, repeats: usize) {
         let t0 = Instant::now();
         params.publish(Params {
             version: v,
+            env_steps: 0,
             population: 1,
             data,
         });

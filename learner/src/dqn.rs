@@ -646,6 +646,7 @@ mod tests {
         let dqn = Dqn::new(spec(1), config(), Device::Cpu, 3);
         let params = millrace_proto::Params {
             version: 0,
+            env_steps: 0,
             population: 1,
             data: dqn.online_params(),
         };
@@ -788,6 +789,7 @@ mod tests {
         policy
             .load(&millrace_proto::Params {
                 version: 0,
+                env_steps: 0,
                 population: 1,
                 data: dqn.online_params(),
             })

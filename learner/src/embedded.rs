@@ -231,6 +231,11 @@ fn wire_remote_actors(
     scfg.n_step = cfg.n_step as u32;
     scfg.gamma = cfg.gamma;
     scfg.batch_rows = cfg.actor_batch_rows() as u32;
+    if !scfg.apex_epsilon {
+        if let EpsilonSchedule::Linear { start, end, steps } = cfg.epsilon {
+            scfg.epsilon_decay = Some(millrace_proto::wire::EpsilonDecay { start, end, steps });
+        }
+    }
     let ctx = crate::server::ServerContext {
         env: links.env.clone(),
         network: links.network.clone(),
@@ -306,6 +311,7 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
     }));
     let params = Arc::new(ParamsSlot::new(Params {
         version,
+        env_steps: control.env_steps.load(Ordering::Relaxed),
         population: 1,
         data: dqn.online_params(),
     }));

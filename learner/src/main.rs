@@ -42,6 +42,11 @@ struct Args {
     #[arg(long)]
     token_file: Option<PathBuf>,
 
+    /// Remote actors explore with Ape-X's fixed per-slot ε (0.4^(1+7i/(N-1))) instead
+    /// of following the run's decaying schedule (--eps-*) on the global env steps.
+    #[arg(long, requires = "listen")]
+    apex_epsilon: bool,
+
     /// Environments per actor. 8 keeps the inference batch useful without making
     /// transitions stale.
     #[arg(long, default_value_t = 8)]
@@ -203,6 +208,7 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
             }
             let mut scfg = millrace_learner::server::ServerConfig::new(addr);
             scfg.token = token;
+            scfg.apex_epsilon = args.apex_epsilon;
             Some(scfg)
         }
         None => None,

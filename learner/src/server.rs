@@ -51,9 +51,13 @@ pub struct ServerConfig {
     pub n_step: u32,
     pub gamma: f32,
     pub batch_rows: u32,
-    /// Ape-X exploration: slot i of N gets `base^(1 + alpha·i/(N−1))`.
+    /// Ape-X exploration: slot i of N gets `base^(1 + alpha·i/(N−1))`...
     pub eps_base: f32,
     pub eps_alpha: f32,
+    /// ...when set (`learner --apex-epsilon`); otherwise remote actors follow
+    /// `epsilon_decay` on the global env steps, as embedded actors do.
+    pub apex_epsilon: bool,
+    pub epsilon_decay: Option<millrace_proto::wire::EpsilonDecay>,
     /// Connections open at once; more are refused at accept.
     pub max_connections: usize,
 }
@@ -73,6 +77,8 @@ impl ServerConfig {
             batch_rows: 64,
             eps_base: 0.4,
             eps_alpha: 7.0,
+            apex_epsilon: false,
+            epsilon_decay: None,
             max_connections: 256,
         }
     }
@@ -470,6 +476,7 @@ impl Connection {
             params_version: self.ctx.params.version(),
             slots,
             epsilons,
+            epsilon_decay: self.cfg.epsilon_decay.filter(|_| !self.cfg.apex_epsilon),
             n_step: self.cfg.n_step,
             gamma: self.cfg.gamma,
             batch_rows: self.cfg.batch_rows,

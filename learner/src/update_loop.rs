@@ -155,6 +155,7 @@ pub fn run(
             version += 1;
             params.publish(Params {
                 version,
+                env_steps: ckpt.control.env_steps.load(Ordering::Relaxed),
                 population: dqn.spec().population,
                 data: dqn.online_params(),
             });

@@ -203,6 +203,9 @@ impl TransitionBatch {
 pub struct Params {
     /// Incremented by the learner each time it publishes.
     pub version: u64,
+    /// The learner's global env step count when it published: remote actors follow
+    /// the run's exploration schedule by it.
+    pub env_steps: u64,
     pub population: usize,
     pub data: Vec<f32>,
 }

@@ -201,6 +201,11 @@ mod tests {
             params_version: 12,
             slots: vec![0, 1],
             epsilons: vec![0.4, 0.0016],
+            epsilon_decay: Some(crate::wire::EpsilonDecay {
+                start: 1.0,
+                end: 0.04,
+                steps: 8000,
+            }),
             n_step: 3,
             gamma: 0.99,
             batch_rows: 64,
@@ -231,6 +236,7 @@ mod tests {
         round_trip(welcome());
         round_trip(LearnerMsg::Params(Params {
             version: 5,
+            env_steps: 0,
             population: 1,
             data: vec![0.25; 4610],
         }));
@@ -250,6 +256,7 @@ mod tests {
         );
         let big = LearnerMsg::Params(Params {
             version: 1,
+            env_steps: 0,
             population: 1,
             data: vec![0.0; 1000],
         });

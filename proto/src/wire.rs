@@ -45,12 +45,24 @@ pub struct Welcome {
     pub params_version: u64,
     /// Actor slot handed to each of this actor's environments (Ape-X ε per slot).
     pub slots: Vec<u32>,
-    /// Exploration rate for each slot, in the same order.
+    /// Exploration rate for each slot, in the same order (Ape-X), used when
+    /// `epsilon_decay` is `None`.
     pub epsilons: Vec<f32>,
+    /// The run's decaying exploration, followed on the learner's global env steps
+    /// (`Params::env_steps`), so that remote actors explore as embedded ones do.
+    pub epsilon_decay: Option<EpsilonDecay>,
     pub n_step: u32,
     pub gamma: f32,
     /// Transitions per batch the learner wants.
     pub batch_rows: u32,
+}
+
+/// ε from `start` down to `end` linearly over the first `steps` global env steps.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpsilonDecay {
+    pub start: f32,
+    pub end: f32,
+    pub steps: u64,
 }
 
 /// Periodic actor statistics.
