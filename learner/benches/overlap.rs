@@ -159,8 +159,27 @@ fn dqn_config() -> DqnConfig {
     }
 }
 
-/// (a) updates/s on a batch already on the device.
-fn ceiling(net: Net, b: usize, device: Device, seconds: f64) -> f64 {
+/// (a) updates/s on a batch already on the device, optionally with an unthrottled actor
+/// busy on the other core (to tell interference between cores from pipeline overhead).
+fn ceiling(net: Net, b: usize, device: Device, seconds: f64, busy_neighbour: bool) -> f64 {
+    let control = Arc::new(ActorControl::default());
+    let neighbour = busy_neighbour.then(|| {
+        let control = Arc::clone(&control);
+        std::thread::spawn(move || {
+            pin(1);
+            let params = random_params(net);
+            run_one_actor(net, 0, &params, &mut Discard(Arc::default()), &control);
+        })
+    });
+    let rate = ceiling_loop(net, b, device, seconds);
+    control.stop.store(true, Ordering::Relaxed);
+    if let Some(h) = neighbour {
+        h.join().unwrap();
+    }
+    rate
+}
+
+fn ceiling_loop(net: Net, b: usize, device: Device, seconds: f64) -> f64 {
     let env = net.env();
     let mut dqn = Dqn::new(net.network(), dqn_config(), device, 0);
     let b = b as i64;
@@ -329,7 +348,11 @@ fn table(net: Net, batch: usize) -> Arc<Table> {
         limiter: RateLimiterConfig::sample_to_insert_ratio(
             SPI,
             1000,
-            (2.0 * (SPI + batch as f64)).max(SPI * net.actor_batch() as f64),
+            // The learner binary's default (--samples-per-insert-tolerance 2048), widened
+            // as it is to hold two sampled batches and one actor batch.
+            2048f64
+                .max(2.0 * (SPI + batch as f64))
+                .max(SPI * net.actor_batch() as f64),
             batch as u64,
         )
         .unwrap(),
@@ -516,11 +539,12 @@ fn main() {
         let row_bytes = net.env().obs.row_bytes();
         let memcpy = memcpy_bw(row_bytes.max(64), o.seconds.min(2.0));
         for &b in &o.batches {
-            let a = ceiling(net, b, o.device, o.seconds);
+            let a = ceiling(net, b, o.device, o.seconds, false);
+            let a_busy = ceiling(net, b, o.device, o.seconds, true);
             let e = end_to_end(net, b, o.device, o.seconds);
             let (ins, smp) = replay_throughput(net, b, o.seconds.min(2.0));
             println!(
-                "{} b{b}: ceiling {a:.1}/s, end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",
+                "{} b{b}: ceiling {a:.1}/s ({a_busy:.1}/s with the other core busy), end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",
                 net.name(),
                 e.updates_per_s,
                 e.inserts_per_s,
@@ -534,17 +558,17 @@ fn main() {
                 e.obs_rows_per_item,
                 e.bytes_per_obs_byte,
             );
-            rows.push((net, b, a, e, ins, smp, memcpy, steps));
+            rows.push((net, b, a, a_busy, e, ins, smp, memcpy, steps));
         }
     }
     println!();
     println!(
-        "| network | batch | (a) ceiling upd/s | (b) end-to-end upd/s | b/a | duty | wait data | h2d | publish | (c) insert / memcpy | sample+collate / memcpy | replay bytes per obs byte | (d) actor steps/s/core |"
+        "| network | batch | (a) ceiling upd/s | ceiling, other core busy | (b) end-to-end upd/s | b/a | duty | wait data | h2d | publish | (c) insert / memcpy | sample+collate / memcpy | replay bytes per obs byte | (d) actor steps/s/core |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (net, b, a, e, ins, smp, memcpy, steps) in rows {
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (net, b, a, a_busy, e, ins, smp, memcpy, steps) in rows {
         println!(
-            "| {} | {b} | {a:.1} | {:.1} | **{:.2}** | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {:.2} | {:.3} | {steps:.0} |",
+            "| {} | {b} | {a:.1} | {a_busy:.1} | {:.1} | **{:.2}** | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {:.2} | {:.3} | {steps:.0} |",
             net.name(),
             e.updates_per_s,
             e.updates_per_s / a,

@@ -163,6 +163,8 @@ pub fn default_depth(obs: &ObsSpec, batch_size: usize) -> usize {
 pub struct Prefetcher {
     pub ready: Receiver<Slot>,
     pub free: Sender<Slot>,
+    /// Used slots are handed back this many at a time (see [`Prefetcher::recycle`]).
+    return_batch: usize,
     handle: JoinHandle<()>,
 }
 
@@ -198,8 +200,23 @@ impl Prefetcher {
         Ok(Self {
             ready: ready_rx,
             free: free_tx,
+            return_batch: (slots / 2).max(1),
             handle,
         })
+    }
+
+    /// Hands a used slot back for refilling, half the ring at a time: the sampler then
+    /// wakes once per half ring and refills it in one burst, instead of waking (and
+    /// competing for the CPU with the learner) once per update. Half the ring stays
+    /// ready meanwhile, so the learner does not wait as long as the sampler refills
+    /// faster than the learner consumes.
+    pub fn recycle(&self, used: &mut Vec<Slot>, slot: Slot) {
+        used.push(slot);
+        if used.len() >= self.return_batch {
+            for slot in used.drain(..) {
+                let _ = self.free.send(slot);
+            }
+        }
     }
 
     /// Waits for the sampler thread (after the table is closed).

@@ -127,6 +127,7 @@ pub fn run(
     let mut staleness_sum = 0.0;
     let mut batches = 0u64;
     let mut last = LearnerReport::default();
+    let mut used = Vec::new();
 
     loop {
         let t0 = Instant::now();
@@ -145,7 +146,7 @@ pub fn run(
         drop(batch);
         staleness_sum += version.saturating_sub(slot.oldest_version) as f64;
         batches += 1;
-        let _ = prefetcher.free.send(slot);
+        prefetcher.recycle(&mut used, slot);
         t.wait_data += (t1 - t0).as_secs_f64();
         t.host_to_device += (t2 - t1).as_secs_f64();
         t.compute += (t3 - t2).as_secs_f64();

@@ -73,6 +73,9 @@ pub struct ReplayStats {
 struct Gate {
     limiter: RateLimiter,
     closed: bool,
+    /// Threads blocked in `wait`: nobody to wake means no wake-up syscall, and a
+    /// sampler never wakes an actor that still could not insert.
+    waiting: usize,
 }
 
 /// Sharded replay with rate-limited, blocking insert and sample.
@@ -125,6 +128,7 @@ impl Table {
             gate: Mutex::new(Gate {
                 limiter: RateLimiter::new(config.limiter),
                 closed: false,
+                waiting: 0,
             }),
             changed: Condvar::new(),
             insert_blocked_ns: AtomicU64::new(0),
@@ -160,12 +164,15 @@ impl Table {
         }
         // Counted only once stored (below), so a sampler never sees counted but absent
         // items; concurrent inserters may overshoot the band by a batch each.
-        self.wait(&self.insert_blocked_ns, |g| g.limiter.can_insert(), |_| ())?;
+        self.wait(&self.insert_blocked_ns, |g| g.limiter.can_insert(), |_| false)?;
         let shard =
             (u64::from(batch.actor_id).wrapping_add(batch.seq) % self.shards.len() as u64) as usize;
         self.shard(shard).insert(batch)?;
-        self.gate().limiter.insert(batch.len() as u64);
-        self.changed.notify_all();
+        let mut gate = self.gate();
+        gate.limiter.insert(batch.len() as u64);
+        if gate.waiting > 0 {
+            self.changed.notify_all();
+        }
         Ok(())
     }
 
@@ -175,70 +182,64 @@ impl Table {
     pub fn sample<R: Rng>(&self, rng: &mut R, out: &mut SampleBuffers<'_>) -> Result<u64, Closed> {
         let n = out.rows();
         // Reserve under the same lock that checked, so samplers never overdraw the ratio.
+        // Wake inserters only once one of them can go.
         self.wait(
             &self.sample_blocked_ns,
             |g| g.limiter.can_sample(n as u64),
-            |g| g.limiter.sample(n as u64),
+            |g| {
+                g.limiter.sample(n as u64);
+                g.limiter.can_insert()
+            },
         )
         .map_err(|_| Closed)?;
-        self.changed.notify_all();
 
-        let totals: Vec<f64> = (0..self.shards.len())
-            .map(|i| self.shard(i).total())
-            .collect();
-        let sum: f64 = totals.iter().sum();
-        // Draw all points first, then visit each shard once in order.
-        let mut picks: Vec<(usize, f64)> = (0..n)
-            .map(|_| {
-                let mut u = rng.random::<f64>() * sum;
-                let mut s = 0;
-                while s + 1 < totals.len() && u >= totals[s] {
-                    u -= totals[s];
-                    s += 1;
-                }
-                (s, u)
-            })
-            .collect();
-        picks.sort_by_key(|p| p.0);
+        // Lock every shard (in index order, as no other path holds two) for the few
+        // microseconds of one gather: rows are copied in draw order with no sorting or
+        // allocation, and inserts into other shards wait at most that long.
+        let shards: Vec<MutexGuard<'_, Shard>> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
+        let sum: f64 = shards.iter().map(|s| s.total()).sum();
         let mut oldest = u64::MAX;
-        let mut row = 0;
-        for chunk in picks.chunk_by(|a, b| a.0 == b.0) {
-            let shard = self.shard(chunk[0].0);
-            for &(_, u) in chunk {
-                oldest = oldest.min(shard.gather(u, out, row));
-                row += 1;
+        for row in 0..n {
+            let mut u = rng.random::<f64>() * sum;
+            let mut s = 0;
+            while s + 1 < shards.len() && u >= shards[s].total() {
+                u -= shards[s].total();
+                s += 1;
             }
+            oldest = oldest.min(shards[s].gather(u, out, row));
         }
         Ok(oldest)
     }
 
     /// Blocks until `ready` holds or the table closes, then runs `then` under the same
-    /// lock; adds the time waited to `blocked`.
+    /// lock, waking the other waiters if it returns true; adds the time waited to
+    /// `blocked`.
     fn wait(
         &self,
         blocked: &AtomicU64,
         ready: impl Fn(&Gate) -> bool,
-        then: impl FnOnce(&mut Gate),
+        then: impl FnOnce(&mut Gate) -> bool,
     ) -> Result<(), ReplayError> {
         let mut gate = self.gate();
         if gate.closed {
             return Err(ReplayError::Closed);
         }
-        if ready(&gate) {
-            then(&mut gate);
-            return Ok(());
+        if !ready(&gate) {
+            let start = Instant::now();
+            gate.waiting += 1;
+            while !gate.closed && !ready(&gate) {
+                gate = self.changed.wait(gate).unwrap_or_else(|e| e.into_inner());
+            }
+            gate.waiting -= 1;
+            blocked.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            if gate.closed {
+                return Err(ReplayError::Closed);
+            }
         }
-        let start = Instant::now();
-        while !gate.closed && !ready(&gate) {
-            gate = self.changed.wait(gate).unwrap_or_else(|e| e.into_inner());
+        if then(&mut gate) && gate.waiting > 0 {
+            self.changed.notify_all();
         }
-        blocked.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if gate.closed {
-            Err(ReplayError::Closed)
-        } else {
-            then(&mut gate);
-            Ok(())
-        }
+        Ok(())
     }
 
     /// Wakes every blocked inserter and sampler with [`ReplayError::Closed`]; later calls
