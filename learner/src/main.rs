@@ -400,13 +400,23 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             StopReason::Interrupted => "interrupted".to_string(),
         }
     );
+    let per_s = |n: u64| n as f64 / s.wall_s.max(1e-9);
     println!("  wall time:       {:.2} s", s.wall_s);
-    println!("  env steps:       {}", s.env_steps);
+    println!(
+        "  env steps:       {} ({:.0}/s)",
+        s.env_steps,
+        per_s(s.env_steps)
+    );
     println!(
         "  updates:         {} ({:.0}/s over the learner thread's {:.2} s)",
         s.updates,
         s.updates as f64 / s.stalls.total.max(1e-9),
         s.stalls.total
+    );
+    println!(
+        "  throughput:      {:.0} samples/s, {:.0} inserts/s",
+        per_s(s.replay.sampled),
+        per_s(s.replay.inserted)
     );
     println!("  episodes:        {}", s.episodes);
     println!(
@@ -420,11 +430,12 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         fmt_opt(s.train_return_100)
     );
     println!(
-        "  learner time:    {:.0}% update compute, {:.0}% waiting for data, {:.0}% host-to-device, {:.0}% publishing, {:.0}% checkpointing",
+        "  learner time:    {:.1}% update compute (duty cycle), {:.1}% waiting for data, {:.1}% host-to-device, {:.1}% publishing, {:.1}% metrics, {:.1}% checkpointing",
         100.0 * s.stalls.duty_cycle(),
         100.0 * s.stalls.wait_data / s.stalls.total.max(1e-9),
         100.0 * s.stalls.host_to_device / s.stalls.total.max(1e-9),
         100.0 * s.stalls.publish / s.stalls.total.max(1e-9),
+        100.0 * s.stalls.metrics / s.stalls.total.max(1e-9),
         100.0 * s.stalls.checkpoint / s.stalls.total.max(1e-9),
     );
     let r = &s.replay;

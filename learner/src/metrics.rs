@@ -25,6 +25,7 @@ pub struct Metrics {
     last_steps: u64,
     last_updates: u64,
     last_inserted: u64,
+    last_sampled: u64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -47,6 +48,7 @@ impl Metrics {
             last_steps: start_steps,
             last_updates: 0,
             last_inserted: 0,
+            last_sampled: 0,
         })
     }
 
@@ -69,8 +71,9 @@ impl Metrics {
         let steps_s = (steps - self.last_steps.min(steps)) as f64 / dt;
         let updates_s = (report.updates - self.last_updates.min(report.updates)) as f64 / dt;
         let inserts_s = (replay.inserted - self.last_inserted.min(replay.inserted)) as f64 / dt;
-        (self.last_steps, self.last_updates, self.last_inserted) =
-            (steps, report.updates, replay.inserted);
+        let samples_s = (replay.sampled - self.last_sampled.min(replay.sampled)) as f64 / dt;
+        (self.last_steps, self.last_updates, self.last_inserted, self.last_sampled) =
+            (steps, report.updates, replay.inserted, replay.sampled);
         self.last_tick = Instant::now();
         let s = &report.stalls;
         let frac = |x: f64| if s.total > 0.0 { x / s.total } else { 0.0 };
@@ -84,6 +87,7 @@ impl Metrics {
             ("perf/env_steps_per_s", steps_s),
             ("perf/updates_per_s", updates_s),
             ("perf/inserts_per_s", inserts_s),
+            ("perf/samples_per_s", samples_s),
             ("perf/duty_cycle", s.duty_cycle()),
             ("stall/wait_data", frac(s.wait_data)),
             ("stall/host_to_device", frac(s.host_to_device)),
@@ -91,6 +95,10 @@ impl Metrics {
             ("stall/metrics", frac(s.metrics)),
             ("stall/checkpoint", frac(s.checkpoint)),
             ("replay/size", replay.size as f64),
+            (
+                "replay/obs_rows_per_item",
+                replay.obs_rows as f64 / replay.size.max(1) as f64,
+            ),
             ("replay/insert_blocked_s", replay.insert_blocked_s),
             ("replay/sample_blocked_s", replay.sample_blocked_s),
             (
@@ -130,8 +138,11 @@ impl Metrics {
         }
         let _ = self.tb.flush();
         let mut line = format!(
-            "{steps_s:>6.0} steps/s {updates_s:>5.0} upd/s  return {ret:>6.1}  eps {epsilon:.3}  loss {:.4}",
-            report.stats.loss
+            "{steps_s:>6.0} steps/s {updates_s:>5.0} upd/s  return {ret:>6.1}  eps {epsilon:.3}  loss {:.4}  duty {:.0}% wait {:.0}%  ratio {:.1}",
+            report.stats.loss,
+            100.0 * s.duty_cycle(),
+            100.0 * frac(s.wait_data),
+            samples_s / inserts_s.max(1e-9),
         );
         if let Some(r) = &summary {
             line += &format!(
