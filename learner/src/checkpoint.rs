@@ -3,15 +3,19 @@
 //!
 //! Layout of a checkpoint directory:
 //! `model-<updates>.safetensors` (tensors `online`, `target`, `adam_m`, `adam_v`, each
-//! `[K, P]` f32) and `meta.json`, which names the model file. Each file is written to a
-//! temporary name, synced and renamed; `meta.json` is renamed last and is the commit
+//! `[K, P]` f32), `replay-<updates>.bin` (replay's contents: length-prefixed
+//! `(shard, TransitionBatch)` records in the wire codec) and `meta.json`, which names
+//! both and holds the counters (the rate limiter's among them). Each file is written to
+//! a temporary name, synced and renamed; `meta.json` is renamed last and is the commit
 //! point, so a crash at any moment leaves the previous checkpoint intact.
 
 use std::fs::{self, File};
-use std::io::Write;
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use millrace_proto::{EnvSpec, NetworkSpec};
+use millrace_proto::codec::{self, MAX_FRAME_CEILING};
+use millrace_proto::{EnvSpec, NetworkSpec, TransitionBatch};
+use millrace_replay::Table;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
@@ -38,6 +42,9 @@ pub struct CheckpointMeta {
     /// Rate limiter counters, so the replay ratio carries on where it was.
     pub replay_inserts: u64,
     pub replay_samples: u64,
+    /// Replay's contents; none in checkpoints from before replay was saved.
+    #[serde(default)]
+    pub replay_file: Option<String>,
     pub seed: u64,
 }
 
@@ -96,6 +103,7 @@ fn write_atomic(
 pub fn save(
     dir: &Path,
     state: &DqnState,
+    replay: Option<&Table>,
     mut meta: CheckpointMeta,
 ) -> Result<PathBuf, CheckpointError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
@@ -112,6 +120,30 @@ pub fn save(
             source,
         })
     })?;
+    meta.replay_file = None;
+    if let Some(table) = replay {
+        let name = format!("replay-{:012}.bin", state.updates);
+        let path = dir.join(&name);
+        write_atomic(&path, |tmp| {
+            let mut out = BufWriter::new(File::create(tmp).map_err(io(tmp))?);
+            let mut result = Ok(());
+            let (inserts, samples) = table.snapshot(|shard, batch| {
+                if result.is_ok() {
+                    result = codec::encode(&(shard as u32, batch), MAX_FRAME_CEILING)
+                        .map_err(|e| CheckpointError::Invalid {
+                            path: tmp.to_path_buf(),
+                            reason: e.to_string(),
+                        })
+                        .and_then(|frame| out.write_all(&frame).map_err(io(tmp)));
+                }
+            });
+            result?;
+            // The counters that match exactly these contents.
+            (meta.replay_inserts, meta.replay_samples) = (inserts, samples);
+            out.flush().map_err(io(tmp))
+        })?;
+        meta.replay_file = Some(name);
+    }
     let meta_path = dir.join(META);
     write_atomic(&meta_path, |tmp| {
         let text = serde_json::to_vec_pretty(&meta).map_err(|e| CheckpointError::Invalid {
@@ -125,19 +157,85 @@ pub fn save(
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
     }
-    // Older model files are unreferenced now; failing to remove one is harmless.
+    // Older model and replay files are unreferenced now; failing to remove one is
+    // harmless.
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with("model-")
+            let old_model = name.starts_with("model-")
                 && name.ends_with(".safetensors")
-                && name != meta.model_file
-            {
+                && name != meta.model_file;
+            let old_replay = name.starts_with("replay-")
+                && name.ends_with(".bin")
+                && Some(&name) != meta.replay_file.as_ref();
+            if old_model || old_replay {
                 let _ = fs::remove_file(entry.path());
             }
         }
     }
     Ok(dir.to_path_buf())
+}
+
+/// Refills `table` (empty, of the checkpointed run's shape) from the checkpoint's replay
+/// file and restores the rate limiter's counters; returns the transitions restored.
+/// Without a replay file (older checkpoints) the table stays empty and the limiter
+/// starts afresh, so that it never lets the learner sample data that is not there.
+pub fn load_replay(
+    dir: &Path,
+    meta: &CheckpointMeta,
+    table: &Table,
+) -> Result<usize, CheckpointError> {
+    let Some(name) = &meta.replay_file else {
+        return Ok(0);
+    };
+    let dir = if dir.is_dir() {
+        dir
+    } else {
+        dir.parent().unwrap_or(Path::new("."))
+    };
+    let path = dir.join(plain_name(dir, name)?);
+    let invalid = |reason: String| CheckpointError::Invalid {
+        path: path.clone(),
+        reason,
+    };
+    let mut input = BufReader::new(File::open(&path).map_err(io(&path))?);
+    let mut restored = 0;
+    loop {
+        let mut header = [0u8; codec::HEADER_BYTES];
+        match input.read_exact(&mut header) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(io(&path)(e)),
+        }
+        // Lengths come from a file: checked against the limit before allocating.
+        let len =
+            codec::payload_len(header, MAX_FRAME_CEILING).map_err(|e| invalid(e.to_string()))?;
+        let mut payload = vec![0u8; len];
+        input.read_exact(&mut payload).map_err(io(&path))?;
+        let (shard, batch): (u32, TransitionBatch) =
+            codec::decode(&payload).map_err(|e| invalid(e.to_string()))?;
+        batch
+            .check_values(meta.env.num_actions)
+            .map_err(|e| invalid(e.to_string()))?;
+        table
+            .restore(shard as usize, &batch)
+            .map_err(|e| invalid(e.to_string()))?;
+        restored += batch.len();
+    }
+    table.restore_counters(meta.replay_inserts, meta.replay_samples);
+    Ok(restored)
+}
+
+/// `name` if it names a file directly inside `dir` (it comes from `meta.json`).
+fn plain_name<'a>(dir: &Path, name: &'a str) -> Result<&'a str, CheckpointError> {
+    if Path::new(name).components().count() == 1 && !name.starts_with('.') {
+        Ok(name)
+    } else {
+        Err(CheckpointError::Invalid {
+            path: dir.join(META),
+            reason: format!("file {name:?} is not a plain name"),
+        })
+    }
 }
 
 /// Loads a checkpoint from its directory (or its `meta.json`), checking that it is
@@ -192,11 +290,7 @@ pub fn load(path: &Path) -> Result<(CheckpointMeta, DqnState), CheckpointError> 
     // Sizes come from a file: check them before computing anything from them.
     let per_agent = meta
         .network
-        .widths()
-        .windows(2)
-        .try_fold(0usize, |acc, w| {
-            acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?)
-        })
+        .checked_param_count()
         .filter(|p| {
             p.checked_mul(meta.network.population)
                 .is_some_and(|n| n <= 1 << 34)
@@ -303,6 +397,7 @@ mod tests {
             params_version: 7,
             replay_inserts: 1000,
             replay_samples: 500,
+            replay_file: None,
             seed: 9,
         }
     }
@@ -312,7 +407,7 @@ mod tests {
         let (env, net, dqn) = setup();
         let dir = tempfile::tempdir().unwrap();
         let state = dqn.state();
-        save(dir.path(), &state, meta(&env, &net)).unwrap();
+        save(dir.path(), &state, None, meta(&env, &net)).unwrap();
         let (m, loaded) = load(dir.path()).unwrap();
         assert_eq!(m.env_steps, 1234);
         assert_eq!(m.replay_samples, 500);
@@ -334,7 +429,7 @@ mod tests {
     fn a_second_save_replaces_the_first_and_leaves_no_temporaries() {
         let (env, net, mut dqn) = setup();
         let dir = tempfile::tempdir().unwrap();
-        save(dir.path(), &dqn.state(), meta(&env, &net)).unwrap();
+        save(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
         dqn.sync_target();
         let batch = crate::dqn::Batch {
             obs2: Tensor::ones([1, 2, 4], (Kind::Float, Device::Cpu)),
@@ -343,7 +438,7 @@ mod tests {
             discounts: Tensor::zeros([1, 1, 1], (Kind::Float, Device::Cpu)),
         };
         dqn.update(&batch);
-        save(dir.path(), &dqn.state(), meta(&env, &net)).unwrap();
+        save(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
         let mut names: Vec<String> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -353,11 +448,100 @@ mod tests {
         assert_eq!(load(dir.path()).unwrap().1.updates, 4);
     }
 
+    fn replay_table(shards: usize) -> Table {
+        use millrace_replay::{RateLimiterConfig, ReplayConfig};
+        Table::new(&ReplayConfig {
+            capacity: 1000,
+            shards,
+            obs_row_bytes: 16,
+            obs_rows_per_item: 1.5,
+            limiter: RateLimiterConfig::sample_to_insert_ratio(4.0, 10, 1e9, 8).unwrap(),
+        })
+    }
+
+    #[test]
+    fn replay_and_its_counters_survive_a_checkpoint() {
+        use rand::SeedableRng;
+        let (env, net, dqn) = setup();
+        let table = replay_table(3);
+        for seq in 0..7u64 {
+            let mut b = TransitionBatch::with_capacity(16, 5, 6);
+            for i in 0..6 {
+                b.push_obs_f32(&[(seq * 10 + i) as f32, 0.0, 0.0, 0.0]);
+            }
+            for i in 0..5u32 {
+                b.push_transition(i, i64::from(i % 2), seq as f32, 0.99, i + 1);
+            }
+            (b.actor_id, b.seq, b.version) = (1, seq, seq);
+            table.insert(&b).unwrap();
+        }
+        let mut rows = [0u8; 16 * 8];
+        let mut next = [0u8; 16 * 8];
+        let (mut a, mut r, mut d) = ([0i64; 8], [0f32; 8], [0f32; 8]);
+        let mut out = millrace_replay::SampleBuffers {
+            obs: &mut rows,
+            next_obs: &mut next,
+            actions: &mut a,
+            rewards: &mut r,
+            discounts: &mut d,
+        };
+        table
+            .sample(&mut rand::rngs::SmallRng::seed_from_u64(0), &mut out)
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), &dqn.state(), Some(&table), meta(&env, &net)).unwrap();
+        let (m, _) = load(dir.path()).unwrap();
+        assert_eq!((m.replay_inserts, m.replay_samples), (35, 8));
+
+        let restored = replay_table(3);
+        assert_eq!(load_replay(dir.path(), &m, &restored).unwrap(), 35);
+        assert_eq!(restored.shard_lens(), table.shard_lens());
+        let (s0, s1) = (table.stats(), restored.stats());
+        assert_eq!(
+            (s1.inserted, s1.sampled, s1.size, s1.obs_rows),
+            (s0.inserted, s0.sampled, s0.size, s0.obs_rows)
+        );
+        let all = |t: &Table| {
+            let mut v = Vec::new();
+            t.snapshot(|shard, b| v.push((shard, b)));
+            v
+        };
+        assert_eq!(all(&table), all(&restored));
+
+        // A replay file from a run with more shards than this one: a clear error.
+        assert!(matches!(
+            load_replay(dir.path(), &m, &replay_table(2)),
+            Err(CheckpointError::Invalid { .. })
+        ));
+        // A damaged file: truncated, or a length prefix over the limit.
+        let file = dir.path().join(m.replay_file.as_ref().unwrap());
+        let bytes = fs::read(&file).unwrap();
+        fs::write(&file, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(load_replay(dir.path(), &m, &replay_table(3)).is_err());
+        fs::write(&file, [0xff, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
+        assert!(matches!(
+            load_replay(dir.path(), &m, &replay_table(3)),
+            Err(CheckpointError::Invalid { .. })
+        ));
+        // A second save replaces the replay file too.
+        let mut dqn = dqn;
+        dqn.sync_target();
+        let mut state = dqn.state();
+        state.updates += 1;
+        save(dir.path(), &state, Some(&table), meta(&env, &net)).unwrap();
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("replay-"))
+            .collect();
+        assert_eq!(names, ["replay-000000000004.bin"]);
+    }
+
     #[test]
     fn mismatched_or_damaged_checkpoints_are_clear_errors() {
         let (env, net, dqn) = setup();
         let dir = tempfile::tempdir().unwrap();
-        save(dir.path(), &dqn.state(), meta(&env, &net)).unwrap();
+        save(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
         let (m, _) = load(dir.path()).unwrap();
 
         let other_env = millrace_actor::env::spec("Acrobot-v1").unwrap();

@@ -290,8 +290,6 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         .replay
         .tolerance
         .max(2.0 * (cfg.replay.samples_per_insert + batch as f64));
-    // Replay is not part of a checkpoint yet: a resumed run refills it from empty, so
-    // the limiter starts afresh (learning_starts again) rather than from saved counters.
     let limiter = RateLimiterConfig::sample_to_insert_ratio(
         cfg.replay.samples_per_insert,
         cfg.replay.learning_starts,
@@ -309,6 +307,14 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         ),
         limiter,
     }));
+    if let (Some(path), Some(meta)) = (&cfg.resume, &resumed) {
+        let restored = checkpoint::load_replay(path, meta, &table)?;
+        tracing::info!(
+            "replay: restored {restored} transitions; rate limiter at {} inserts, {} samples",
+            meta.replay_inserts,
+            meta.replay_samples
+        );
+    }
     let params = Arc::new(ParamsSlot::new(Params {
         version,
         env_steps: control.env_steps.load(Ordering::Relaxed),

@@ -72,8 +72,12 @@ impl Metrics {
         let updates_s = (report.updates - self.last_updates.min(report.updates)) as f64 / dt;
         let inserts_s = (replay.inserted - self.last_inserted.min(replay.inserted)) as f64 / dt;
         let samples_s = (replay.sampled - self.last_sampled.min(replay.sampled)) as f64 / dt;
-        (self.last_steps, self.last_updates, self.last_inserted, self.last_sampled) =
-            (steps, report.updates, replay.inserted, replay.sampled);
+        (
+            self.last_steps,
+            self.last_updates,
+            self.last_inserted,
+            self.last_sampled,
+        ) = (steps, report.updates, replay.inserted, replay.sampled);
         self.last_tick = Instant::now();
         let s = &report.stalls;
         let frac = |x: f64| if s.total > 0.0 { x / s.total } else { 0.0 };

@@ -93,9 +93,10 @@ impl CheckpointContext {
             params_version,
             replay_inserts: stats.inserted,
             replay_samples: stats.sampled,
+            replay_file: None,
             seed: self.seed,
         };
-        checkpoint::save(&self.dir, &state, meta)
+        checkpoint::save(&self.dir, &state, Some(&self.table), meta)
     }
 }
 

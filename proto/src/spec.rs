@@ -111,7 +111,9 @@ pub struct NetworkSpec {
     /// Number of stacked agents K; every parameter has a leading `[K]` dimension.
     pub population: usize,
     /// `[C, H, W]` of image observations; empty for an MLP on flat observations.
+    #[serde(default)]
     pub image: Vec<usize>,
+    #[serde(default)]
     pub conv: Vec<ConvLayer>,
 }
 
@@ -173,6 +175,24 @@ impl NetworkSpec {
             }
         }
         Ok(spec)
+    }
+
+    /// Parameters per agent, or `None` if counting them overflows (for specs read from
+    /// files or the network, before anything is allocated from them).
+    pub fn checked_param_count(&self) -> Option<usize> {
+        let mlp = self.widths().windows(2).try_fold(0usize, |acc, w| {
+            acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?)
+        })?;
+        let mut in_channels = self.image.first().copied().unwrap_or(0);
+        self.conv.iter().try_fold(mlp, |acc, l| {
+            let w = l
+                .out_channels
+                .checked_mul(in_channels)?
+                .checked_mul(l.kernel)?
+                .checked_mul(l.kernel)?;
+            in_channels = l.out_channels;
+            acc.checked_add(w)?.checked_add(l.out_channels)
+        })
     }
 
     /// `(channels, height, width)` after each convolution (0 where it does not fit).
@@ -341,6 +361,7 @@ mod tests {
         assert_eq!(conv[4], [64, 64, 3, 3]);
         // 8,224 + 32,832 + 36,928 (torso) + 1,606,144 + 3,078 (head) for 6 actions.
         assert_eq!(layout.len, 1_687_206);
+        assert_eq!(spec.checked_param_count(), Some(layout.len));
         assert_eq!(layout.conv[0].offset, 3136 * 512 + 512 + 512 * 6 + 6);
         let tiny = ObsSpec {
             shape: vec![4, 20, 20],

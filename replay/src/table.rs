@@ -164,7 +164,11 @@ impl Table {
         }
         // Counted only once stored (below), so a sampler never sees counted but absent
         // items; concurrent inserters may overshoot the band by a batch each.
-        self.wait(&self.insert_blocked_ns, |g| g.limiter.can_insert(), |_| false)?;
+        self.wait(
+            &self.insert_blocked_ns,
+            |g| g.limiter.can_insert(),
+            |_| false,
+        )?;
         let shard =
             (u64::from(batch.actor_id).wrapping_add(batch.seq) % self.shards.len() as u64) as usize;
         self.shard(shard).insert(batch)?;
@@ -196,7 +200,8 @@ impl Table {
         // Lock every shard (in index order, as no other path holds two) for the few
         // microseconds of one gather: rows are copied in draw order with no sorting or
         // allocation, and inserts into other shards wait at most that long.
-        let shards: Vec<MutexGuard<'_, Shard>> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
+        let shards: Vec<MutexGuard<'_, Shard>> =
+            (0..self.shards.len()).map(|i| self.shard(i)).collect();
         let sum: f64 = shards.iter().map(|s| s.total()).sum();
         let mut oldest = u64::MAX;
         for row in 0..n {
@@ -240,6 +245,41 @@ impl Table {
             self.changed.notify_all();
         }
         Ok(())
+    }
+
+    /// Every stored batch with the shard it is in, oldest first per shard, and the
+    /// limiter's counters: what [`Table::restore`] needs to rebuild this table. Each
+    /// shard is locked while its batches are read.
+    pub fn snapshot(&self, mut each: impl FnMut(usize, TransitionBatch)) -> (u64, u64) {
+        for i in 0..self.shards.len() {
+            for batch in self.shard(i).batches() {
+                each(i, batch);
+            }
+        }
+        let g = self.gate();
+        (g.limiter.inserts(), g.limiter.samples())
+    }
+
+    /// Puts a batch from a [`Table::snapshot`] back into shard `shard`, outside the rate
+    /// limiter (restore its counters with [`Table::restore_counters`]).
+    pub fn restore(&self, shard: usize, batch: &TransitionBatch) -> Result<(), ReplayError> {
+        batch.validate(self.row_bytes)?;
+        let Some(s) = self.shards.get(shard) else {
+            return Err(
+                SpecError::BadValue(format!("shard {shard} of {}", self.shards.len())).into(),
+            );
+        };
+        s.lock().unwrap_or_else(|e| e.into_inner()).insert(batch)?;
+        Ok(())
+    }
+
+    /// Sets the rate limiter's counters (a restored checkpoint's), so the replay ratio
+    /// carries on where it was.
+    pub fn restore_counters(&self, inserts: u64, samples: u64) {
+        let mut g = self.gate();
+        let config = *g.limiter.config();
+        g.limiter = RateLimiter::with_counts(config, inserts, samples);
+        self.changed.notify_all();
     }
 
     /// Wakes every blocked inserter and sampler with [`ReplayError::Closed`]; later calls
