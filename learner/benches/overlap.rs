@@ -333,6 +333,7 @@ struct EndToEnd {
     wait: f64,
     h2d: f64,
     publish: f64,
+    metrics: f64,
     inserts_per_s: f64,
     obs_rows_per_item: f64,
     bytes_per_obs_byte: f64,
@@ -455,6 +456,7 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
         wait: d(ls.wait_data, fs.wait_data),
         h2d: d(ls.host_to_device, fs.host_to_device),
         publish: d(ls.publish, fs.publish),
+        metrics: d(ls.metrics, fs.metrics),
         inserts_per_s: (inserts.1 - inserts.0) as f64 / dt,
         obs_rows_per_item: stats.obs_rows as f64 / stats.size.max(1) as f64,
         bytes_per_obs_byte: (stats.obs_rows as f64 * env.obs.row_bytes() as f64
@@ -544,7 +546,7 @@ fn main() {
             let e = end_to_end(net, b, o.device, o.seconds);
             let (ins, smp) = replay_throughput(net, b, o.seconds.min(2.0));
             println!(
-                "{} b{b}: ceiling {a:.1}/s ({a_busy:.1}/s with the other core busy), end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",
+                "{} b{b}: ceiling {a:.1}/s ({a_busy:.1}/s with the other core busy), end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%, metrics {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",
                 net.name(),
                 e.updates_per_s,
                 e.inserts_per_s,
@@ -552,6 +554,7 @@ fn main() {
                 100.0 * e.wait,
                 100.0 * e.h2d,
                 100.0 * e.publish,
+                100.0 * e.metrics,
                 ins / 1e9,
                 smp / 1e9,
                 memcpy / 1e9,

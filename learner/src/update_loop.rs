@@ -165,6 +165,8 @@ pub fn run(
         }
         if last_report.elapsed() >= config.report_every {
             let m0 = Instant::now();
+            // A report's split must add up: total as of now, like its parts.
+            t.total = start.elapsed().as_secs_f64();
             last = LearnerReport {
                 updates: dqn.updates(),
                 params_version: version,
