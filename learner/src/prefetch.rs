@@ -151,11 +151,11 @@ fn bytemuck_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> &mut [T] {
 }
 
 /// Staging slots to keep in flight for batches of `batch_size`: enough to ride out the
-/// sampler thread being descheduled for a few milliseconds (it shares cores with
-/// actors), at most 64 and at most about 64 MiB of staging memory, at least 2.
+/// sampler thread being descheduled for several milliseconds (it shares cores with
+/// actors), at most 256 and at most about 64 MiB of staging memory, at least 2.
 pub fn default_depth(obs: &ObsSpec, batch_size: usize) -> usize {
     let slot_bytes = batch_size * (2 * obs.row_bytes() + 8 + 4 + 4);
-    ((64 << 20) / slot_bytes.max(1)).clamp(2, 64)
+    ((64 << 20) / slot_bytes.max(1)).clamp(2, 256)
 }
 
 /// Handle to a running prefetcher.
