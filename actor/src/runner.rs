@@ -188,7 +188,7 @@ pub fn run_actor_with<O: Pod + Default>(
                     actor_id: cfg.actor_id,
                     episode_return: returns[i],
                     length: lengths[i],
-                    env_steps: global + steps,
+                    env_steps: control.env_steps.load(Ordering::Relaxed),
                 });
                 returns[i] = 0.0;
                 lengths[i] = 0;

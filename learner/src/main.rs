@@ -226,6 +226,19 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
             bail!("--{name} must be at least 1");
         }
     }
+    // An actor's batch (up to --actor-batch plus a flush of n-step rows per env) must
+    // fit a replay shard with room to spare, or replay could hold only that batch.
+    let per_shard = args.replay_capacity.div_ceil(args.replay_shards);
+    let largest_batch =
+        args.actor_batch.max(args.envs_per_actor) + args.envs_per_actor * args.n_step;
+    if 2 * largest_batch > per_shard {
+        bail!(
+            "--replay-capacity {} over --replay-shards {} leaves {per_shard} transitions per shard, \
+             too few for actor batches of up to {largest_batch} (--actor-batch, --envs-per-actor, --n-step)",
+            args.replay_capacity,
+            args.replay_shards
+        );
+    }
     if args.hidden.is_empty() || args.hidden.contains(&0) {
         bail!("--hidden needs positive layer sizes, e.g. 128,128");
     }

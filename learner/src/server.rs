@@ -384,7 +384,7 @@ impl Connection {
             self.cfg.heartbeat_every,
             self.cfg.write_timeout,
         ));
-        let outcome = self.receive_loop(&mut rd, first_slot).await;
+        let outcome = self.receive_loop(&mut rd, first_slot, slots.len()).await;
         self.ctx.board.remove(first_slot);
         self.slots.give_back(&slots);
         let _ = close_tx.send(true);
@@ -483,8 +483,18 @@ impl Connection {
         })
     }
 
-    async fn receive_loop(&self, rd: &mut tokio::net::tcp::OwnedReadHalf, slot: u32) -> Outcome {
+    async fn receive_loop(
+        &self,
+        rd: &mut tokio::net::tcp::OwnedReadHalf,
+        slot: u32,
+        envs: usize,
+    ) -> Outcome {
         let row_bytes = self.ctx.env.obs.row_bytes();
+        // An actor's batch holds one row per step, one more per truncated episode, and
+        // at most n_step + 1 rows per environment carried over: more rows than that
+        // would let one actor flush replay past the rate limiter (which counts
+        // transitions).
+        let carried = envs * (self.cfg.n_step as usize + 1);
         let num_actions = self.ctx.env.num_actions;
         let mut stop = self.stop.clone();
         let (mut steps, mut since) = (0u64, Instant::now());
@@ -509,6 +519,13 @@ impl Connection {
                         .map_err(|e| {
                             format!("transition batch does not match {}: {e}", self.ctx.env.id)
                         })?;
+                    if batch.obs_rows() > 2 * batch.len() + carried {
+                        return Err(format!(
+                            "{} observation rows for {} transitions from {envs} environments",
+                            batch.obs_rows(),
+                            batch.len()
+                        ));
+                    }
                     // The connection's own slot, whatever the actor claims.
                     batch.actor_id = slot;
                     steps += batch.len() as u64;

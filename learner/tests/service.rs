@@ -278,6 +278,22 @@ fn bad_input_closes_that_connection_alone_with_a_reason() {
     b.actions[2] = 7;
     c.send(&ActorMsg::Transitions(b));
     assert!(c.refused().unwrap().contains("action 7 outside 0..2"));
+    // Far more observation rows than transitions: it would flush replay past the rate
+    // limiter, which counts transitions.
+    let mut c = Client::connect(f.addr);
+    assert!(matches!(c.hello("s3cret"), LearnerMsg::Welcome(_)));
+    let ActorMsg::Transitions(mut b) = batch(1, 4) else {
+        unreachable!()
+    };
+    for _ in 0..100 {
+        b.push_obs_f32(&[0.0; 4]);
+    }
+    c.send(&ActorMsg::Transitions(b));
+    let reason = c.refused().unwrap();
+    assert!(
+        reason.contains("102 observation rows for 1 transitions"),
+        "{reason}"
+    );
     let mut c = Client::connect(f.addr);
     assert!(matches!(c.hello("s3cret"), LearnerMsg::Welcome(_)));
     c.0.write_all(&((DEFAULT_MAX_FRAME + 1) as u32).to_le_bytes())

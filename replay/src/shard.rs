@@ -1,4 +1,5 @@
-//! One replay shard: a preallocated ring of transitions stored as columns.
+//! One replay shard: preallocated rings of observation rows and of transitions (stored
+//! as columns) that index them.
 
 use std::collections::VecDeque;
 

@@ -198,8 +198,8 @@ impl Table {
         .map_err(|_| Closed)?;
 
         // Lock every shard (in index order, as no other path holds two) for the few
-        // microseconds of one gather: rows are copied in draw order with no sorting or
-        // allocation, and inserts into other shards wait at most that long.
+        // microseconds of one gather: rows are copied in draw order with no sorting,
+        // and inserts wait at most that long.
         let shards: Vec<MutexGuard<'_, Shard>> =
             (0..self.shards.len()).map(|i| self.shard(i)).collect();
         let sum: f64 = shards.iter().map(|s| s.total()).sum();
@@ -249,10 +249,13 @@ impl Table {
 
     /// Every stored batch with the shard it is in, oldest first per shard, and the
     /// limiter's counters: what [`Table::restore`] needs to rebuild this table. Each
-    /// shard is locked while its batches are read.
+    /// shard is copied out under its lock and handed to `each` after releasing it, so
+    /// slow consumers (disk) hold up nobody. Actors and samplers keep running, so the
+    /// counters, read last, may include a few batches the copy does not.
     pub fn snapshot(&self, mut each: impl FnMut(usize, TransitionBatch)) -> (u64, u64) {
         for i in 0..self.shards.len() {
-            for batch in self.shard(i).batches() {
+            let batches: Vec<TransitionBatch> = self.shard(i).batches().collect();
+            for batch in batches {
                 each(i, batch);
             }
         }
@@ -260,16 +263,16 @@ impl Table {
         (g.limiter.inserts(), g.limiter.samples())
     }
 
-    /// Puts a batch from a [`Table::snapshot`] back into shard `shard`, outside the rate
-    /// limiter (restore its counters with [`Table::restore_counters`]).
+    /// Puts a batch from a [`Table::snapshot`] back, outside the rate limiter (restore
+    /// its counters with [`Table::restore_counters`]), into shard `shard` modulo this
+    /// table's shard count, so that a table with other `shards` can be refilled too.
+    /// A batch larger than a shard of this table is refused with `TooLarge`.
     pub fn restore(&self, shard: usize, batch: &TransitionBatch) -> Result<(), ReplayError> {
         batch.validate(self.row_bytes)?;
-        let Some(s) = self.shards.get(shard) else {
-            return Err(
-                SpecError::BadValue(format!("shard {shard} of {}", self.shards.len())).into(),
-            );
-        };
-        s.lock().unwrap_or_else(|e| e.into_inner()).insert(batch)?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.shard(shard % self.shards.len()).insert(batch)?;
         Ok(())
     }
 
