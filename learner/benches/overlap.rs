@@ -386,7 +386,7 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
         })
     };
     let pin_for = matches!(device, Device::Cuda(_)).then_some(device);
-    let depth = millrace_learner::prefetch::default_depth(&env.obs, b);
+    let depth = millrace_learner::prefetch::default_depth(&env.obs, b, pin_for.is_some());
     let prefetcher = Prefetcher::spawn(Arc::clone(&table), &env.obs, b, depth, pin_for, 0).unwrap();
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded(1);
     let (rep_tx, rep_rx) = crossbeam_channel::bounded(64);

@@ -506,6 +506,11 @@ impl Dqn {
         Vec::<f32>::try_from(&host).unwrap_or_default()
     }
 
+    /// A copy of the online parameters `[K, P]` on the device (queued, no host sync).
+    pub fn online_snapshot(&self) -> Tensor {
+        tch::no_grad(|| self.online.copy())
+    }
+
     /// Q-values of the online network for `obs` `[K, N, ...]` (tests, export).
     pub fn q_values(&self, obs: &Tensor) -> Tensor {
         tch::no_grad(|| {

@@ -353,7 +353,7 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         Arc::clone(&table),
         &env.obs,
         cfg.batch_size,
-        crate::prefetch::default_depth(&env.obs, cfg.batch_size),
+        crate::prefetch::default_depth(&env.obs, cfg.batch_size, pinned),
         pinned.then_some(cfg.device),
         cfg.seed ^ 0x5eed,
     )?;

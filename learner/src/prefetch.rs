@@ -105,16 +105,20 @@ impl Slot {
         Ok(())
     }
 
-    /// The slot's batch on `device`: the same tensors on the CPU, a copy on a GPU.
+    /// The slot's batch on `device`: the same tensors on the CPU; on a GPU, a copy
+    /// issued without blocking the host (the slot's memory is pinned), queued in order
+    /// before the update that reads it.
     ///
     /// The result borrows the slot: on the CPU it shares the slot's memory, so the slot
-    /// cannot be handed back for refilling while the batch is alive.
+    /// cannot be handed back for refilling while the batch is alive. On a GPU the copy
+    /// may still be reading the slot after the batch is gone: hand slots back through
+    /// [`Prefetcher::recycle`], which waits for the device first.
     pub fn to_device(&self, device: Device) -> SlotBatch<'_> {
         let mv = |t: &Tensor| {
             if device == Device::Cpu {
                 t.shallow_clone()
             } else {
-                t.to_device(device)
+                t.to_device_(device, t.kind(), true, false)
             }
         };
         SlotBatch {
@@ -152,10 +156,12 @@ fn bytemuck_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> &mut [T] {
 
 /// Staging slots to keep in flight for batches of `batch_size`: enough to ride out the
 /// sampler thread being descheduled for several milliseconds (it shares cores with
-/// actors), at most 256 and at most about 64 MiB of staging memory, at least 2.
-pub fn default_depth(obs: &ObsSpec, batch_size: usize) -> usize {
+/// actors), at most 256 and at least 2, within about 64 MiB of staging memory (512 MiB
+/// of pinned memory when `cuda`: the learner waits for the device once per half ring).
+pub fn default_depth(obs: &ObsSpec, batch_size: usize, cuda: bool) -> usize {
     let slot_bytes = batch_size * (2 * obs.row_bytes() + 8 + 4 + 4);
-    ((64 << 20) / slot_bytes.max(1)).clamp(2, 256)
+    let budget: usize = if cuda { 512 << 20 } else { 64 << 20 };
+    (budget / slot_bytes.max(1)).clamp(2, 256)
 }
 
 /// Handle to a running prefetcher.
@@ -165,6 +171,8 @@ pub struct Prefetcher {
     pub free: Sender<Slot>,
     /// Used slots are handed back this many at a time (see [`Prefetcher::recycle`]).
     return_batch: usize,
+    /// The CUDA device the slots' copies go to, if any.
+    copies_to: Option<Device>,
     handle: JoinHandle<()>,
 }
 
@@ -201,6 +209,7 @@ impl Prefetcher {
             ready: ready_rx,
             free: free_tx,
             return_batch: (slots / 2).max(1),
+            copies_to: pin_for,
             handle,
         })
     }
@@ -210,9 +219,16 @@ impl Prefetcher {
     /// competing for the CPU with the learner) once per update. Half the ring stays
     /// ready meanwhile, so the learner does not wait as long as the sampler refills
     /// faster than the learner consumes.
+    ///
+    /// On a GPU the copies out of these slots were queued without blocking; waiting for
+    /// the device here (once per half ring, not once per update) guarantees they are
+    /// done before the sampler overwrites a slot.
     pub fn recycle(&self, used: &mut Vec<Slot>, slot: Slot) {
         used.push(slot);
         if used.len() >= self.return_batch {
+            if let Some(Device::Cuda(i)) = self.copies_to {
+                tch::Cuda::synchronize(i as i64);
+            }
             for slot in used.drain(..) {
                 let _ = self.free.send(slot);
             }

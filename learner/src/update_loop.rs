@@ -108,9 +108,63 @@ pub struct LoopOutcome {
     pub checkpoint: Result<PathBuf, CheckpointError>,
 }
 
+/// A parameter snapshot on its way to actors: still on the device.
+struct Snapshot {
+    version: u64,
+    env_steps: u64,
+    population: usize,
+    online: tch::Tensor,
+}
+
+/// Publishes snapshots: the copy to the host (which waits for the device) happens on
+/// this thread, so the learner thread never synchronises with the device to publish.
+fn publisher(snapshots: Receiver<Snapshot>, params: &ParamsSlot) {
+    for s in snapshots {
+        let host = s.online.to_device(tch::Device::Cpu).contiguous().view([-1]);
+        match Vec::<f32>::try_from(&host) {
+            Ok(data) => params.publish(Params {
+                version: s.version,
+                env_steps: s.env_steps,
+                population: s.population,
+                data,
+            }),
+            Err(e) => tracing::error!("cannot publish parameters: {e}"),
+        }
+    }
+}
+
 /// Runs updates back to back until [`Command::Stop`] or until the prefetcher ends.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
+    dqn: Dqn,
+    config: &LoopConfig,
+    prefetcher: &Prefetcher,
+    params: &ParamsSlot,
+    commands: &Receiver<Command>,
+    reports: &Sender<LearnerReport>,
+    ckpt: &CheckpointContext,
+) -> LoopOutcome {
+    std::thread::scope(|scope| {
+        // Latest-only: while the publisher is busy, newer snapshots are skipped (the
+        // next one is newer still).
+        let (snapshots, pending) = crossbeam_channel::bounded::<Snapshot>(1);
+        let publishing = std::thread::Builder::new()
+            .name("publish".into())
+            .spawn_scoped(scope, move || publisher(pending, params));
+        if let Err(e) = &publishing {
+            tracing::error!("cannot start the publisher thread: {e}");
+        }
+        let outcome = run_loop(
+            dqn, config, prefetcher, params, commands, reports, ckpt, &snapshots,
+        );
+        // Ends the publisher, which the scope then joins.
+        drop(snapshots);
+        outcome
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_loop(
     mut dqn: Dqn,
     config: &LoopConfig,
     prefetcher: &Prefetcher,
@@ -118,6 +172,7 @@ pub fn run(
     commands: &Receiver<Command>,
     reports: &Sender<LearnerReport>,
     ckpt: &CheckpointContext,
+    snapshots: &Sender<Snapshot>,
 ) -> LoopOutcome {
     let device = dqn.device();
     let start = Instant::now();
@@ -155,11 +210,11 @@ pub fn run(
         if dqn.updates().is_multiple_of(config.publish_every.max(1)) {
             let p0 = Instant::now();
             version += 1;
-            params.publish(Params {
+            let _ = snapshots.try_send(Snapshot {
                 version,
                 env_steps: ckpt.control.env_steps.load(Ordering::Relaxed),
                 population: dqn.spec().population,
-                data: dqn.online_params(),
+                online: dqn.online_snapshot(),
             });
             t.publish += p0.elapsed().as_secs_f64();
         }
