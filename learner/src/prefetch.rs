@@ -242,3 +242,49 @@ impl Prefetcher {
         let _ = self.handle.join();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_proto::TransitionBatch;
+    use millrace_replay::{RateLimiterConfig, ReplayConfig};
+
+    #[test]
+    fn used_slots_go_back_half_a_ring_at_a_time() {
+        let obs = ObsSpec {
+            shape: vec![1],
+            dtype: DType::F32,
+        };
+        let table = Arc::new(Table::new(&ReplayConfig {
+            capacity: 100,
+            shards: 1,
+            obs_row_bytes: 4,
+            obs_rows_per_item: 2.0,
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+        }));
+        let mut b = TransitionBatch::with_capacity(4, 1, 2);
+        b.push_f32(&[1.0], 0, 1.0, 0.5, &[2.0]);
+        table.insert(&b).unwrap();
+        let p = Prefetcher::spawn(Arc::clone(&table), &obs, 2, 8, None, 0).unwrap();
+        let mut used = Vec::new();
+        let mut taken = Vec::new();
+        for _ in 0..8 {
+            taken.push(p.ready.recv().unwrap());
+        }
+        assert!(p.ready.is_empty(), "all eight slots are out");
+        for (i, slot) in taken.into_iter().enumerate() {
+            p.recycle(&mut used, slot);
+            if i < 3 {
+                assert_eq!(used.len(), i + 1, "held until half the ring is used");
+            }
+        }
+        assert!(used.is_empty(), "both halves went back");
+        // The sampler refills every slot it got back.
+        for _ in 0..8 {
+            let slot = p.ready.recv().unwrap();
+            assert_eq!(slot.oldest_version, 0);
+        }
+        table.close();
+        p.join();
+    }
+}

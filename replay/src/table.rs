@@ -493,6 +493,35 @@ mod tests {
     }
 
     #[test]
+    fn a_blocked_inserter_proceeds_once_samples_make_room() {
+        // spi 1, min size 10, band ±70: inserts block once 80 items are ahead.
+        let table = Arc::new(Table::new(&ReplayConfig {
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 10, 70.0, 8).unwrap(),
+            ..config(1000, 2, 1.0, 10)
+        }));
+        table.insert(&batch(0, 0..81)).unwrap();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        {
+            let table = Arc::clone(&table);
+            std::thread::spawn(move || done_tx.send(table.insert(&batch(1, 0..4))));
+        }
+        assert!(
+            done.recv_timeout(Duration::from_millis(50)).is_err(),
+            "beyond the band"
+        );
+        // One sample of 8 brings the difference back into the band: the sampler must
+        // wake the inserter (it is only woken when it can go).
+        let mut out = Out::new(8);
+        table
+            .sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            .unwrap();
+        let woken = done.recv_timeout(Duration::from_secs(5));
+        assert_eq!(woken, Ok(Ok(())), "the sample woke the inserter");
+        assert_eq!(table.stats().inserted, 85);
+        assert!(table.stats().insert_blocked_s > 0.03);
+    }
+
+    #[test]
     fn close_unblocks_waiting_samplers_and_inserters() {
         let table = Arc::new(Table::new(&ReplayConfig {
             limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 10, 70.0, 64).unwrap(),
