@@ -161,6 +161,19 @@ impl Metrics {
         if self.last_log.elapsed().as_secs_f64() >= LOG_S {
             self.last_log = Instant::now();
             tracing::info!("{steps} env steps, {} updates: {line}", report.updates);
+            tracing::info!(
+                "learner time: {:.1}% compute, {:.1}% waiting for data, {:.1}% host-to-device, \
+                 {:.1}% publishing, {:.1}% metrics, {:.1}% checkpointing; {samples_s:.0} samples/s, \
+                 {inserts_s:.0} inserts/s; blocked: actors {:.1} s, learner {:.1} s",
+                100.0 * s.duty_cycle(),
+                100.0 * frac(s.wait_data),
+                100.0 * frac(s.host_to_device),
+                100.0 * frac(s.publish),
+                100.0 * frac(s.metrics),
+                100.0 * frac(s.checkpoint),
+                replay.insert_blocked_s,
+                replay.sample_blocked_s,
+            );
         }
     }
 
