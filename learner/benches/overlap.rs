@@ -390,6 +390,7 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
     let prefetcher = Prefetcher::spawn(Arc::clone(&table), &env.obs, b, depth, pin_for, 0).unwrap();
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded(1);
     let (rep_tx, rep_rx) = crossbeam_channel::bounded(64);
+    let publisher = update_loop::Publisher::spawn(Arc::clone(&params)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = CheckpointContext {
         dir: dir.path().to_path_buf(),
@@ -399,7 +400,6 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
         table: Arc::clone(&table),
     };
     let learner = {
-        let params = Arc::clone(&params);
         std::thread::spawn(move || {
             pin(0);
             let cfg = LoopConfig {
@@ -407,7 +407,7 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
                 report_every: Duration::from_millis(100),
                 checkpoint_every: None,
             };
-            update_loop::run(dqn, &cfg, &prefetcher, &params, &cmd_rx, &rep_tx, &ckpt);
+            update_loop::run(dqn, &cfg, &prefetcher, &publisher, &cmd_rx, &rep_tx, &ckpt);
             prefetcher
         })
     };

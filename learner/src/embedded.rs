@@ -371,24 +371,24 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         control: Arc::clone(&control),
         table: Arc::clone(&table),
     };
-    let learner = {
-        let params = Arc::clone(&params);
-        spawn("learner", move || {
-            // The learner gets one intra-op thread: actors and the sampler need the rest.
-            tch::set_num_threads(1);
-            let outcome = update_loop::run(
-                dqn,
-                &loop_cfg,
-                &prefetcher,
-                &params,
-                &cmd_rx,
-                &report_tx,
-                &ckpt,
-            );
-            prefetcher.join();
-            outcome
-        })?
-    };
+    let publisher = update_loop::Publisher::spawn(Arc::clone(&params))
+        .map_err(|e| TrainError::Thread("publish", e.to_string()))?;
+    let learner = spawn("learner", move || {
+        // The learner gets one intra-op thread: actors and the sampler need the rest.
+        tch::set_num_threads(1);
+        let outcome = update_loop::run(
+            dqn,
+            &loop_cfg,
+            &prefetcher,
+            &publisher,
+            &cmd_rx,
+            &report_tx,
+            &ckpt,
+        );
+        prefetcher.join();
+        drop(publisher);
+        outcome
+    })?;
 
     // Evaluator.
     let (eval_tx, eval_rx) = crossbeam_channel::bounded::<EvalRequest>(1);

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, Sender};
@@ -109,6 +110,7 @@ pub struct LoopOutcome {
 }
 
 /// A parameter snapshot on its way to actors: still on the device.
+#[derive(Debug)]
 struct Snapshot {
     version: u64,
     env_steps: u64,
@@ -116,19 +118,78 @@ struct Snapshot {
     online: tch::Tensor,
 }
 
-/// Publishes snapshots: the copy to the host (which waits for the device) happens on
-/// this thread, so the learner thread never synchronises with the device to publish.
-fn publisher(snapshots: Receiver<Snapshot>, params: &ParamsSlot) {
-    for s in snapshots {
-        let host = s.online.to_device(tch::Device::Cpu).contiguous().view([-1]);
-        match Vec::<f32>::try_from(&host) {
-            Ok(data) => params.publish(Params {
-                version: s.version,
-                env_steps: s.env_steps,
-                population: s.population,
-                data,
-            }),
-            Err(e) => tracing::error!("cannot publish parameters: {e}"),
+/// Publishes parameter snapshots to actors from its own thread: the copy to the host
+/// (which waits for the device) happens there, so the learner thread never synchronises
+/// with the device to publish. Latest-only: while it is busy, newer snapshots are
+/// skipped (the next one is newer still). Like the prefetcher, it is started by the
+/// wiring, outside the learner thread (whose core it should not share).
+#[derive(Debug)]
+pub struct Publisher {
+    params: Arc<ParamsSlot>,
+    snapshots: Option<Sender<Snapshot>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Publisher {
+    pub fn spawn(params: Arc<ParamsSlot>) -> std::io::Result<Self> {
+        let (snapshots, pending) = crossbeam_channel::bounded::<Snapshot>(1);
+        let slot = Arc::clone(&params);
+        let handle = std::thread::Builder::new()
+            .name("publish".into())
+            .spawn(move || {
+                for s in pending {
+                    let host = s.online.to_device(tch::Device::Cpu).contiguous().view([-1]);
+                    match Vec::<f32>::try_from(&host) {
+                        Ok(data) => slot.publish(Params {
+                            version: s.version,
+                            env_steps: s.env_steps,
+                            population: s.population,
+                            data,
+                        }),
+                        Err(e) => tracing::error!("cannot publish parameters: {e}"),
+                    }
+                }
+            })?;
+        Ok(Self {
+            params,
+            snapshots: Some(snapshots),
+            handle: Some(handle),
+        })
+    }
+
+    /// The newest version published (or being published).
+    fn version(&self) -> u64 {
+        self.params.version()
+    }
+
+    /// Publishes `dqn`'s online parameters as `version`: on the CPU directly (one copy,
+    /// no device to wait for), from a GPU through the publisher thread.
+    fn offer(&self, version: u64, env_steps: u64, dqn: &Dqn) {
+        let population = dqn.spec().population;
+        if dqn.device() == tch::Device::Cpu {
+            self.params.publish(Params {
+                version,
+                env_steps,
+                population,
+                data: dqn.online_params(),
+            });
+        } else if let Some(tx) = &self.snapshots {
+            let _ = tx.try_send(Snapshot {
+                version,
+                env_steps,
+                population,
+                online: dqn.online_snapshot(),
+            });
+        }
+    }
+}
+
+impl Drop for Publisher {
+    /// Publishes what is pending, then stops the thread.
+    fn drop(&mut self) {
+        drop(self.snapshots.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
         }
     }
 }
@@ -136,48 +197,18 @@ fn publisher(snapshots: Receiver<Snapshot>, params: &ParamsSlot) {
 /// Runs updates back to back until [`Command::Stop`] or until the prefetcher ends.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
-    dqn: Dqn,
-    config: &LoopConfig,
-    prefetcher: &Prefetcher,
-    params: &ParamsSlot,
-    commands: &Receiver<Command>,
-    reports: &Sender<LearnerReport>,
-    ckpt: &CheckpointContext,
-) -> LoopOutcome {
-    std::thread::scope(|scope| {
-        // Latest-only: while the publisher is busy, newer snapshots are skipped (the
-        // next one is newer still).
-        let (snapshots, pending) = crossbeam_channel::bounded::<Snapshot>(1);
-        let publishing = std::thread::Builder::new()
-            .name("publish".into())
-            .spawn_scoped(scope, move || publisher(pending, params));
-        if let Err(e) = &publishing {
-            tracing::error!("cannot start the publisher thread: {e}");
-        }
-        let outcome = run_loop(
-            dqn, config, prefetcher, params, commands, reports, ckpt, &snapshots,
-        );
-        // Ends the publisher, which the scope then joins.
-        drop(snapshots);
-        outcome
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_loop(
     mut dqn: Dqn,
     config: &LoopConfig,
     prefetcher: &Prefetcher,
-    params: &ParamsSlot,
+    publisher: &Publisher,
     commands: &Receiver<Command>,
     reports: &Sender<LearnerReport>,
     ckpt: &CheckpointContext,
-    snapshots: &Sender<Snapshot>,
 ) -> LoopOutcome {
     let device = dqn.device();
     let start = Instant::now();
     let mut t = StallTimes::default();
-    let mut version = params.version();
+    let mut version = publisher.version();
     let mut last_report = Instant::now();
     let mut last_ckpt = Instant::now();
     let mut staleness_sum = 0.0;
@@ -210,12 +241,11 @@ fn run_loop(
         if dqn.updates().is_multiple_of(config.publish_every.max(1)) {
             let p0 = Instant::now();
             version += 1;
-            let _ = snapshots.try_send(Snapshot {
+            publisher.offer(
                 version,
-                env_steps: ckpt.control.env_steps.load(Ordering::Relaxed),
-                population: dqn.spec().population,
-                online: dqn.online_snapshot(),
-            });
+                ckpt.control.env_steps.load(Ordering::Relaxed),
+                &dqn,
+            );
             t.publish += p0.elapsed().as_secs_f64();
         }
         if last_report.elapsed() >= config.report_every {
