@@ -328,6 +328,9 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         cfg.progress.clone(),
         control.env_steps.load(Ordering::Relaxed),
     )?;
+    // The first thread: it ends by itself when dropped, wherever set-up fails later.
+    let publisher = update_loop::Publisher::spawn(Arc::clone(&params))
+        .map_err(|e| TrainError::Thread("publish", e.to_string()))?;
 
     let (episode_tx, episode_rx) = crossbeam_channel::bounded::<EpisodeStats>(4096);
     // Where transitions come from: the two modes differ only here.
@@ -371,8 +374,6 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         control: Arc::clone(&control),
         table: Arc::clone(&table),
     };
-    let publisher = update_loop::Publisher::spawn(Arc::clone(&params))
-        .map_err(|e| TrainError::Thread("publish", e.to_string()))?;
     let learner = spawn("learner", move || {
         // The learner gets one intra-op thread: actors and the sampler need the rest.
         tch::set_num_threads(1);

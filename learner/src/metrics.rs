@@ -164,7 +164,8 @@ impl Metrics {
             tracing::info!(
                 "learner time: {:.1}% compute, {:.1}% waiting for data, {:.1}% host-to-device, \
                  {:.1}% publishing, {:.1}% metrics, {:.1}% checkpointing; {samples_s:.0} samples/s, \
-                 {inserts_s:.0} inserts/s; blocked: actors {:.1} s, learner {:.1} s",
+                 {inserts_s:.0} inserts/s; blocked by the rate limiter since the start: actors \
+                 {:.1} s, sampler {:.1} s",
                 100.0 * s.duty_cycle(),
                 100.0 * frac(s.wait_data),
                 100.0 * frac(s.host_to_device),

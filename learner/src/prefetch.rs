@@ -27,6 +27,8 @@ pub struct Slot {
     discounts: Tensor,
     /// Oldest parameter version among the sampled rows (staleness).
     pub oldest_version: u64,
+    /// Page-locked memory: copies to the device may run without blocking the host.
+    pinned: bool,
 }
 
 fn kind(dtype: DType) -> Kind {
@@ -74,6 +76,7 @@ impl Slot {
             rewards: make(&[1, b, 1], Kind::Float),
             discounts: make(&[1, b, 1], Kind::Float),
             oldest_version: 0,
+            pinned: pin_for.is_some(),
         }
     }
 
@@ -118,7 +121,7 @@ impl Slot {
             if device == Device::Cpu {
                 t.shallow_clone()
             } else {
-                t.to_device_(device, t.kind(), true, false)
+                t.to_device_(device, t.kind(), self.pinned, false)
             }
         };
         SlotBatch {
@@ -168,6 +171,8 @@ pub fn default_depth(obs: &ObsSpec, batch_size: usize, cuda: bool) -> usize {
 #[derive(Debug)]
 pub struct Prefetcher {
     pub ready: Receiver<Slot>,
+    /// Slots to refill. On a GPU, hand slots back through [`Prefetcher::recycle`],
+    /// which waits for their copies to finish first.
     pub free: Sender<Slot>,
     /// Used slots are handed back this many at a time (see [`Prefetcher::recycle`]).
     return_batch: usize,

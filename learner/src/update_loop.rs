@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, Receiver, Sender};
+use crossbeam_channel::{select, Receiver, Sender, TrySendError};
 use millrace_actor::ActorControl;
 use millrace_proto::{EnvSpec, Params};
 use millrace_replay::Table;
@@ -127,12 +127,15 @@ struct Snapshot {
 pub struct Publisher {
     params: Arc<ParamsSlot>,
     snapshots: Option<Sender<Snapshot>>,
+    /// The queue's other end, to replace a snapshot still waiting with a newer one.
+    stale: Receiver<Snapshot>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl Publisher {
     pub fn spawn(params: Arc<ParamsSlot>) -> std::io::Result<Self> {
         let (snapshots, pending) = crossbeam_channel::bounded::<Snapshot>(1);
+        let stale = pending.clone();
         let slot = Arc::clone(&params);
         let handle = std::thread::Builder::new()
             .name("publish".into())
@@ -153,11 +156,12 @@ impl Publisher {
         Ok(Self {
             params,
             snapshots: Some(snapshots),
+            stale,
             handle: Some(handle),
         })
     }
 
-    /// The newest version published (or being published).
+    /// The newest version published.
     fn version(&self) -> u64 {
         self.params.version()
     }
@@ -174,12 +178,17 @@ impl Publisher {
                 data: dqn.online_params(),
             });
         } else if let Some(tx) = &self.snapshots {
-            let _ = tx.try_send(Snapshot {
+            let snapshot = Snapshot {
                 version,
                 env_steps,
                 population,
                 online: dqn.online_snapshot(),
-            });
+            };
+            // Latest-only: a snapshot still waiting is replaced by this newer one.
+            if let Err(TrySendError::Full(snapshot)) = tx.try_send(snapshot) {
+                let _ = self.stale.try_recv();
+                let _ = tx.try_send(snapshot);
+            }
         }
     }
 }
@@ -233,7 +242,11 @@ pub fn run(
         drop(batch);
         staleness_sum += version.saturating_sub(slot.oldest_version) as f64;
         batches += 1;
+        // On a GPU, recycling waits for the device once per half ring: that wait is
+        // queued update work, so it counts as compute.
+        let r0 = Instant::now();
         prefetcher.recycle(&mut used, slot);
+        t.compute += r0.elapsed().as_secs_f64();
         t.wait_data += (t1 - t0).as_secs_f64();
         t.host_to_device += (t2 - t1).as_secs_f64();
         t.compute += (t3 - t2).as_secs_f64();

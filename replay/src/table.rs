@@ -505,10 +505,13 @@ mod tests {
             let table = Arc::clone(&table);
             std::thread::spawn(move || done_tx.send(table.insert(&batch(1, 0..4))));
         }
-        assert!(
-            done.recv_timeout(Duration::from_millis(50)).is_err(),
-            "beyond the band"
-        );
+        // Wait until it is blocked beyond the band, however slowly its thread starts.
+        let start = std::time::Instant::now();
+        while table.gate().waiting == 0 {
+            assert!(start.elapsed() < Duration::from_secs(5), "never blocked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(done.try_recv().is_err(), "beyond the band");
         // One sample of 8 brings the difference back into the band: the sampler must
         // wake the inserter (it is only woken when it can go).
         let mut out = Out::new(8);
@@ -518,7 +521,7 @@ mod tests {
         let woken = done.recv_timeout(Duration::from_secs(5));
         assert_eq!(woken, Ok(Ok(())), "the sample woke the inserter");
         assert_eq!(table.stats().inserted, 85);
-        assert!(table.stats().insert_blocked_s > 0.03);
+        assert!(table.stats().insert_blocked_s > 0.0);
     }
 
     #[test]
