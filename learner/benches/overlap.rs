@@ -9,10 +9,11 @@
 //! (d) one actor's env steps/s (one core, batched inference, 8 envs).
 //!
 //! for the CartPole MLP (64×64) and the Nature CNN on `CatchPixels-v0` (4×84×84 `u8`),
-//! at batch 32 and 512. On a CPU machine the learner thread is pinned to core 0 and
-//! everything else (actors, sampler) to core 1, with one intra-op thread.
+//! at batch 32 and 512. The learner thread is pinned to core 0 and everything else
+//! (actors, sampler) to the other cores, with one intra-op thread; `--actors N` runs N
+//! actor threads (one by default, for a 2-core machine; e.g. 14 on a 16-core GPU host).
 //!
-//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--cpu]`
+//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--cpu]`
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -84,6 +85,8 @@ impl Net {
 
 struct Opts {
     seconds: f64,
+    /// Actor threads feeding replay in (b), 8 envs each.
+    actors: usize,
     nets: Vec<Net>,
     batches: Vec<usize>,
     device: Device,
@@ -92,6 +95,7 @@ struct Opts {
 fn parse() -> Opts {
     let mut o = Opts {
         seconds: 4.0,
+        actors: 1,
         nets: vec![Net::Mlp, Net::Cnn],
         batches: vec![32, 512],
         device: Device::cuda_if_available(),
@@ -102,6 +106,7 @@ fn parse() -> Opts {
         let next = args.get(i + 1).cloned().unwrap_or_default();
         match args[i].as_str() {
             "--seconds" => o.seconds = next.parse().expect("--seconds S"),
+            "--actors" => o.actors = next.parse().expect("--actors N"),
             "--only" => {
                 o.nets = match next.as_str() {
                     "mlp" => vec![Net::Mlp],
@@ -127,17 +132,30 @@ fn parse() -> Opts {
     o
 }
 
-/// Pins the calling thread (and threads it spawns later) to `core`, if it exists.
-fn pin(core: usize) {
+/// The learner's core.
+const LEARNER: usize = 0;
+/// Every core but the learner's (actors, sampler, publisher).
+const OTHERS: usize = usize::MAX;
+
+/// Pins the calling thread (and threads it spawns later) to core `LEARNER` or to all the
+/// `OTHERS`, on machines with two or more cores.
+fn pin(which: usize) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores < 2 {
         return;
     }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it, and
-    // sched_setaffinity(0, ..) only reads it for the calling thread.
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it (cores
+    // are fewer than CPU_SETSIZE here), and sched_setaffinity(0, ..) only reads it for
+    // the calling thread.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core % cores, &mut set);
+        if which == LEARNER {
+            libc::CPU_SET(LEARNER, &mut set);
+        } else {
+            for core in (0..cores.min(libc::CPU_SETSIZE as usize)).filter(|c| *c != LEARNER) {
+                libc::CPU_SET(core, &mut set);
+            }
+        }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
@@ -166,7 +184,7 @@ fn ceiling(net: Net, b: usize, device: Device, seconds: f64, busy_neighbour: boo
     let neighbour = busy_neighbour.then(|| {
         let control = Arc::clone(&control);
         std::thread::spawn(move || {
-            pin(1);
+            pin(OTHERS);
             let params = random_params(net);
             run_one_actor(net, 0, &params, &mut Discard(Arc::default()), &control);
         })
@@ -362,7 +380,7 @@ fn table(net: Net, batch: usize) -> Arc<Table> {
 }
 
 /// (b) the learner thread of a real run, fed by one actor thread through replay.
-fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
+fn end_to_end(net: Net, b: usize, device: Device, seconds: f64, actors: usize) -> EndToEnd {
     let env = net.env();
     let table = table(net, b);
     let dqn = Dqn::new(net.network(), dqn_config(), device, 0);
@@ -373,18 +391,20 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
         data: dqn.online_params(),
     }));
     let control = Arc::new(ActorControl::default());
-    // This thread is on core 1: actors and the sampler inherit it.
-    pin(1);
-    let actor = {
-        let (table, params, control) = (
-            Arc::clone(&table),
-            Arc::clone(&params),
-            Arc::clone(&control),
-        );
-        std::thread::spawn(move || {
-            run_one_actor(net, 0, &params, &mut ReplaySink(table), &control);
+    // This thread moves off the learner's core: actors and the sampler inherit that.
+    pin(OTHERS);
+    let actor_threads: Vec<_> = (0..actors as u32)
+        .map(|id| {
+            let (table, params, control) = (
+                Arc::clone(&table),
+                Arc::clone(&params),
+                Arc::clone(&control),
+            );
+            std::thread::spawn(move || {
+                run_one_actor(net, id, &params, &mut ReplaySink(table), &control);
+            })
         })
-    };
+        .collect();
     let pin_for = matches!(device, Device::Cuda(_)).then_some(device);
     let depth = millrace_learner::prefetch::default_depth(&env.obs, b, pin_for.is_some());
     let prefetcher = Prefetcher::spawn(Arc::clone(&table), &env.obs, b, depth, pin_for, 0).unwrap();
@@ -401,7 +421,7 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
     };
     let learner = {
         std::thread::spawn(move || {
-            pin(0);
+            pin(LEARNER);
             let cfg = LoopConfig {
                 publish_every: 20,
                 report_every: Duration::from_millis(100),
@@ -445,8 +465,10 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64) -> EndToEnd {
     control.stop.store(true, Ordering::Relaxed);
     let prefetcher = learner.join().unwrap();
     prefetcher.join();
-    actor.join().unwrap();
-    pin(0);
+    for a in actor_threads {
+        a.join().unwrap();
+    }
+    pin(LEARNER);
     let (f, l) = (first.expect("learning started"), last.expect("two reports"));
     let dt = (l.0 - f.0).as_secs_f64();
     let d = |a: f64, b: f64| (a - b) / (l.1.stalls.total - f.1.stalls.total).max(1e-9);
@@ -532,10 +554,10 @@ fn replay_throughput(net: Net, b: usize, seconds: f64) -> (f64, f64) {
 fn main() {
     let o = parse();
     tch::set_num_threads(1);
-    pin(0);
+    pin(LEARNER);
     println!(
-        "device {:?}; learner pinned to core 0, actors and sampler to core 1; 1 intra-op thread; {} s per measurement",
-        o.device, o.seconds
+        "device {:?}; learner pinned to core 0, {} actor thread(s) x {ENVS} envs and the sampler on the other cores; 1 intra-op thread; {} s per measurement",
+        o.device, o.actors, o.seconds
     );
     let mut rows = Vec::new();
     for &net in &o.nets {
@@ -545,7 +567,7 @@ fn main() {
         for &b in &o.batches {
             let a = ceiling(net, b, o.device, o.seconds, false);
             let a_busy = ceiling(net, b, o.device, o.seconds, true);
-            let e = end_to_end(net, b, o.device, o.seconds);
+            let e = end_to_end(net, b, o.device, o.seconds, o.actors);
             let (ins, smp) = replay_throughput(net, b, o.seconds.min(2.0));
             println!(
                 "{} b{b}: ceiling {a:.1}/s ({a_busy:.1}/s with the other core busy), end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%, metrics {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the benchmark binaries in release mode and copies them, stripped, into .gpu/
+# (ignored by git) for a machine with a GPU and PyTorch 2.11.0 but no Rust toolchain.
+# There, point LD_LIBRARY_PATH at that PyTorch's torch/lib and run, e.g.:
+#
+#   TL=$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib
+#   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --actors 14      # issue 4's table, on CUDA
+#   LD_LIBRARY_PATH=$TL .gpu/ceiling --hidden 64,64 --batch 32,512
+#
+# The binaries' rpath points at this machine's virtualenv; LD_LIBRARY_PATH overrides it.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/env.sh
+source "$here/../scripts/env.sh"
+cd "$here/.."
+"$here/../scripts/setup.sh" >/dev/null
+mkdir -p .gpu
+cargo bench -p millrace-learner --bench overlap --bench ceiling --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["bench"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do
+  strip -o ".gpu/$name" "$exe"
+  echo ".gpu/$name ($(du -h ".gpu/$name" | cut -f1))"
+done
