@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Builds the benchmark binaries in release mode and copies them, stripped, into .gpu/
-# (ignored by git) for a machine with a GPU and PyTorch 2.11.0 but no Rust toolchain.
-# There, point LD_LIBRARY_PATH at that PyTorch's torch/lib and run, e.g.:
+# Builds the benchmarks, the learner binary and the learner's unit tests, and copies
+# them, stripped, into .gpu/ (ignored by git) for a machine with a GPU and PyTorch
+# 2.11.0 but no Rust toolchain. There, point LD_LIBRARY_PATH at that PyTorch's torch/lib
+# and run, e.g.:
 #
 #   TL=$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib
-#   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --actors 14      # issue 4's table, on CUDA
+#   LD_LIBRARY_PATH=$TL .gpu/learner-tests copy_stream       # side-stream copies correct?
+#   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --actors 64 [--copy-stream]
 #   LD_LIBRARY_PATH=$TL .gpu/ceiling --hidden 64,64 --batch 32,512
+#   LD_LIBRARY_PATH=$TL .gpu/learner --logdir /tmp/run [--copy-stream]
 #
 # The binaries' rpath points at this machine's virtualenv; LD_LIBRARY_PATH overrides it.
 set -euo pipefail
@@ -15,14 +18,19 @@ source "$here/../scripts/env.sh"
 cd "$here/.."
 "$here/../scripts/setup.sh" >/dev/null
 mkdir -p .gpu
-cargo bench -p millrace-learner --bench overlap --bench ceiling --no-run --message-format=json 2>/dev/null |
-  python3 -c '
+executables='
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["bench"]:
-        print(m["target"]["name"], m["executable"])
-' | while read -r name exe; do
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        lib_tests = m["target"]["kind"] == ["lib"]
+        print("learner-tests" if lib_tests else m["target"]["name"], m["executable"])
+'
+{
+  cargo bench -p millrace-learner --bench overlap --bench ceiling --no-run --message-format=json
+  cargo build --release -p millrace-learner --bin learner --message-format=json
+  cargo test -p millrace-learner --lib --no-run --message-format=json
+} 2>/dev/null | python3 -c "$executables" | sort -u -k1,1 | while read -r name exe; do
   strip -o ".gpu/$name" "$exe"
   echo ".gpu/$name ($(du -h ".gpu/$name" | cut -f1))"
 done

@@ -13,7 +13,7 @@
 //! (actors, sampler) to the other cores, with one intra-op thread; `--actors N` runs N
 //! actor threads (one by default, for a 2-core machine; e.g. 14 on a 16-core GPU host).
 //!
-//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--cpu]`
+//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--copy-stream] [--cpu]`
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,6 +24,7 @@ use millrace_actor::{
     make, make_pixels, run_actor_with, ActorConfig, ActorControl, CnnPolicy, Env, EpsilonSchedule,
     MlpPolicy, ParamsSlot, Policy, SlotReader,
 };
+use millrace_learner::cuda_copy::CopyStream;
 use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
 use millrace_learner::prefetch::{Prefetcher, Slot};
 use millrace_learner::update_loop::{self, CheckpointContext, LoopConfig};
@@ -87,6 +88,8 @@ struct Opts {
     seconds: f64,
     /// Actor threads feeding replay in (b), 8 envs each.
     actors: usize,
+    /// Copy batches on a side CUDA stream in (b) (`--copy-stream`).
+    copy_stream: bool,
     nets: Vec<Net>,
     batches: Vec<usize>,
     device: Device,
@@ -96,6 +99,7 @@ fn parse() -> Opts {
     let mut o = Opts {
         seconds: 4.0,
         actors: 1,
+        copy_stream: false,
         nets: vec![Net::Mlp, Net::Cnn],
         batches: vec![32, 512],
         device: Device::cuda_if_available(),
@@ -122,6 +126,10 @@ fn parse() -> Opts {
             }
             "--cpu" => {
                 o.device = Device::Cpu;
+                i -= 1;
+            }
+            "--copy-stream" => {
+                o.copy_stream = true;
                 i -= 1;
             }
             "--bench" => i -= 1,
@@ -380,7 +388,14 @@ fn table(net: Net, batch: usize) -> Arc<Table> {
 }
 
 /// (b) the learner thread of a real run, fed by one actor thread through replay.
-fn end_to_end(net: Net, b: usize, device: Device, seconds: f64, actors: usize) -> EndToEnd {
+fn end_to_end(
+    net: Net,
+    b: usize,
+    device: Device,
+    seconds: f64,
+    actors: usize,
+    copy_stream: bool,
+) -> EndToEnd {
     let env = net.env();
     let table = table(net, b);
     let dqn = Dqn::new(net.network(), dqn_config(), device, 0);
@@ -407,7 +422,25 @@ fn end_to_end(net: Net, b: usize, device: Device, seconds: f64, actors: usize) -
         .collect();
     let pin_for = matches!(device, Device::Cuda(_)).then_some(device);
     let depth = millrace_learner::prefetch::default_depth(&env.obs, b, pin_for.is_some());
-    let prefetcher = Prefetcher::spawn(Arc::clone(&table), &env.obs, b, depth, pin_for, 0).unwrap();
+    let prefetcher = match (copy_stream, device) {
+        (true, Device::Cuda(i)) => {
+            let stream = CopyStream::new(i).expect("--copy-stream needs CUDA");
+            Prefetcher::spawn_on_copy_stream(
+                Arc::clone(&table),
+                &env.obs,
+                b,
+                depth,
+                device,
+                &stream,
+                0,
+            )
+            .unwrap()
+        }
+        (true, _) => panic!("--copy-stream needs a CUDA device"),
+        (false, _) => {
+            Prefetcher::spawn(Arc::clone(&table), &env.obs, b, depth, pin_for, 0).unwrap()
+        }
+    };
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded(1);
     let (rep_tx, rep_rx) = crossbeam_channel::bounded(64);
     let publisher = update_loop::Publisher::spawn(Arc::clone(&params)).unwrap();
@@ -556,8 +589,11 @@ fn main() {
     tch::set_num_threads(1);
     pin(LEARNER);
     println!(
-        "device {:?}; learner pinned to core 0, {} actor thread(s) x {ENVS} envs and the sampler on the other cores; 1 intra-op thread; {} s per measurement",
-        o.device, o.actors, o.seconds
+        "device {:?}{}; learner pinned to core 0, {} actor thread(s) x {ENVS} envs and the sampler on the other cores; 1 intra-op thread; {} s per measurement",
+        o.device,
+        if o.copy_stream { " (copies on a side stream)" } else { "" },
+        o.actors,
+        o.seconds
     );
     let mut rows = Vec::new();
     for &net in &o.nets {
@@ -567,7 +603,7 @@ fn main() {
         for &b in &o.batches {
             let a = ceiling(net, b, o.device, o.seconds, false);
             let a_busy = ceiling(net, b, o.device, o.seconds, true);
-            let e = end_to_end(net, b, o.device, o.seconds, o.actors);
+            let e = end_to_end(net, b, o.device, o.seconds, o.actors, o.copy_stream);
             let (ins, smp) = replay_throughput(net, b, o.seconds.min(2.0));
             println!(
                 "{} b{b}: ceiling {a:.1}/s ({a_busy:.1}/s with the other core busy), end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%, metrics {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",

@@ -69,6 +69,9 @@ pub struct TrainConfig {
     pub progress: Option<indicatif::ProgressBar>,
     /// Also serve remote actors (`learner --listen`).
     pub server: Option<crate::server::ServerConfig>,
+    /// Copy batches to the GPU on a side stream (`--copy-stream`; not yet verified on
+    /// a GPU, see `cuda_copy`).
+    pub copy_stream: bool,
 }
 
 impl TrainConfig {
@@ -122,6 +125,10 @@ pub enum TrainError {
     Thread(&'static str, String),
     #[error("final checkpoint failed: {0}")]
     FinalCheckpoint(checkpoint::CheckpointError),
+    #[error("--copy-stream: {0}")]
+    CopyStream(#[from] crate::cuda_copy::CopyStreamError),
+    #[error("--copy-stream needs a CUDA device (this run is on {0:?})")]
+    CopyStreamNeedsCuda(Device),
 }
 
 /// Actor output in the embedded mode: transitions go straight into replay (blocking
@@ -328,6 +335,12 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
         cfg.progress.clone(),
         control.env_steps.load(Ordering::Relaxed),
     )?;
+    let pinned = cfg.device != Device::Cpu && tch::Cuda::is_available();
+    let copy_stream = match (cfg.copy_stream, cfg.device) {
+        (false, _) => None,
+        (true, Device::Cuda(i)) if pinned => Some(crate::cuda_copy::CopyStream::new(i)?),
+        (true, other) => return Err(TrainError::CopyStreamNeedsCuda(other)),
+    };
     // The first thread: it ends by itself when dropped, wherever set-up fails later.
     let publisher = update_loop::Publisher::spawn(Arc::clone(&params))
         .map_err(|e| TrainError::Thread("publish", e.to_string()))?;
@@ -351,15 +364,26 @@ pub fn train(cfg: &TrainConfig, interrupt: Arc<AtomicBool>) -> Result<TrainSumma
     drop((links, episode_tx));
 
     // Prefetcher and learner.
-    let pinned = cfg.device != Device::Cpu && tch::Cuda::is_available();
-    let prefetcher = Prefetcher::spawn(
-        Arc::clone(&table),
-        &env.obs,
-        cfg.batch_size,
-        crate::prefetch::default_depth(&env.obs, cfg.batch_size, pinned),
-        pinned.then_some(cfg.device),
-        cfg.seed ^ 0x5eed,
-    )?;
+    let depth = crate::prefetch::default_depth(&env.obs, cfg.batch_size, pinned);
+    let prefetcher = match &copy_stream {
+        Some(stream) => Prefetcher::spawn_on_copy_stream(
+            Arc::clone(&table),
+            &env.obs,
+            cfg.batch_size,
+            depth,
+            cfg.device,
+            stream,
+            cfg.seed ^ 0x5eed,
+        )?,
+        None => Prefetcher::spawn(
+            Arc::clone(&table),
+            &env.obs,
+            cfg.batch_size,
+            depth,
+            pinned.then_some(cfg.device),
+            cfg.seed ^ 0x5eed,
+        )?,
+    };
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded::<Command>(1);
     let (report_tx, report_rx) = crossbeam_channel::bounded::<LearnerReport>(64);
     let loop_cfg = LoopConfig {

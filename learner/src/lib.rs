@@ -8,6 +8,7 @@
 //! - [`checkpoint`], [`tensorboard`], [`metrics`]: persistence and observability.
 
 pub mod checkpoint;
+pub mod cuda_copy;
 pub mod dqn;
 pub mod embedded;
 pub mod metrics;

@@ -70,6 +70,12 @@ struct Args {
     #[arg(long, conflicts_with = "gpu")]
     cpu: bool,
 
+    /// Copy batches to the GPU on a side CUDA stream, overlapping the next copy with
+    /// the current update. Experimental: not yet run on a GPU (without it, copies are
+    /// non-blocking but queued behind the update on the default stream).
+    #[arg(long, conflicts_with = "cpu")]
+    copy_stream: bool,
+
     /// Stop after this many environment steps if the target is not reached.
     #[arg(long, default_value_t = 200_000)]
     max_steps: u64,
@@ -316,6 +322,7 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
         actors,
         envs_per_actor: args.envs_per_actor,
         actor_batch: args.actor_batch,
+        copy_stream: args.copy_stream,
         n_step: args.n_step,
         gamma: args.gamma,
         epsilon: EpsilonSchedule::Linear {

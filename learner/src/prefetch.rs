@@ -16,6 +16,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tch::{Device, Kind, Tensor};
 
+use crate::cuda_copy::{CopyStream, CopyStreamError, CudaEvent};
 use crate::dqn::Batch;
 
 /// One staging slot: host tensors shaped as a [`Batch`] for one agent.
@@ -29,6 +30,22 @@ pub struct Slot {
     pub oldest_version: u64,
     /// Page-locked memory: copies to the device may run without blocking the host.
     pinned: bool,
+    /// With a side copy stream: the slot's device buffers and their events.
+    device: Option<DeviceCopy>,
+}
+
+/// A slot's device-side twin, filled on a [`CopyStream`] (see `cuda_copy`).
+#[derive(Debug)]
+struct DeviceCopy {
+    stream: Arc<CopyStream>,
+    obs2: Tensor,
+    actions: Tensor,
+    rewards: Tensor,
+    discounts: Tensor,
+    /// Recorded on the copy stream after the copies: the batch is on the device.
+    copied: CudaEvent,
+    /// Recorded on the compute stream after the update: the device buffers are free.
+    used: CudaEvent,
 }
 
 fn kind(dtype: DType) -> Kind {
@@ -77,7 +94,62 @@ impl Slot {
             discounts: make(&[1, b, 1], Kind::Float),
             oldest_version: 0,
             pinned: pin_for.is_some(),
+            device: None,
         }
+    }
+
+    /// A slot whose batches go to `device` on the side `stream` (pinned host memory,
+    /// preallocated device buffers, two events).
+    pub fn with_copy_stream(
+        obs: &ObsSpec,
+        batch_size: usize,
+        device: Device,
+        stream: &Arc<CopyStream>,
+    ) -> Result<Self, CopyStreamError> {
+        let mut slot = Self::new(obs, batch_size, Some(device));
+        let on_device = |t: &Tensor| Tensor::empty(t.size(), (t.kind(), device));
+        slot.device = Some(DeviceCopy {
+            stream: Arc::clone(stream),
+            obs2: on_device(&slot.obs2),
+            actions: on_device(&slot.actions),
+            rewards: on_device(&slot.rewards),
+            discounts: on_device(&slot.discounts),
+            copied: stream.event()?,
+            used: stream.event()?,
+        });
+        Ok(slot)
+    }
+
+    /// With a copy stream: waits until the slot's previous copy has left its pinned
+    /// memory, so that it may be refilled. Called by the sampler thread.
+    fn wait_copied(&self) -> Result<(), CopyStreamError> {
+        match &self.device {
+            Some(d) => d.copied.synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    /// With a copy stream: queues the copies of the freshly filled slot on the copy
+    /// stream, behind the learner's last use of the device buffers.
+    fn upload(&self) -> Result<(), CopyStreamError> {
+        let Some(d) = &self.device else {
+            return Ok(());
+        };
+        d.used.copy_stream_waits()?;
+        for (dst, src) in [
+            (&d.obs2, &self.obs2),
+            (&d.actions, &self.actions),
+            (&d.rewards, &self.rewards),
+            (&d.discounts, &self.discounts),
+        ] {
+            let bytes = src.numel() * src.kind().elt_size_in_bytes();
+            // SAFETY: `src` is pinned host memory of `bytes` bytes and `dst` a device
+            // tensor of the same shape and kind on the stream's device. Neither is
+            // touched until the copy completes: the sampler waits for `copied` before
+            // refilling, and the learner's compute stream waits for it before reading.
+            unsafe { d.stream.copy(dst.data_ptr(), src.data_ptr(), bytes)? };
+        }
+        d.copied.record_on_copy_stream()
     }
 
     /// Samples a batch from `table` into this slot.
@@ -117,6 +189,23 @@ impl Slot {
     /// may still be reading the slot after the batch is gone: hand slots back through
     /// [`Prefetcher::recycle`], which waits for the device first.
     pub fn to_device(&self, device: Device) -> SlotBatch<'_> {
+        if let Some(d) = &self.device {
+            // The batch is (being) copied on the side stream: compute waits for it on
+            // the device. Should that fail, waiting on the host is slower but correct.
+            if let Err(e) = d.copied.compute_stream_waits() {
+                tracing::error!("copy stream: {e}; waiting on the host instead");
+                let _ = d.copied.synchronize();
+            }
+            return SlotBatch {
+                batch: Batch {
+                    obs2: d.obs2.shallow_clone(),
+                    actions: d.actions.shallow_clone(),
+                    rewards: d.rewards.shallow_clone(),
+                    discounts: d.discounts.shallow_clone(),
+                },
+                _slot: std::marker::PhantomData,
+            };
+        }
         let mv = |t: &Tensor| {
             if device == Device::Cpu {
                 t.shallow_clone()
@@ -157,6 +246,13 @@ fn bytemuck_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> &mut [T] {
     bytemuck::cast_slice_mut(bytes)
 }
 
+/// Waits for every copy queued on `stream`, if any.
+fn finish_copies(stream: Option<&CopyStream>) {
+    if let Some(Err(e)) = stream.map(CopyStream::synchronize) {
+        tracing::error!("copy stream: {e}");
+    }
+}
+
 /// Staging slots to keep in flight for batches of `batch_size`: enough to ride out the
 /// sampler thread being descheduled for several milliseconds (it shares cores with
 /// actors), at most 256 and at least 2, within about 64 MiB of staging memory (512 MiB
@@ -176,8 +272,11 @@ pub struct Prefetcher {
     pub free: Sender<Slot>,
     /// Used slots are handed back this many at a time (see [`Prefetcher::recycle`]).
     return_batch: usize,
-    /// The CUDA device the slots' copies go to, if any.
+    /// The CUDA device the slots' batches go to, if any.
     copies_to: Option<Device>,
+    /// The side stream slots are copied on, if any: their events order everything, and
+    /// recycling never waits for the device.
+    copy_stream: Option<Arc<CopyStream>>,
     handle: JoinHandle<()>,
 }
 
@@ -191,30 +290,79 @@ impl Prefetcher {
         pin_for: Option<Device>,
         seed: u64,
     ) -> std::io::Result<Self> {
-        let slots = slots.max(2);
-        let (free_tx, free_rx) = crossbeam_channel::bounded::<Slot>(slots);
-        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Slot>(slots);
-        for _ in 0..slots {
-            free_tx
-                .send(Slot::new(obs, batch_size, pin_for))
-                .expect("channel has room for every slot");
+        let slots: Vec<Slot> = (0..slots.max(2))
+            .map(|_| Slot::new(obs, batch_size, pin_for))
+            .collect();
+        Self::spawn_with(table, slots, pin_for, None, seed)
+    }
+
+    /// Starts the sampler thread with `slots` staging slots whose batches are copied to
+    /// `device` on the side `stream` (see `cuda_copy`).
+    pub fn spawn_on_copy_stream(
+        table: Arc<Table>,
+        obs: &ObsSpec,
+        batch_size: usize,
+        slots: usize,
+        device: Device,
+        stream: &Arc<CopyStream>,
+        seed: u64,
+    ) -> Result<Self, CopyStreamError> {
+        let slots = (0..slots.max(2))
+            .map(|_| Slot::with_copy_stream(obs, batch_size, device, stream))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::spawn_with(table, slots, Some(device), Some(Arc::clone(stream)), seed)
+            .map_err(|e| CopyStreamError::Thread(e.to_string()))
+    }
+
+    fn spawn_with(
+        table: Arc<Table>,
+        slots: Vec<Slot>,
+        pin_for: Option<Device>,
+        copy_stream: Option<Arc<CopyStream>>,
+        seed: u64,
+    ) -> std::io::Result<Self> {
+        let depth = slots.len();
+        let (free_tx, free_rx) = crossbeam_channel::bounded::<Slot>(depth);
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Slot>(depth);
+        for slot in slots {
+            free_tx.send(slot).expect("channel has room for every slot");
         }
+        let stream = copy_stream.clone();
         let handle = std::thread::Builder::new()
             .name("prefetch".into())
             .spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(seed);
-                // Ends when the table closes or the learner drops its ends.
+                // Ends when the table closes, the learner drops its ends, or the device
+                // fails.
                 while let Ok(mut slot) = free_rx.recv() {
-                    if slot.fill(&table, &mut rng).is_err() || ready_tx.send(slot).is_err() {
+                    if let Err(e) = slot.wait_copied() {
+                        tracing::error!("prefetch: {e}");
+                        break;
+                    }
+                    if slot.fill(&table, &mut rng).is_err() {
+                        break;
+                    }
+                    if let Err(e) = slot.upload() {
+                        tracing::error!("prefetch: {e}");
+                        break;
+                    }
+                    if let Err(unsent) = ready_tx.send(slot) {
+                        // Its copy may still be running: finish it before freeing.
+                        finish_copies(stream.as_deref());
+                        drop(unsent);
                         break;
                     }
                 }
+                // Only this thread queues copies: once they are done, every slot
+                // (including those still queued as ready) may be freed.
+                finish_copies(stream.as_deref());
             })?;
         Ok(Self {
             ready: ready_rx,
             free: free_tx,
-            return_batch: (slots / 2).max(1),
+            return_batch: (depth / 2).max(1),
             copies_to: pin_for,
+            copy_stream,
             handle,
         })
     }
@@ -229,14 +377,28 @@ impl Prefetcher {
     /// the device here (once per half ring, not once per update) guarantees they are
     /// done before the sampler overwrites a slot.
     pub fn recycle(&self, used: &mut Vec<Slot>, slot: Slot) {
+        if let Some(d) = &slot.device {
+            // The update that read this slot's device buffers is queued: mark when it
+            // ends, so the next copy into them waits for it (on the device).
+            if let Err(e) = d.used.record_on_compute_stream() {
+                tracing::error!("copy stream: {e}; waiting for the device instead");
+                self.wait_for_device();
+            }
+        }
         used.push(slot);
         if used.len() >= self.return_batch {
-            if let Some(Device::Cuda(i)) = self.copies_to {
-                tch::Cuda::synchronize(i as i64);
+            if self.copy_stream.is_none() {
+                self.wait_for_device();
             }
             for slot in used.drain(..) {
                 let _ = self.free.send(slot);
             }
+        }
+    }
+
+    fn wait_for_device(&self) {
+        if let Some(Device::Cuda(i)) = self.copies_to {
+            tch::Cuda::synchronize(i as i64);
         }
     }
 
@@ -290,6 +452,64 @@ mod tests {
             assert_eq!(slot.oldest_version, 0);
         }
         table.close();
+        p.join();
+    }
+
+    /// On a GPU host: batches copied on the side stream equal their pinned host slots,
+    /// round after round (slots refilled only after their copies). Skipped without CUDA.
+    #[test]
+    fn copy_stream_batches_match_their_slots() {
+        if !tch::Cuda::is_available() {
+            eprintln!("skipped: no CUDA device");
+            return;
+        }
+        let device = Device::Cuda(0);
+        let obs = ObsSpec {
+            shape: vec![4, 84, 84],
+            dtype: DType::U8,
+        };
+        let row = obs.row_bytes();
+        let table = Arc::new(Table::new(&ReplayConfig {
+            capacity: 2000,
+            shards: 2,
+            obs_row_bytes: row,
+            obs_rows_per_item: 2.0,
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+        }));
+        for seq in 0..20u64 {
+            let mut b = TransitionBatch::with_capacity(row, 50, 51);
+            for r in 0..51u64 {
+                b.push_obs_bytes(&vec![((seq * 51 + r) % 251) as u8; row]);
+            }
+            for i in 0..50u32 {
+                b.push_transition(i, i64::from(i % 3), i as f32, 0.99, i + 1);
+            }
+            b.seq = seq;
+            table.insert(&b).unwrap();
+        }
+        let stream = CopyStream::new(0).unwrap();
+        let p =
+            Prefetcher::spawn_on_copy_stream(Arc::clone(&table), &obs, 64, 4, device, &stream, 0)
+                .unwrap();
+        let mut used = Vec::new();
+        for _ in 0..40 {
+            let slot = p.ready.recv().unwrap();
+            {
+                let batch = slot.to_device(device);
+                assert_eq!(batch.obs2.device(), device);
+                for (on_device, host) in [
+                    (&batch.obs2, &slot.obs2),
+                    (&batch.actions, &slot.actions),
+                    (&batch.rewards, &slot.rewards),
+                    (&batch.discounts, &slot.discounts),
+                ] {
+                    assert!(on_device.to_device(Device::Cpu).equal(host));
+                }
+            }
+            p.recycle(&mut used, slot);
+        }
+        table.close();
+        drop(used);
         p.join();
     }
 }
