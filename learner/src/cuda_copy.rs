@@ -23,7 +23,8 @@ type Event = *mut c_void;
 type Status = i32;
 
 const STREAM_NON_BLOCKING: u32 = 0x1;
-const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// Host waits sleep instead of spinning a core; no timing.
+const EVENT_BLOCKING_SYNC_NO_TIMING: u32 = 0x1 | 0x2;
 const MEMCPY_HOST_TO_DEVICE: i32 = 1;
 /// PyTorch's default stream: the legacy default stream.
 const LEGACY_STREAM: Stream = std::ptr::null_mut();
@@ -36,6 +37,8 @@ type EventRecord = unsafe extern "C" fn(Event, Stream) -> Status;
 type StreamWaitEvent = unsafe extern "C" fn(Stream, Event, u32) -> Status;
 type EventSynchronize = unsafe extern "C" fn(Event) -> Status;
 type StreamSynchronize = unsafe extern "C" fn(Stream) -> Status;
+type EventDestroy = unsafe extern "C" fn(Event) -> Status;
+type StreamDestroy = unsafe extern "C" fn(Stream) -> Status;
 
 /// The CUDA runtime entry points used here.
 struct Runtime {
@@ -47,6 +50,8 @@ struct Runtime {
     stream_wait_event: StreamWaitEvent,
     event_synchronize: EventSynchronize,
     stream_synchronize: StreamSynchronize,
+    event_destroy: EventDestroy,
+    stream_destroy: StreamDestroy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +121,8 @@ impl Runtime {
                 stream_synchronize: transmute::<*mut c_void, StreamSynchronize>(sym(
                     c"cudaStreamSynchronize",
                 )?),
+                event_destroy: transmute::<*mut c_void, EventDestroy>(sym(c"cudaEventDestroy")?),
+                stream_destroy: transmute::<*mut c_void, StreamDestroy>(sym(c"cudaStreamDestroy")?),
             })
         }
     }
@@ -171,7 +178,7 @@ impl CopyStream {
         let mut event: Event = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         check("cudaEventCreateWithFlags", unsafe {
-            (self.rt.event_create)(&mut event, EVENT_DISABLE_TIMING)
+            (self.rt.event_create)(&mut event, EVENT_BLOCKING_SYNC_NO_TIMING)
         })?;
         Ok(CudaEvent {
             owner: Arc::clone(self),
@@ -208,6 +215,15 @@ impl CopyStream {
     }
 }
 
+impl Drop for CopyStream {
+    fn drop(&mut self) {
+        // Queued copies complete first; the stream handle is released after them.
+        let _ = self.synchronize();
+        // SAFETY: a live stream, used by nothing once its last owner is gone.
+        unsafe { (self.rt.stream_destroy)(self.stream) };
+    }
+}
+
 /// A CUDA event of a [`CopyStream`]'s device.
 pub struct CudaEvent {
     owner: Arc<CopyStream>,
@@ -220,6 +236,15 @@ unsafe impl Send for CudaEvent {}
 impl std::fmt::Debug for CudaEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaEvent").finish_non_exhaustive()
+    }
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        let _ = self.owner.on_device();
+        // SAFETY: a live event; destroying one with work pending is allowed (the
+        // runtime releases it once that work completes).
+        unsafe { (self.owner.rt.event_destroy)(self.event) };
     }
 }
 

@@ -35,6 +35,10 @@ pub struct Slot {
 }
 
 /// A slot's device-side twin, filled on a [`CopyStream`] (see `cuda_copy`).
+///
+/// Dropping it waits for its copy: neither PyTorch's pinned-host allocator nor its
+/// device allocator knows about copies on the side stream, so the memory must not go
+/// back to them while one is in flight.
 #[derive(Debug)]
 struct DeviceCopy {
     stream: Arc<CopyStream>,
@@ -46,6 +50,14 @@ struct DeviceCopy {
     copied: CudaEvent,
     /// Recorded on the compute stream after the update: the device buffers are free.
     used: CudaEvent,
+}
+
+impl Drop for DeviceCopy {
+    fn drop(&mut self) {
+        if let Err(e) = self.copied.synchronize() {
+            tracing::error!("copy stream: {e}");
+        }
+    }
 }
 
 fn kind(dtype: DType) -> Kind {
@@ -108,7 +120,7 @@ impl Slot {
     ) -> Result<Self, CopyStreamError> {
         let mut slot = Self::new(obs, batch_size, Some(device));
         let on_device = |t: &Tensor| Tensor::empty(t.size(), (t.kind(), device));
-        slot.device = Some(DeviceCopy {
+        let twin = DeviceCopy {
             stream: Arc::clone(stream),
             obs2: on_device(&slot.obs2),
             actions: on_device(&slot.actions),
@@ -116,7 +128,11 @@ impl Slot {
             discounts: on_device(&slot.discounts),
             copied: stream.event()?,
             used: stream.event()?,
-        });
+        };
+        // The buffers may be cached blocks that work already queued on the compute
+        // stream still uses: the first copy into them waits for that work too.
+        twin.used.record_on_compute_stream()?;
+        slot.device = Some(twin);
         Ok(slot)
     }
 
@@ -189,6 +205,7 @@ impl Slot {
     /// may still be reading the slot after the batch is gone: hand slots back through
     /// [`Prefetcher::recycle`], which waits for the device first.
     pub fn to_device(&self, device: Device) -> SlotBatch<'_> {
+        // With a copy stream the batch already goes to the stream's device.
         if let Some(d) = &self.device {
             // The batch is (being) copied on the side stream: compute waits for it on
             // the device. Should that fail, waiting on the host is slower but correct.
@@ -256,7 +273,8 @@ fn finish_copies(stream: Option<&CopyStream>) {
 /// Staging slots to keep in flight for batches of `batch_size`: enough to ride out the
 /// sampler thread being descheduled for several milliseconds (it shares cores with
 /// actors), at most 256 and at least 2, within about 64 MiB of staging memory (512 MiB
-/// of pinned memory when `cuda`: the learner waits for the device once per half ring).
+/// of pinned memory when `cuda`: the learner waits for the device once per half ring;
+/// with a copy stream, as much again of device memory for the slots' device twins).
 pub fn default_depth(obs: &ObsSpec, batch_size: usize, cuda: bool) -> usize {
     let slot_bytes = batch_size * (2 * obs.row_bytes() + 8 + 4 + 4);
     let budget: usize = if cuda { 512 << 20 } else { 64 << 20 };
