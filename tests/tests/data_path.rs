@@ -1,7 +1,8 @@
 //! The data path end to end, in process: an actor steps CartPole, replay stores its
 //! transitions, the prefetcher gathers them into staging tensors. Every sampled row must
 //! still be a true CartPole transition: re-simulating `obs` with `action` gives
-//! `next_obs`, rewards are 1, and only terminal rows have discount 0.
+//! `next_obs` (terminal rows, which nothing bootstraps from, point back at their own
+//! observation), rewards are 1, and only terminal rows have discount 0.
 
 use std::sync::Arc;
 
