@@ -238,6 +238,7 @@ fn wire_remote_actors(
     scfg.n_step = cfg.n_step as u32;
     scfg.gamma = cfg.gamma;
     scfg.batch_rows = cfg.actor_batch_rows() as u32;
+    scfg.batch_envs = cfg.envs_per_actor as u32;
     if !scfg.apex_epsilon {
         if let EpsilonSchedule::Linear { start, end, steps } = cfg.epsilon {
             scfg.epsilon_decay = Some(millrace_proto::wire::EpsilonDecay { start, end, steps });

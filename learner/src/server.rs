@@ -50,7 +50,12 @@ pub struct ServerConfig {
     pub heartbeat_every: Duration,
     pub n_step: u32,
     pub gamma: f32,
+    /// Transitions per batch for an actor of `batch_envs` environments; an actor with
+    /// more gets proportionally more (so each batch carries over as few duplicated
+    /// observation rows, per transition, as replay was sized for), up to what fits a
+    /// replay shard.
     pub batch_rows: u32,
+    pub batch_envs: u32,
     /// Ape-X exploration: slot i of N gets `base^(1 + alpha·i/(N−1))`...
     pub eps_base: f32,
     pub eps_alpha: f32,
@@ -75,6 +80,7 @@ impl ServerConfig {
             n_step: 3,
             gamma: 0.99,
             batch_rows: 64,
+            batch_envs: 8,
             eps_base: 0.4,
             eps_alpha: 7.0,
             apex_epsilon: false,
@@ -461,6 +467,7 @@ impl Connection {
                 "{envs} environments requested (1..={MAX_ENVS_PER_ACTOR} allowed)"
             ));
         }
+        let batch_rows = self.batch_rows_for(envs)?;
         let (slots, total) = self
             .slots
             .take(envs)
@@ -479,8 +486,31 @@ impl Connection {
             epsilon_decay: self.cfg.epsilon_decay.filter(|_| !self.cfg.apex_epsilon),
             n_step: self.cfg.n_step,
             gamma: self.cfg.gamma,
-            batch_rows: self.cfg.batch_rows,
+            batch_rows,
         })
+    }
+
+    /// Transitions per batch for an actor of `envs` environments (see
+    /// [`ServerConfig::batch_rows`]), or why replay cannot take its batches.
+    fn batch_rows_for(&self, envs: u32) -> Result<u32, String> {
+        let envs = u64::from(envs);
+        let (rows, ref_envs) = (
+            u64::from(self.cfg.batch_rows.max(1)),
+            u64::from(self.cfg.batch_envs.max(1)),
+        );
+        let wanted = rows.max((envs * rows).div_ceil(ref_envs)).max(envs);
+        // A batch may exceed its target by one n-step flush per env; two must fit a
+        // shard, or replay would hold little else.
+        let shard = self.ctx.table.shard_capacity() as u64;
+        let flush = envs * u64::from(self.cfg.n_step.max(1));
+        let fits = (shard / 2).saturating_sub(flush);
+        if fits < envs {
+            return Err(format!(
+                "{envs} environments make batches too large for replay's shards of {shard} \
+                 transitions (raise --replay-capacity or lower --replay-shards, or run fewer envs)"
+            ));
+        }
+        Ok(wanted.min(fits) as u32)
     }
 
     async fn receive_loop(

@@ -123,12 +123,16 @@ impl Client {
 }
 
 fn hello(token: &str, version: u32) -> ActorMsg {
+    hello_with_envs(token, version, 4)
+}
+
+fn hello_with_envs(token: &str, version: u32, envs: u32) -> ActorMsg {
     ActorMsg::Hello(Hello {
         protocol_version: version,
         token: token.into(),
         actor_name: "test".into(),
         capabilities: Capabilities {
-            envs: 4,
+            envs,
             env_ids: vec!["CartPole-v1".into()],
         },
     })
@@ -313,6 +317,28 @@ fn bad_input_closes_that_connection_alone_with_a_reason() {
     );
 
     good_actor_still_works(&f, &mut good);
+}
+
+#[test]
+fn batch_size_follows_the_actor_and_must_fit_replay() {
+    // Replay: 10,000 transitions in 2 shards; batches of 64 are sized for 8 envs.
+    let f = fixture(None);
+    let welcome = |envs: u32| {
+        let mut c = Client::connect(f.addr);
+        c.send(&hello_with_envs("", PROTOCOL_VERSION, envs));
+        match c.recv().expect("an answer") {
+            LearnerMsg::Welcome(w) => Ok(w.batch_rows),
+            LearnerMsg::Error { reason } => Err(reason),
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(welcome(4), Ok(64), "at least the configured batch");
+    assert_eq!(welcome(32), Ok(256), "as many rows per env as 64 for 8");
+    // 600 envs: 4,800 wanted, but two batches plus an n-step flush must fit a shard
+    // of 5,000: 2,500 - 600 x 3.
+    assert_eq!(welcome(600), Ok(700));
+    let reason = welcome(4096).unwrap_err();
+    assert!(reason.contains("too large for replay's shards"), "{reason}");
 }
 
 #[test]

@@ -312,6 +312,11 @@ impl Table {
         self.shard(0).bytes_per_item()
     }
 
+    /// Transitions one shard holds (the largest batch it takes).
+    pub fn shard_capacity(&self) -> usize {
+        self.per_shard.0
+    }
+
     /// Bytes of one observation row.
     pub fn obs_row_bytes(&self) -> usize {
         self.row_bytes
