@@ -4,7 +4,7 @@
 use millrace_proto::EnvSpec;
 
 use crate::env::{self, Env, EnvError};
-use crate::policy::{MlpPolicy, Policy};
+use crate::policy::{argmax_rows, MlpPolicy, Policy};
 
 /// Returns of a greedy evaluation.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,7 +48,7 @@ pub fn evaluate(
     while !active.is_empty() {
         let m = active.len();
         policy.q_values(&obs[..m * obs_dim], &mut q[..m * num_actions]);
-        MlpPolicy::argmax_rows(&q[..m * num_actions], num_actions, &mut actions[..m]);
+        argmax_rows(&q[..m * num_actions], num_actions, &mut actions[..m]);
         let mut kept = 0;
         for slot in 0..m {
             let e = active[slot];

@@ -67,11 +67,6 @@ impl MlpPolicy {
         })
     }
 
-    /// Index of the greedy action in each row of `q[batch, num_actions]` (first maximum).
-    pub fn argmax_rows(q: &[f32], num_actions: usize, out: &mut [usize]) {
-        argmax_rows(q, num_actions, out);
-    }
-
     /// Agent `agent`'s flat parameters (zeros before the first `load`).
     pub(crate) fn params(&self) -> &[f32] {
         &self.params
@@ -252,7 +247,7 @@ mod tests {
     #[test]
     fn argmax_takes_first_maximum() {
         let mut out = [9; 3];
-        MlpPolicy::argmax_rows(&[1.0, 2.0, 3.0, 3.0, 0.0, -1.0], 2, &mut out);
+        argmax_rows(&[1.0, 2.0, 3.0, 3.0, 0.0, -1.0], 2, &mut out);
         assert_eq!(out[..3], [1, 0, 0]);
     }
 }

@@ -6,11 +6,11 @@
 //!  [--obs 4] [--actions 2] [--seconds 3] [--threads 1] [--cpu]`
 //! Prints one line per configuration: updates/s and microseconds per update.
 
-use std::time::Instant;
+mod common;
 
-use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
+use millrace_learner::dqn::{Dqn, DqnConfig};
 use millrace_proto::{DType, NetworkSpec, ObsSpec};
-use tch::{Device, Kind, Tensor};
+use tch::Device;
 
 struct Opts {
     hidden: Vec<Vec<usize>>,
@@ -69,12 +69,6 @@ fn parse() -> Opts {
     o
 }
 
-fn sync(device: Device) {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
-}
-
 fn main() {
     let o = parse();
     tch::set_num_threads(o.threads);
@@ -93,50 +87,15 @@ fn main() {
     for hidden in &o.hidden {
         for &b in &o.batch {
             let spec = NetworkSpec::mlp(&obs, hidden, o.actions, 1).expect("valid network");
-            let cfg = DqnConfig {
-                lr: 1e-4,
-                adam_betas: (0.9, 0.999),
-                adam_eps: 1e-8,
-                max_grad_norm: 10.0,
-                huber_delta: 1.0,
-                target: TargetUpdate::Hard { period: 200 },
-            };
-            let mut dqn = Dqn::new(spec, cfg, o.device, 0);
-            let b = b as i64;
-            let d = o.device;
-            let batch = Batch {
-                obs2: Tensor::randn([1, 2 * b, o.obs as i64], (Kind::Float, d)),
-                actions: Tensor::randint(o.actions as i64, [1, b, 1], (Kind::Int64, d)),
-                rewards: Tensor::randn([1, b, 1], (Kind::Float, d)),
-                discounts: Tensor::full([1, b, 1], 0.99, (Kind::Float, d)),
-            };
-            for _ in 0..50 {
-                dqn.update(&batch);
-            }
-            sync(d);
-            let start = Instant::now();
-            let mut n = 0u64;
-            while start.elapsed().as_secs_f64() < o.seconds {
-                for _ in 0..50 {
-                    dqn.update(&batch);
-                }
-                n += 50;
-                sync(d);
-            }
-            let _ = dqn.take_stats();
-            let dt = start.elapsed().as_secs_f64();
+            let mut dqn = Dqn::new(spec, DqnConfig::default(), o.device, 0);
+            let batch = common::random_batch(&obs, o.actions, b, o.device);
+            let rate = common::updates_per_s(&mut dqn, &batch, o.device, o.seconds, 50);
             let label = hidden
                 .iter()
                 .map(|h| h.to_string())
                 .collect::<Vec<_>>()
                 .join("x");
-            println!(
-                "{:<12} {:>6} {:>12.0} {:>10.1}",
-                label,
-                b,
-                n as f64 / dt,
-                dt * 1e6 / n as f64
-            );
+            println!("{:<12} {:>6} {:>12.0} {:>10.1}", label, b, rate, 1e6 / rate);
         }
     }
 }

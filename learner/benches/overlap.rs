@@ -15,6 +15,8 @@
 //!
 //! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--copy-stream] [--cpu]`
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,14 +27,14 @@ use millrace_actor::{
     MlpPolicy, ParamsSlot, Policy, SlotReader,
 };
 use millrace_learner::cuda_copy::CopyStream;
-use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
+use millrace_learner::dqn::{Dqn, DqnConfig};
 use millrace_learner::prefetch::{Prefetcher, Slot};
 use millrace_learner::update_loop::{self, CheckpointContext, LoopConfig};
 use millrace_proto::{EnvSpec, NetworkSpec, Params, TransitionBatch};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use tch::{Device, Kind, Tensor};
+use tch::Device;
 
 const ENVS: usize = 8;
 const N_STEP: usize = 3;
@@ -168,23 +170,6 @@ fn pin(which: usize) {
     }
 }
 
-fn sync(device: Device) {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
-}
-
-fn dqn_config() -> DqnConfig {
-    DqnConfig {
-        lr: 1e-4,
-        adam_betas: (0.9, 0.999),
-        adam_eps: 1e-8,
-        max_grad_norm: 10.0,
-        huber_delta: 1.0,
-        target: TargetUpdate::Hard { period: 200 },
-    }
-}
-
 /// (a) updates/s on a batch already on the device, optionally with an unthrottled actor
 /// busy on the other core (to tell interference between cores from pipeline overhead).
 fn ceiling(net: Net, b: usize, device: Device, seconds: f64, busy_neighbour: bool) -> f64 {
@@ -207,37 +192,10 @@ fn ceiling(net: Net, b: usize, device: Device, seconds: f64, busy_neighbour: boo
 
 fn ceiling_loop(net: Net, b: usize, device: Device, seconds: f64) -> f64 {
     let env = net.env();
-    let mut dqn = Dqn::new(net.network(), dqn_config(), device, 0);
-    let b = b as i64;
-    let mut shape = vec![1, 2 * b];
-    shape.extend(env.obs.shape.iter().map(|d| *d as i64));
-    let obs2 = match net {
-        Net::Mlp => Tensor::randn(shape.as_slice(), (Kind::Float, device)),
-        Net::Cnn => Tensor::randint(256, shape.as_slice(), (Kind::Uint8, device)),
-    };
-    let batch = Batch {
-        obs2,
-        actions: Tensor::randint(env.num_actions as i64, [1, b, 1], (Kind::Int64, device)),
-        rewards: Tensor::randn([1, b, 1], (Kind::Float, device)),
-        discounts: Tensor::full([1, b, 1], 0.99, (Kind::Float, device)),
-    };
-    let warm = Instant::now();
-    while warm.elapsed().as_secs_f64() < seconds * 0.1 {
-        dqn.update(&batch);
-    }
-    sync(device);
-    let start = Instant::now();
-    let mut n = 0u64;
+    let mut dqn = Dqn::new(net.network(), DqnConfig::default(), device, 0);
+    let batch = common::random_batch(&env.obs, env.num_actions, b, device);
     // At least 20 updates, however slow one is (the Nature CNN at batch 512 on a CPU).
-    while start.elapsed().as_secs_f64() < seconds || n < 20 {
-        dqn.update(&batch);
-        n += 1;
-        if n.is_multiple_of(16) {
-            let _ = dqn.take_stats();
-        }
-    }
-    sync(device);
-    n as f64 / start.elapsed().as_secs_f64()
+    common::updates_per_s(&mut dqn, &batch, device, seconds, 20)
 }
 
 /// Inserts into replay, blocking under its rate limiter.
@@ -323,7 +281,7 @@ fn run_one_actor(
 }
 
 fn random_params(net: Net) -> Arc<ParamsSlot> {
-    let dqn = Dqn::new(net.network(), dqn_config(), Device::Cpu, 1);
+    let dqn = Dqn::new(net.network(), DqnConfig::default(), Device::Cpu, 1);
     Arc::new(ParamsSlot::new(Params {
         version: 1,
         env_steps: 0,
@@ -398,7 +356,7 @@ fn end_to_end(
 ) -> EndToEnd {
     let env = net.env();
     let table = table(net, b);
-    let dqn = Dqn::new(net.network(), dqn_config(), device, 0);
+    let dqn = Dqn::new(net.network(), DqnConfig::default(), device, 0);
     let params = Arc::new(ParamsSlot::new(Params {
         version: 0,
         env_steps: 0,

@@ -391,11 +391,8 @@ mod tests {
         let net = NetworkSpec::mlp(&env.obs, &[16], 2, 1).unwrap();
         let cfg = DqnConfig {
             lr: 1e-3,
-            adam_betas: (0.9, 0.999),
-            adam_eps: 1e-8,
-            max_grad_norm: 10.0,
-            huber_delta: 1.0,
             target: TargetUpdate::Hard { period: 2 },
+            ..DqnConfig::default()
         };
         let mut dqn = Dqn::new(net.clone(), cfg, Device::Cpu, 0);
         let batch = crate::dqn::Batch {

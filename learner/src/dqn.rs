@@ -44,6 +44,21 @@ pub struct DqnConfig {
     pub target: TargetUpdate,
 }
 
+impl Default for DqnConfig {
+    /// Adam's usual settings at lr 1e-4, gradients clipped to norm 10, Huber δ = 1,
+    /// a hard target sync every 200 updates.
+    fn default() -> Self {
+        Self {
+            lr: 1e-4,
+            adam_betas: (0.9, 0.999),
+            adam_eps: 1e-8,
+            max_grad_norm: 10.0,
+            huber_delta: 1.0,
+            target: TargetUpdate::Hard { period: 200 },
+        }
+    }
+}
+
 /// One sampled batch on the device, `[K, ...]` leading.
 ///
 /// `obs2` holds `obs` in rows `0..B` and `next_obs` in rows `B..2B`, so the online network
@@ -594,11 +609,8 @@ mod tests {
     fn config() -> DqnConfig {
         DqnConfig {
             lr: 1e-2,
-            adam_betas: (0.9, 0.999),
-            adam_eps: 1e-8,
-            max_grad_norm: 10.0,
-            huber_delta: 1.0,
             target: TargetUpdate::Hard { period: 1000 },
+            ..DqnConfig::default()
         }
     }
 

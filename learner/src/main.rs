@@ -305,11 +305,9 @@ fn config(args: Args, bar: Option<ProgressBar>) -> anyhow::Result<TrainConfig> {
         hidden: args.hidden,
         dqn: DqnConfig {
             lr: args.lr,
-            adam_betas: (0.9, 0.999),
-            adam_eps: 1e-8,
             max_grad_norm: args.max_grad_norm,
-            huber_delta: 1.0,
             target,
+            ..DqnConfig::default()
         },
         batch_size: args.batch_size,
         replay: ReplayOptions {

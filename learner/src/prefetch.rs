@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use millrace_proto::{DType, ObsSpec};
@@ -394,29 +395,40 @@ impl Prefetcher {
     /// On a GPU the copies out of these slots were queued without blocking; waiting for
     /// the device here (once per half ring, not once per update) guarantees they are
     /// done before the sampler overwrites a slot.
-    pub fn recycle(&self, used: &mut Vec<Slot>, slot: Slot) {
+    ///
+    /// Returns the time spent waiting for the device (zero on the CPU, where no clock
+    /// is read).
+    pub fn recycle(&self, used: &mut Vec<Slot>, slot: Slot) -> Duration {
+        let mut waited = Duration::ZERO;
         if let Some(d) = &slot.device {
             // The update that read this slot's device buffers is queued: mark when it
             // ends, so the next copy into them waits for it (on the device).
             if let Err(e) = d.used.record_on_compute_stream() {
                 tracing::error!("copy stream: {e}; waiting for the device instead");
-                self.wait_for_device();
+                waited += self.wait_for_device();
             }
         }
         used.push(slot);
         if used.len() >= self.return_batch {
             if self.copy_stream.is_none() {
-                self.wait_for_device();
+                waited += self.wait_for_device();
             }
             for slot in used.drain(..) {
                 let _ = self.free.send(slot);
             }
         }
+        waited
     }
 
-    fn wait_for_device(&self) {
-        if let Some(Device::Cuda(i)) = self.copies_to {
-            tch::Cuda::synchronize(i as i64);
+    /// Waits for all queued work on the slots' CUDA device, if any; returns how long.
+    fn wait_for_device(&self) -> Duration {
+        match self.copies_to {
+            Some(Device::Cuda(i)) => {
+                let start = std::time::Instant::now();
+                tch::Cuda::synchronize(i as i64);
+                start.elapsed()
+            }
+            _ => Duration::ZERO,
         }
     }
 
