@@ -7,6 +7,8 @@ fn main() {
         return;
     };
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    // `learner doctor` compares the libtorch it runs with against this one.
+    println!("cargo:rustc-env=MILLRACE_LIBTORCH_LIB={lib}");
     println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
     if std::path::Path::new(&lib).join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-ltorch_cuda");

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Idempotent set-up: the project virtualenv with PyTorch 2.11.0 (libtorch for tch 0.24.0).
-# Quick when already present. Run by scripts/train.sh and scripts/test.sh.
+# Idempotent set-up: the project virtualenv with PyTorch 2.11.0 (libtorch for tch 0.24.0)
+# and the Python packages the tests and scripts need (scripts/requirements.txt, pinned).
+# Quick when already present: it checks every pinned package's installed version and
+# installs only when one is missing or different. Run by scripts/train.sh and
+# scripts/test.sh.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/env.sh
@@ -15,10 +18,41 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip'
     apt-get update -qq && apt-get install -y -qq python3 python3-venv python3-pip >/dev/null
 fi
 
-installed="$("$MILLRACE_VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)"
-if [[ "$installed" != "$TORCH_VERSION" ]]; then
-    echo "setup: installing torch==$TORCH_VERSION into $MILLRACE_VENV (about 5 GB, a few minutes, once)" >&2
-    mkdir -p "$(dirname "$MILLRACE_VENV")"
-    [[ -x "$MILLRACE_VENV/bin/python" ]] || python3 -m venv "$MILLRACE_VENV"
-    "$MILLRACE_VENV/bin/pip" install --quiet --progress-bar off --disable-pip-version-check "torch==$TORCH_VERSION"
+requirements="$here/requirements.txt"
+# Prints each pinned requirement that is missing or at another version; nothing when all
+# match.
+check='
+import sys
+from importlib.metadata import version, PackageNotFoundError
+bad = []
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, want = line.split("==")
+    try:
+        got = version(name).split("+")[0]
+    except PackageNotFoundError:
+        got = None
+    if got != want:
+        bad.append(name + "==" + want + " (installed: " + (got or "none") + ")")
+print("\n".join(bad))
+'
+[[ -x "$MILLRACE_VENV/bin/python" ]] || { mkdir -p "$(dirname "$MILLRACE_VENV")"; python3 -m venv "$MILLRACE_VENV"; }
+missing="$("$MILLRACE_VENV/bin/python" -c "$check" "$requirements")"
+if [[ -n "$missing" ]]; then
+    echo "setup: installing into $MILLRACE_VENV (torch is about 5 GB, a few minutes, once):" >&2
+    echo "$missing" | sed 's/^/setup:   /' >&2
+    "$MILLRACE_VENV/bin/pip" install --quiet --progress-bar off --disable-pip-version-check -r "$requirements"
+    missing="$("$MILLRACE_VENV/bin/python" -c "$check" "$requirements")"
+    if [[ -n "$missing" ]]; then
+        echo "setup: still not as pinned after installing:" >&2
+        echo "$missing" | sed 's/^/setup:   /' >&2
+        exit 1
+    fi
 fi
+# The packages import, not only install (a broken wheel is caught here, not in a test).
+"$MILLRACE_VENV/bin/python" -c 'import torch, gymnasium, safetensors.torch, numpy' || {
+    echo "setup: the Python packages in $MILLRACE_VENV do not import; remove it and rerun" >&2
+    exit 1
+}

@@ -183,6 +183,7 @@ mod tests {
             .load(&Params {
                 version: 1,
                 env_steps: 0,
+                updates: 0,
                 population: 1,
                 data: data.clone(),
             })
@@ -211,6 +212,7 @@ mod tests {
         head.load(&Params {
             version: 1,
             env_steps: 0,
+            updates: 0,
             population: 1,
             data,
         })

@@ -1,10 +1,11 @@
 //! Greedy evaluation: Gymnasium's definition of "solved" is a mean return over 100
 //! episodes at ε = 0, so it runs all episodes side by side with batched inference.
 
+use bytemuck::Pod;
 use millrace_proto::EnvSpec;
 
 use crate::env::{self, Env, EnvError};
-use crate::policy::{argmax_rows, MlpPolicy, Policy};
+use crate::policy::{argmax_rows, Policy};
 
 /// Returns of a greedy evaluation.
 #[derive(Clone, Debug, PartialEq)]
@@ -14,28 +15,72 @@ pub struct EvalResult {
 
 impl EvalResult {
     pub fn mean(&self) -> f32 {
-        self.returns.iter().sum::<f32>() / self.returns.len().max(1) as f32
+        (self.returns.iter().map(|r| f64::from(*r)).sum::<f64>() / self.returns.len().max(1) as f64)
+            as f32
     }
 
     pub fn min(&self) -> f32 {
         self.returns.iter().copied().fold(f32::INFINITY, f32::min)
     }
+
+    pub fn max(&self) -> f32 {
+        self.returns
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// Sample standard deviation of the returns (0 for fewer than two episodes).
+    pub fn std(&self) -> f32 {
+        let n = self.returns.len();
+        if n < 2 {
+            return 0.0;
+        }
+        let mean = f64::from(self.mean());
+        let ss: f64 = self
+            .returns
+            .iter()
+            .map(|r| (f64::from(*r) - mean).powi(2))
+            .sum();
+        (ss / (n - 1) as f64).sqrt() as f32
+    }
+
+    /// Standard error of the mean.
+    pub fn stderr(&self) -> f32 {
+        self.std() / (self.returns.len().max(1) as f32).sqrt()
+    }
 }
 
-/// Plays `episodes` episodes greedily (ε = 0), all at once, each environment seeded from
-/// `seed`. The policy must have parameters loaded.
+/// Plays `episodes` episodes of a classic-control environment greedily (ε = 0), all at
+/// once, each environment seeded from `seed`. The policy must have parameters loaded.
 pub fn evaluate(
     spec: &EnvSpec,
-    policy: &mut MlpPolicy,
+    policy: &mut dyn Policy,
     episodes: usize,
     seed: u64,
 ) -> Result<EvalResult, EnvError> {
-    let obs_dim = spec.obs.numel();
-    let num_actions = policy.num_actions();
-    let mut envs: Vec<Box<dyn Env>> = (0..episodes)
-        .map(|i| env::make(&spec.id, crate::derive_seed(seed, i as u64)))
+    evaluate_with(|s| env::make(&spec.id, s), policy, episodes, seed)
+}
+
+/// Plays `episodes` episodes greedily in environments from `make` (given each one's
+/// seed), all side by side with one forward pass per step.
+pub fn evaluate_with<O: Pod + Default>(
+    make: impl Fn(u64) -> Result<Box<dyn Env<O>>, EnvError>,
+    policy: &mut dyn Policy<O>,
+    episodes: usize,
+    seed: u64,
+) -> Result<EvalResult, EnvError> {
+    let mut envs: Vec<Box<dyn Env<O>>> = (0..episodes)
+        .map(|i| make(crate::derive_seed(seed, i as u64)))
         .collect::<Result<_, _>>()?;
-    let mut obs = vec![0.0f32; episodes * obs_dim];
+    let Some(first) = envs.first() else {
+        return Ok(EvalResult {
+            returns: Vec::new(),
+        });
+    };
+    let obs_dim = first.spec().obs.numel();
+    let num_actions = policy.num_actions();
+    let mut obs = vec![O::default(); episodes * obs_dim];
     for (i, env) in envs.iter_mut().enumerate() {
         env.reset(None, &mut obs[i * obs_dim..(i + 1) * obs_dim]);
     }
@@ -44,15 +89,15 @@ pub fn evaluate(
     let mut active: Vec<usize> = (0..episodes).collect();
     let mut q = vec![0.0f32; episodes * num_actions];
     let mut actions = vec![0usize; episodes];
-    let mut next = vec![0.0f32; obs_dim];
+    let mut next = vec![O::default(); obs_dim];
     while !active.is_empty() {
         let m = active.len();
         policy.q_values(&obs[..m * obs_dim], &mut q[..m * num_actions]);
         argmax_rows(&q[..m * num_actions], num_actions, &mut actions[..m]);
         let mut kept = 0;
-        for slot in 0..m {
-            let e = active[slot];
-            let step = envs[e].step(actions[slot], &mut next);
+        for row in 0..m {
+            let e = active[row];
+            let step = envs[e].step(actions[row], &mut next);
             returns[e] += step.reward;
             if !step.done() {
                 obs[kept * obs_dim..(kept + 1) * obs_dim].copy_from_slice(&next);
@@ -68,6 +113,7 @@ pub fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MlpPolicy;
     use millrace_proto::{NetworkSpec, Params};
 
     /// A hand-set linear policy that balances CartPole: push towards where the pole falls.
@@ -88,6 +134,7 @@ mod tests {
             .load(&Params {
                 version: 1,
                 env_steps: 0,
+                updates: 0,
                 population: 1,
                 data,
             })
@@ -115,6 +162,7 @@ mod tests {
             .load(&Params {
                 version: 1,
                 env_steps: 0,
+                updates: 0,
                 population: 1,
                 data,
             })
@@ -122,5 +170,17 @@ mod tests {
         let result = evaluate(&spec, &mut policy, 10, 0).unwrap();
         assert!(result.mean() < 20.0, "mean {}", result.mean());
         assert!(result.min() >= 8.0);
+    }
+
+    #[test]
+    fn spread_statistics() {
+        let r = EvalResult {
+            returns: vec![1.0, 2.0, 3.0, 4.0],
+        };
+        assert_eq!((r.mean(), r.min(), r.max()), (2.5, 1.0, 4.0));
+        assert!((r.std() - 1.290_994).abs() < 1e-5);
+        assert!((r.stderr() - 0.645_497).abs() < 1e-5);
+        let one = EvalResult { returns: vec![7.0] };
+        assert_eq!((one.std(), one.stderr()), (0.0, 0.0));
     }
 }

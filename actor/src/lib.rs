@@ -8,10 +8,10 @@
 //! [`TransitionBatch`]: millrace_proto::TransitionBatch
 
 pub mod cnn;
+pub mod doctor;
 pub mod env;
 pub mod eval;
 pub mod nstep;
-pub mod params;
 pub mod policy;
 pub mod remote;
 pub mod runner;
@@ -21,11 +21,10 @@ pub use cnn::CnnPolicy;
 pub use env::{make, make_pixels, Env, EnvError, Step};
 pub use eval::{evaluate, EvalResult};
 pub use nstep::NStep;
-pub use params::{ParamsSlot, SlotReader};
 pub use policy::{MlpPolicy, Policy, PolicyError};
 pub use runner::{
-    run_actor, run_actor_with, ActorConfig, ActorControl, ActorError, ActorSink, EpisodeStats,
-    ParamsSource,
+    make_envs, run_actor, run_actor_with, ActorConfig, ActorError, ActorLoop, ActorSink,
+    EpisodeStats, NoParams, ParamsSource,
 };
 pub use schedule::{apex_epsilon, EpsilonSchedule};
 

@@ -67,10 +67,10 @@ impl NStep {
         out: &mut TransitionBatch,
     ) {
         let row = self.current.take().expect("NStep::start before push");
-        let slot = (self.head + self.len) % self.n;
-        self.rows[slot] = row;
-        self.actions[slot] = action;
-        self.rewards[slot] = step.reward;
+        let at = (self.head + self.len) % self.n;
+        self.rows[at] = row;
+        self.actions[at] = action;
+        self.rewards[at] = step.reward;
         self.len += 1;
 
         if step.terminated {
@@ -116,8 +116,8 @@ impl NStep {
     /// This is the only duplication: at most `n` rows per environment per batch.
     pub fn carry(&mut self, old: &TransitionBatch, new: &mut TransitionBatch) {
         for i in 0..self.len {
-            let slot = (self.head + i) % self.n;
-            self.rows[slot] = new.push_obs_bytes(old.obs_row(self.rows[slot]));
+            let at = (self.head + i) % self.n;
+            self.rows[at] = new.push_obs_bytes(old.obs_row(self.rows[at]));
         }
         if let Some(row) = self.current {
             self.current = Some(new.push_obs_bytes(old.obs_row(row)));

@@ -202,6 +202,7 @@ mod tests {
         let params = Params {
             version: 3,
             env_steps: 0,
+            updates: 0,
             population: 2,
             data,
         };
@@ -231,6 +232,7 @@ mod tests {
         let bad = Params {
             version: 1,
             env_steps: 0,
+            updates: 0,
             population: 1,
             data: vec![0.0; 5],
         };

@@ -1,25 +1,31 @@
 //! The remote actor: connects to a learner, hands shakes, runs the actor loop on its own
 //! thread and streams transitions; reconnects with exponential backoff and jitter when
 //! the learner goes away, and continues with the newest parameters it is sent.
+//!
+//! What ends it is typed: a permanent [`Refusal`] (wrong token, another protocol
+//! version, an environment it cannot run, batches too large for the learner's replay)
+//! is an error; a temporary one (too many connections, the learner not ready), a lost
+//! connection or the learner stopping for a restart mean reconnecting; the learner's
+//! [`GoodbyeReason::RunFinished`] means the run is over and the actor is done.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use millrace_proto::codec::DEFAULT_MAX_FRAME;
-use millrace_proto::io::{read_msg, write_msg, ReadError};
+use millrace_proto::io::{write_msg, FrameReader, ReadError};
 use millrace_proto::wire::{
-    ActorMsg, ActorStats, Capabilities, Hello, LearnerMsg, Welcome, PROTOCOL_VERSION,
+    ActorMsg, ActorStats, Capabilities, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal,
+    RefusalCode, Welcome, PROTOCOL_VERSION,
 };
-use millrace_proto::TransitionBatch;
+use millrace_proto::{ParamsCell, StepCounter, TransitionBatch};
 use rand::Rng;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::env;
-use crate::params::{ParamsSlot, SlotReader};
 use crate::policy::MlpPolicy;
-use crate::runner::{run_actor, ActorConfig, ActorControl, ActorSink, EpisodeStats, SinkClosed};
+use crate::runner::{run_actor, ActorConfig, ActorSink, EpisodeStats, SinkClosed};
 use crate::schedule::EpsilonSchedule;
 
 /// Settings of a remote actor process.
@@ -63,8 +69,17 @@ impl RemoteConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
-    #[error("the learner refused this actor: {0}")]
-    Refused(String),
+    #[error("the learner refused this actor for good: {0}")]
+    Refused(Refusal),
+}
+
+/// How a remote actor ended without an error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finished {
+    /// Asked to stop (a signal).
+    Stopped,
+    /// The learner said the run is over (solved, or out of steps).
+    RunFinished(String),
 }
 
 /// How a session with the learner ended.
@@ -72,10 +87,33 @@ pub enum RemoteError {
 enum End {
     /// We were asked to stop.
     Shutdown,
+    /// The run is over.
+    RunFinished(String),
     /// The learner refused us for a reason that retrying cannot fix.
-    Refused(String),
-    /// Connection lost or never made; worth retrying.
+    Refused(Refusal),
+    /// Connection lost or never made, a temporary refusal, or the learner stopping for
+    /// a restart: worth retrying.
     Lost(String),
+}
+
+impl End {
+    /// What a refusal from the learner means for this actor.
+    fn refused(r: Refusal) -> Self {
+        if r.code.is_permanent() {
+            End::Refused(r)
+        } else {
+            End::Lost(format!("the learner refused this actor for now: {r}"))
+        }
+    }
+
+    fn goodbye(g: Goodbye) -> Self {
+        match g.reason {
+            GoodbyeReason::RunFinished => End::RunFinished(g.message),
+            GoodbyeReason::LearnerStopping | GoodbyeReason::ActorStopping => {
+                End::Lost(format!("the learner is stopping: {}", g.message))
+            }
+        }
+    }
 }
 
 /// Actor output that becomes messages on the connection; blocks when the connection's
@@ -113,18 +151,20 @@ impl ActorSink for ChannelSink {
     }
 }
 
-/// Runs until `shutdown` turns true, reconnecting as needed. Returns an error only when
-/// the learner refuses the actor for good (wrong token, incompatible protocol).
+/// Runs until `shutdown` turns true or the learner ends the run, reconnecting as
+/// needed. Returns an error only when the learner refuses the actor for good (see
+/// [`RefusalCode::is_permanent`]).
 pub async fn run(
     cfg: RemoteConfig,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<(), RemoteError> {
+) -> Result<Finished, RemoteError> {
     let mut backoff = cfg.backoff_initial;
     loop {
         let started = Instant::now();
         match session(&cfg, &mut shutdown).await {
-            End::Shutdown => return Ok(()),
-            End::Refused(reason) => return Err(RemoteError::Refused(reason)),
+            End::Shutdown => return Ok(Finished::Stopped),
+            End::RunFinished(message) => return Ok(Finished::RunFinished(message)),
+            End::Refused(refusal) => return Err(RemoteError::Refused(refusal)),
             End::Lost(reason) => {
                 if started.elapsed() > Duration::from_secs(10) {
                     backoff = cfg.backoff_initial;
@@ -134,7 +174,7 @@ pub async fn run(
                 tracing::warn!("{reason}; reconnecting in {:.1} s", wait.as_secs_f64());
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.changed() => return Ok(()),
+                    _ = shutdown.changed() => return Ok(Finished::Stopped),
                 }
                 backoff = (backoff * 2).min(cfg.backoff_max);
             }
@@ -155,18 +195,6 @@ pub fn read_token(file: Option<&std::path::Path>) -> std::io::Result<Option<Stri
     Ok(Some(token).filter(|t| !t.is_empty()))
 }
 
-/// Refusals that retrying cannot fix (the server's reasons, see `learner::server`).
-fn refused_for_good(reason: &str) -> bool {
-    [
-        "token",
-        "protocol version",
-        "environments requested",
-        "cannot run",
-    ]
-    .iter()
-    .any(|r| reason.contains(r))
-}
-
 async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> End {
     let connected = tokio::select! {
         c = tokio::time::timeout(cfg.handshake_timeout, connect(&cfg.learner)) => c,
@@ -178,7 +206,8 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         Err(_) => return End::Lost(format!("connecting to {} timed out", cfg.learner)),
     };
     let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = FrameReader::new(rd, cfg.max_frame);
     let hello = ActorMsg::Hello(Hello {
         protocol_version: PROTOCOL_VERSION,
         token: cfg.token.clone(),
@@ -186,16 +215,17 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         capabilities: Capabilities {
             envs: cfg.envs as u32,
             env_ids: env::KNOWN_IDS.iter().map(|s| s.to_string()).collect(),
+            features: Vec::new(),
         },
+        agent: None,
     });
     if let Err(e) = write_msg(&mut wr, &hello, cfg.max_frame).await {
         return End::Lost(format!("handshake failed: {e}"));
     }
-    let answer = tokio::time::timeout(
-        cfg.handshake_timeout,
-        read_msg::<LearnerMsg, _>(&mut rd, cfg.max_frame),
-    )
-    .await;
+    let answer = tokio::select! {
+        a = tokio::time::timeout(cfg.handshake_timeout, rd.read_msg::<LearnerMsg>()) => a,
+        _ = shutdown.changed() => return End::Shutdown,
+    };
     let welcome = match answer {
         Err(_) => return End::Lost("the learner did not answer the handshake".into()),
         Ok(Err(e)) => return End::Lost(format!("handshake failed: {e}")),
@@ -203,24 +233,23 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             return End::Lost("the learner closed the connection during the handshake".into())
         }
         Ok(Ok(Some(LearnerMsg::Welcome(w)))) => w,
-        Ok(Ok(Some(LearnerMsg::Error { reason }))) if refused_for_good(&reason) => {
-            return End::Refused(reason)
-        }
+        Ok(Ok(Some(LearnerMsg::Refused(r)))) => return End::refused(r),
+        Ok(Ok(Some(LearnerMsg::Goodbye(g)))) => return End::goodbye(g),
         Ok(Ok(Some(other))) => {
             return End::Lost(format!("unexpected answer to the handshake: {other:?}"))
         }
     };
     let acfg = match actor_config(cfg, &welcome) {
         Ok(c) => c,
-        Err(reason) => return End::Refused(reason),
+        Err(reason) => return End::Refused(Refusal::new(RefusalCode::EnvUnsupported, reason)),
     };
     tracing::info!(
-        "connected to {} (run {}): {} envs in slots {}..={}, params version {}",
+        "connected to {} (run {}): {} envs, exploration indices {}..={}, params version {}",
         cfg.learner,
         welcome.run_id,
         acfg.num_envs,
-        welcome.slots.first().copied().unwrap_or(0),
-        welcome.slots.last().copied().unwrap_or(0),
+        welcome.env_indices.first().copied().unwrap_or(0),
+        welcome.env_indices.last().copied().unwrap_or(0),
         welcome.params_version
     );
 
@@ -228,21 +257,23 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     // starts once it has them.
     let latest = loop {
         let next = tokio::select! {
-            m = tokio::time::timeout(cfg.handshake_timeout, read_msg::<LearnerMsg, _>(&mut rd, cfg.max_frame)) => m,
+            m = tokio::time::timeout(cfg.handshake_timeout, rd.read_msg::<LearnerMsg>()) => m,
             _ = shutdown.changed() => return End::Shutdown,
         };
         match next {
-            Ok(Ok(Some(LearnerMsg::Params(p)))) => break Arc::new(ParamsSlot::new(p)),
+            Ok(Ok(Some(LearnerMsg::Params(p)))) => break Arc::new(ParamsCell::new(p)),
             Ok(Ok(Some(LearnerMsg::Heartbeat))) => continue,
+            Ok(Ok(Some(LearnerMsg::Refused(r)))) => return End::refused(r),
+            Ok(Ok(Some(LearnerMsg::Goodbye(g)))) => return End::goodbye(g),
             _ => return End::Lost("no parameters after the welcome".into()),
         }
     };
-    let control = Arc::new(ActorControl::default());
+    let stop = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = mpsc::channel::<ActorMsg>(2);
     let mut actor = {
-        let (latest, control, network) = (
+        let (mut latest, stop, network) = (
             Arc::clone(&latest),
-            Arc::clone(&control),
+            Arc::clone(&stop),
             welcome.network.clone(),
         );
         let mut sink = ChannelSink {
@@ -253,14 +284,11 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         };
         tokio::task::spawn_blocking(move || -> Result<u64, String> {
             let mut policy = MlpPolicy::new(network, 0).map_err(|e| e.to_string())?;
-            run_actor(
-                &acfg,
-                &mut policy,
-                &mut SlotReader(latest),
-                &mut sink,
-                &control,
-            )
-            .map_err(|e| e.to_string())
+            // This process's own view of the run's step count, raised to the learner's
+            // with every parameter snapshot (it drives the exploration schedule).
+            let steps = StepCounter::default();
+            run_actor(&acfg, &mut policy, &mut latest, &mut sink, &steps, &stop)
+                .map_err(|e| e.to_string())
         })
     };
     let max_frame = cfg.max_frame;
@@ -276,19 +304,23 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     let mut actor_result = None;
     let end = loop {
         tokio::select! {
+            // What the learner said comes first: when it says goodbye and closes, the
+            // writer fails too, and the goodbye (already read off the socket) must win.
+            biased;
             // The learner sends a heartbeat every few seconds: silence means a dead link.
-            msg = tokio::time::timeout(cfg.read_timeout, read_msg::<LearnerMsg, _>(&mut rd, cfg.max_frame)) => match msg {
+            msg = tokio::time::timeout(cfg.read_timeout, rd.read_msg::<LearnerMsg>()) => match msg {
                 Err(_) => break End::Lost(format!("nothing from the learner for {:?}", cfg.read_timeout)),
                 Ok(msg) => match msg {
-                Ok(Some(LearnerMsg::Params(p))) => latest.publish(p),
-                Ok(Some(LearnerMsg::Heartbeat)) => {}
-                Ok(Some(LearnerMsg::Welcome(_))) => break End::Lost("protocol error: a second welcome".into()),
-                Ok(Some(LearnerMsg::Error { reason })) => break End::Lost(format!("the learner closed the session: {reason}")),
-                Ok(Some(LearnerMsg::Goodbye { reason })) => break End::Lost(format!("the learner said goodbye: {reason}")),
-                Ok(None) => break End::Lost("the learner closed the connection".into()),
-                Err(ReadError::Io(e)) => break End::Lost(format!("connection to the learner lost: {e}")),
-                Err(e) => break End::Lost(format!("bad data from the learner: {e}")),
-            }},
+                    Ok(Some(LearnerMsg::Params(p))) => latest.publish(p),
+                    Ok(Some(LearnerMsg::Heartbeat)) => {}
+                    Ok(Some(LearnerMsg::Welcome(_))) => break End::Lost("protocol error: a second welcome".into()),
+                    Ok(Some(LearnerMsg::Refused(r))) => break End::refused(r),
+                    Ok(Some(LearnerMsg::Goodbye(g))) => break End::goodbye(g),
+                    Ok(None) => break End::Lost("the learner closed the connection".into()),
+                    Err(ReadError::Io(e)) => break End::Lost(format!("connection to the learner lost: {e}")),
+                    Err(e) => break End::Lost(format!("bad data from the learner: {e}")),
+                },
+            },
             // The write side failed (or the actor loop ended): this session is over.
             w = &mut writer => break End::Lost(match w {
                 Ok(reason) if !reason.is_empty() => reason,
@@ -299,13 +331,16 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
                 break End::Lost("the actor loop ended".into());
             }
             _ = shutdown.changed() => {
-                let goodbye = ActorMsg::Goodbye { reason: "actor shutting down".into() };
+                let goodbye = ActorMsg::Goodbye(Goodbye {
+                    reason: GoodbyeReason::ActorStopping,
+                    message: "actor shutting down".into(),
+                });
                 let _ = tokio::time::timeout(Duration::from_secs(1), tx.send(goodbye)).await;
                 break End::Shutdown;
             }
         }
     };
-    control.stop.store(true, Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     drop(tx);
     // Let the writer flush (a goodbye), but never wait on a stalled socket for long:
     // aborting it drops its queue, which unblocks an actor thread stuck sending.
@@ -360,14 +395,14 @@ fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> 
             w.env.id
         ));
     }
-    if w.slots.is_empty() || w.slots.len() != w.epsilons.len() {
-        return Err("the learner handed out no slots".into());
+    if w.env_indices.is_empty() || w.env_indices.len() != w.epsilons.len() {
+        return Err("the learner handed out no exploration indices".into());
     }
     Ok(ActorConfig {
-        actor_id: w.slots[0],
+        actor_id: w.env_indices[0],
         env_id: w.env.id.clone(),
-        num_envs: w.slots.len(),
-        seed: crate::derive_seed(cfg.seed, u64::from(w.slots[0])),
+        num_envs: w.env_indices.len(),
+        seed: crate::derive_seed(cfg.seed, u64::from(w.env_indices[0])),
         n_step: w.n_step.max(1) as usize,
         gamma: w.gamma,
         batch_rows: w.batch_rows.max(1) as usize,

@@ -1,23 +1,28 @@
 //! The actor loop: step a set of environments with one batched forward pass per step,
 //! build n-step transitions, and hand them on in batches.
+//!
+//! [`ActorLoop`] is the loop's state, advanced one step of every environment at a time
+//! by whoever drives it: [`run_actor_with`] in a thread of its own (embedded actors,
+//! remote actors), or the learner's lock-step mode, which interleaves actor steps and
+//! updates in one thread for bit-reproducible runs.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use millrace_proto::{Params, TransitionBatch};
+use millrace_proto::{Params, ParamsCell, StepCounter, TransitionBatch};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::env::{self, Env, EnvError};
 use crate::nstep::NStep;
-use crate::policy::{argmax_rows, MlpPolicy, Policy, PolicyError};
+use crate::policy::{argmax_rows, Policy, PolicyError};
 use crate::schedule::EpsilonSchedule;
 
 /// Everything one actor needs, checked by whoever builds it.
 #[derive(Clone, Debug)]
 pub struct ActorConfig {
-    /// Actor slot; also selects the seed stream.
+    /// Identifies the actor; also selects its seed stream.
     pub actor_id: u32,
     pub env_id: String,
     /// Environments stepped together, one batched forward pass for all of them.
@@ -30,7 +35,7 @@ pub struct ActorConfig {
     pub batch_rows: usize,
     /// Exploration shared by all environments (embedded mode: a decaying schedule)...
     pub epsilon: EpsilonSchedule,
-    /// ...or a fixed ε per environment (Ape-X: one per actor slot), when given.
+    /// ...or a fixed ε per environment (Ape-X: one per environment), when given.
     pub env_epsilons: Option<Vec<f32>>,
 }
 
@@ -64,17 +69,20 @@ pub trait ParamsSource {
     fn newer_than(&mut self, have: Option<u64>) -> Option<Arc<Params>>;
 }
 
-/// State shared between the actors of one process and whoever runs them.
-#[derive(Debug, Default)]
-pub struct ActorControl {
-    pub stop: AtomicBool,
-    /// Environment steps taken by all actors together (drives the ε schedule).
-    pub env_steps: AtomicU64,
+/// No parameters ever: the actor explores uniformly at random (warm-up data, tests and
+/// benchmarks that need transitions but no learner).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoParams;
+
+impl ParamsSource for NoParams {
+    fn newer_than(&mut self, _have: Option<u64>) -> Option<Arc<Params>> {
+        None
+    }
 }
 
-impl ActorControl {
-    pub fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
+impl ParamsSource for Arc<ParamsCell> {
+    fn newer_than(&mut self, have: Option<u64>) -> Option<Arc<Params>> {
+        ParamsCell::newer_than(self, have)
     }
 }
 
@@ -86,143 +94,228 @@ pub enum ActorError {
     Policy(#[from] PolicyError),
 }
 
-/// Runs one actor on the classic-control environment `cfg.env_id` until
-/// `control.stop` is set or the sink closes. Returns the number of environment steps it
-/// took.
+/// Builds `cfg.num_envs` classic-control environments `cfg.env_id`, seeded from the
+/// actor's stream.
+pub fn make_envs(cfg: &ActorConfig) -> Result<Vec<Box<dyn Env>>, EnvError> {
+    let seed = crate::derive_seed(cfg.seed, u64::from(cfg.actor_id));
+    (0..cfg.num_envs)
+        .map(|i| env::make(&cfg.env_id, crate::derive_seed(seed, i as u64)))
+        .collect()
+}
+
+/// One actor's state between steps: its environments, their n-step windows, the batch
+/// being built and its random stream.
+pub struct ActorLoop<O> {
+    cfg: ActorConfig,
+    envs: Vec<Box<dyn Env<O>>>,
+    rng: SmallRng,
+    obs_dim: usize,
+    num_actions: usize,
+    obs: Vec<O>,
+    next: Vec<O>,
+    q: Vec<f32>,
+    greedy: Vec<usize>,
+    windows: Vec<NStep>,
+    returns: Vec<f32>,
+    lengths: Vec<u32>,
+    row_bytes: usize,
+    batch: TransitionBatch,
+    batch_version: Option<u64>,
+    seq: u64,
+    steps: u64,
+}
+
+impl<O> std::fmt::Debug for ActorLoop<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActorLoop")
+            .field("actor_id", &self.cfg.actor_id)
+            .field("envs", &self.envs.len())
+            .field("steps", &self.steps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<O: Pod + Default> ActorLoop<O> {
+    /// Takes the environments (all of one kind, at least one) and resets them.
+    ///
+    /// # Panics
+    /// If `envs` is empty.
+    pub fn new(cfg: &ActorConfig, mut envs: Vec<Box<dyn Env<O>>>) -> Self {
+        assert!(!envs.is_empty(), "an actor needs environments");
+        let seed = crate::derive_seed(cfg.seed, u64::from(cfg.actor_id));
+        let spec = envs[0].spec().clone();
+        let (obs_dim, num_actions, n) = (spec.obs.numel(), spec.num_actions, envs.len());
+        let row_bytes = spec.obs.row_bytes();
+        let mut obs = vec![O::default(); n * obs_dim];
+        let mut windows: Vec<NStep> = (0..n).map(|_| NStep::new(cfg.n_step, cfg.gamma)).collect();
+        let mut batch = Self::new_batch(cfg, row_bytes, n);
+        for (i, env) in envs.iter_mut().enumerate() {
+            let cur = &mut obs[i * obs_dim..(i + 1) * obs_dim];
+            env.reset(Some(crate::derive_seed(seed, 1 << 32 | i as u64)), cur);
+            windows[i].start(cur, &mut batch);
+        }
+        Self {
+            cfg: cfg.clone(),
+            envs,
+            rng: SmallRng::seed_from_u64(seed),
+            obs_dim,
+            num_actions,
+            obs,
+            next: vec![O::default(); obs_dim],
+            q: vec![0.0; n * num_actions],
+            greedy: vec![0; n],
+            windows,
+            returns: vec![0.0; n],
+            lengths: vec![0; n],
+            row_bytes,
+            batch,
+            batch_version: None,
+            seq: 0,
+            steps: 0,
+        }
+    }
+
+    /// Each step adds one row per environment; a handed-on batch carries up to n_step
+    /// rows per environment into the next.
+    fn new_batch(cfg: &ActorConfig, row_bytes: usize, n: usize) -> TransitionBatch {
+        TransitionBatch::with_capacity(
+            row_bytes,
+            cfg.batch_rows + n * cfg.n_step,
+            cfg.batch_rows + 2 * n * (cfg.n_step + 1),
+        )
+    }
+
+    /// Environment steps this actor has taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// One step of every environment with one batched forward pass: loads newer
+    /// parameters first, counts the steps in `steps` (whose total drives ε), reports
+    /// finished episodes to `on_episode`, and returns a batch once `batch_rows`
+    /// transitions are complete.
+    pub fn step(
+        &mut self,
+        policy: &mut dyn Policy<O>,
+        params: &mut dyn ParamsSource,
+        steps: &StepCounter,
+        on_episode: &mut dyn FnMut(EpisodeStats),
+    ) -> Result<Option<TransitionBatch>, ActorError> {
+        let (n, obs_dim, num_actions) = (self.envs.len(), self.obs_dim, self.num_actions);
+        if let Some(p) = params.newer_than(policy.version()) {
+            policy.load(&p)?;
+            // A remote actor's schedule follows the learner's global step count.
+            steps.raise_to(p.env_steps);
+        }
+        let eps = self.cfg.epsilon.value(steps.get());
+        if policy.version().is_some() {
+            policy.q_values(&self.obs, &mut self.q);
+            argmax_rows(&self.q, num_actions, &mut self.greedy);
+        }
+        if self.batch.is_empty() {
+            self.batch_version = policy.version();
+        }
+        for i in 0..n {
+            let eps = self
+                .cfg
+                .env_epsilons
+                .as_ref()
+                .and_then(|e| e.get(i).copied())
+                .unwrap_or(eps);
+            let explore = policy.version().is_none() || self.rng.random::<f32>() < eps;
+            let action = if explore {
+                self.rng.random_range(0..num_actions)
+            } else {
+                self.greedy[i]
+            };
+            let cur = &mut self.obs[i * obs_dim..(i + 1) * obs_dim];
+            let step = self.envs[i].step(action, &mut self.next);
+            self.windows[i].push(action as i64, step, &self.next, &mut self.batch);
+            self.returns[i] += step.reward;
+            self.lengths[i] += 1;
+            if step.done() {
+                on_episode(EpisodeStats {
+                    actor_id: self.cfg.actor_id,
+                    episode_return: self.returns[i],
+                    length: self.lengths[i],
+                    env_steps: steps.get(),
+                });
+                self.returns[i] = 0.0;
+                self.lengths[i] = 0;
+                self.envs[i].reset(None, cur);
+                self.windows[i].start(cur, &mut self.batch);
+            } else {
+                cur.copy_from_slice(&self.next);
+            }
+        }
+        self.steps += n as u64;
+        steps.add(n as u64);
+
+        if self.batch.len() < self.cfg.batch_rows {
+            return Ok(None);
+        }
+        let mut full = Self::new_batch(&self.cfg, self.row_bytes, n);
+        std::mem::swap(&mut full, &mut self.batch);
+        for w in &mut self.windows {
+            w.carry(&full, &mut self.batch);
+        }
+        full.actor_id = self.cfg.actor_id;
+        full.seq = self.seq;
+        full.version = self.batch_version.unwrap_or(0);
+        self.seq += 1;
+        Ok(Some(full))
+    }
+}
+
+/// Runs one actor on the classic-control environment `cfg.env_id` until `stop` is set
+/// or the sink closes. Returns the number of environment steps it took.
 pub fn run_actor(
     cfg: &ActorConfig,
-    policy: &mut MlpPolicy,
+    policy: &mut dyn Policy,
     params: &mut dyn ParamsSource,
     sink: &mut dyn ActorSink,
-    control: &ActorControl,
+    steps: &StepCounter,
+    stop: &AtomicBool,
 ) -> Result<u64, ActorError> {
-    let seed = crate::derive_seed(cfg.seed, u64::from(cfg.actor_id));
-    let envs = (0..cfg.num_envs)
-        .map(|i| env::make(&cfg.env_id, crate::derive_seed(seed, i as u64)))
-        .collect::<Result<_, _>>()?;
-    run_actor_with(cfg, envs, policy, params, sink, control)
+    let envs = make_envs(cfg)?;
+    run_actor_with(cfg, envs, policy, params, sink, steps, stop)
 }
 
 /// Runs one actor on the given environments (all of one kind, `cfg.num_envs` of them),
 /// with observations of element type `O` (`f32` vectors, `u8` images).
 pub fn run_actor_with<O: Pod + Default>(
     cfg: &ActorConfig,
-    mut envs: Vec<Box<dyn Env<O>>>,
+    envs: Vec<Box<dyn Env<O>>>,
     policy: &mut dyn Policy<O>,
     params: &mut dyn ParamsSource,
     sink: &mut dyn ActorSink,
-    control: &ActorControl,
+    steps: &StepCounter,
+    stop: &AtomicBool,
 ) -> Result<u64, ActorError> {
-    let seed = crate::derive_seed(cfg.seed, u64::from(cfg.actor_id));
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let Some(first) = envs.first() else {
+    if envs.is_empty() {
         return Ok(0);
-    };
-    let spec = first.spec().clone();
-    let obs_dim = spec.obs.numel();
-    let num_actions = spec.num_actions;
-    let n = envs.len();
-
-    let mut obs = vec![O::default(); n * obs_dim];
-    let mut next = vec![O::default(); obs_dim];
-    let mut q = vec![0.0f32; n * num_actions];
-    let mut greedy = vec![0usize; n];
-    let mut windows: Vec<NStep> = (0..n).map(|_| NStep::new(cfg.n_step, cfg.gamma)).collect();
-    let mut returns = vec![0.0f32; n];
-    let mut lengths = vec![0u32; n];
-    let row_bytes = spec.obs.row_bytes();
-    // Each step adds one row per environment; a handed-on batch carries up to n_step
-    // rows per environment into the next.
-    let new_batch = || {
-        TransitionBatch::with_capacity(
-            row_bytes,
-            cfg.batch_rows + n * cfg.n_step,
-            cfg.batch_rows + 2 * n * (cfg.n_step + 1),
-        )
-    };
-    let mut batch = new_batch();
-    for (i, env) in envs.iter_mut().enumerate() {
-        let cur = &mut obs[i * obs_dim..(i + 1) * obs_dim];
-        env.reset(Some(crate::derive_seed(seed, 1 << 32 | i as u64)), cur);
-        windows[i].start(cur, &mut batch);
     }
-
-    let mut batch_version = None;
-    let mut seq = 0u64;
-    let mut steps = 0u64;
-
-    while !control.stopped() {
-        if let Some(p) = params.newer_than(policy.version()) {
-            policy.load(&p)?;
-            // A remote actor's schedule follows the learner's global step count.
-            control.env_steps.fetch_max(p.env_steps, Ordering::Relaxed);
+    let mut actor = ActorLoop::new(cfg, envs);
+    let mut episodes = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let batch = actor.step(policy, params, steps, &mut |e| episodes.push(e))?;
+        for e in episodes.drain(..) {
+            sink.episode(e);
         }
-        let global = control.env_steps.load(Ordering::Relaxed);
-        let eps = cfg.epsilon.value(global);
-        if policy.version().is_some() {
-            policy.q_values(&obs, &mut q);
-            argmax_rows(&q, num_actions, &mut greedy);
-        }
-        if batch.is_empty() {
-            batch_version = policy.version();
-        }
-        for i in 0..n {
-            let eps = cfg
-                .env_epsilons
-                .as_ref()
-                .and_then(|e| e.get(i).copied())
-                .unwrap_or(eps);
-            let explore = policy.version().is_none() || rng.random::<f32>() < eps;
-            let action = if explore {
-                rng.random_range(0..num_actions)
-            } else {
-                greedy[i]
-            };
-            let cur = &mut obs[i * obs_dim..(i + 1) * obs_dim];
-            let step = envs[i].step(action, &mut next);
-            windows[i].push(action as i64, step, &next, &mut batch);
-            returns[i] += step.reward;
-            lengths[i] += 1;
-            if step.done() {
-                sink.episode(EpisodeStats {
-                    actor_id: cfg.actor_id,
-                    episode_return: returns[i],
-                    length: lengths[i],
-                    env_steps: control.env_steps.load(Ordering::Relaxed),
-                });
-                returns[i] = 0.0;
-                lengths[i] = 0;
-                envs[i].reset(None, cur);
-                windows[i].start(cur, &mut batch);
-            } else {
-                cur.copy_from_slice(&next);
-            }
-        }
-        steps += n as u64;
-        control.env_steps.fetch_add(n as u64, Ordering::Relaxed);
-
-        if batch.len() >= cfg.batch_rows {
-            let mut full = new_batch();
-            std::mem::swap(&mut full, &mut batch);
-            for w in &mut windows {
-                w.carry(&full, &mut batch);
-            }
-            full.actor_id = cfg.actor_id;
-            full.seq = seq;
-            full.version = batch_version.unwrap_or(0);
-            seq += 1;
-            if sink.transitions(full).is_err() {
+        if let Some(batch) = batch {
+            if sink.transitions(batch).is_err() {
                 break;
             }
         }
     }
-    Ok(steps)
+    Ok(actor.steps())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::env;
+    use crate::MlpPolicy;
     use millrace_proto::NetworkSpec;
 
     #[derive(Default)]
@@ -246,13 +339,6 @@ mod tests {
         }
     }
 
-    struct NoParams;
-    impl ParamsSource for NoParams {
-        fn newer_than(&mut self, _: Option<u64>) -> Option<Arc<Params>> {
-            None
-        }
-    }
-
     fn run(seed: u64) -> Collect {
         let spec = env::spec("CartPole-v1").unwrap();
         let net = NetworkSpec::mlp(&spec.obs, &[8], 2, 1).unwrap();
@@ -272,9 +358,18 @@ mod tests {
             limit: 10,
             ..Collect::default()
         };
-        let control = ActorControl::default();
-        run_actor(&cfg, &mut policy, &mut NoParams, &mut sink, &control).unwrap();
-        assert!(control.env_steps.load(Ordering::Relaxed) >= 640);
+        let steps = StepCounter::default();
+        let taken = run_actor(
+            &cfg,
+            &mut policy,
+            &mut NoParams,
+            &mut sink,
+            &steps,
+            &AtomicBool::new(false),
+        )
+        .unwrap();
+        assert!(steps.get() >= 640);
+        assert_eq!(taken, steps.get());
         sink
     }
 

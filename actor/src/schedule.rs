@@ -1,7 +1,10 @@
 //! Exploration schedules.
 
+use serde::{Deserialize, Serialize};
+
 /// ε for ε-greedy action selection as a function of global environment steps.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EpsilonSchedule {
     /// A fixed ε (Ape-X gives every actor its own).
     Constant(f32),
@@ -26,13 +29,14 @@ impl EpsilonSchedule {
     }
 }
 
-/// Ape-X's per-actor exploration: slot `i` of `n` gets `base^(1 + alpha·i/(n−1))`
-/// (Horgan et al. 2018 use base 0.4, alpha 7), from 0.4 down to 0.4⁸ ≈ 0.00066.
-pub fn apex_epsilon(slot: u32, slots: u32, base: f32, alpha: f32) -> f32 {
-    if slots <= 1 {
+/// Ape-X's per-actor exploration: exploration index `index` of `of` gets
+/// `base^(1 + alpha·index/(of−1))` (Horgan et al. 2018 use base 0.4, alpha 7), from 0.4
+/// down to 0.4⁸ ≈ 0.00066.
+pub fn apex_epsilon(index: u32, of: u32, base: f32, alpha: f32) -> f32 {
+    if of <= 1 {
         return base;
     }
-    base.powf(1.0 + alpha * slot as f32 / (slots - 1) as f32)
+    base.powf(1.0 + alpha * index as f32 / (of - 1) as f32)
 }
 
 #[cfg(test)]

@@ -13,24 +13,35 @@
 //! (actors, sampler) to the other cores, with one intra-op thread; `--actors N` runs N
 //! actor threads (one by default, for a 2-core machine; e.g. 14 on a 16-core GPU host).
 //!
-//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--copy-stream] [--cpu]`
+//! With `--checkpoint-every S`, (b) also checkpoints every S seconds once replay is
+//! full, and a second table shows what that costs the learner thread: its longest
+//! stall per checkpoint (copying the networks to the host and handing them to the
+//! writer thread, which snapshots replay batch by batch while actors keep inserting),
+//! against the writer's time per checkpoint.
+//!
+//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--copy-stream] [--cpu] [--checkpoint-every S]`
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use millrace_actor::runner::{ActorSink, EpisodeStats, ParamsSource, SinkClosed};
 use millrace_actor::{
-    make, make_pixels, run_actor_with, ActorConfig, ActorControl, CnnPolicy, Env, EpsilonSchedule,
-    MlpPolicy, ParamsSlot, Policy, SlotReader,
+    make, make_pixels, run_actor_with, ActorConfig, CnnPolicy, Env, EpsilonSchedule, MlpPolicy,
+    Policy,
 };
-use millrace_learner::cuda_copy::CopyStream;
+use millrace_learner::checkpoint::writer::{CheckpointContext, CheckpointWriter};
+use millrace_learner::checkpoint::Layout;
+use millrace_learner::config::{DeviceChoice, LoopConfig};
+use millrace_learner::cuda::CopyStream;
 use millrace_learner::dqn::{Dqn, DqnConfig};
-use millrace_learner::prefetch::{Prefetcher, Slot};
-use millrace_learner::update_loop::{self, CheckpointContext, LoopConfig};
-use millrace_proto::{EnvSpec, NetworkSpec, Params, TransitionBatch};
+use millrace_learner::memory::Footprint;
+use millrace_learner::prefetch::{Prefetcher, SamplerConfig, StagingBuffer};
+use millrace_learner::publisher::Publisher;
+use millrace_learner::update_loop::{self, LearnerParts};
+use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -86,8 +97,17 @@ impl Net {
     }
 }
 
+/// What actor threads share: a stop flag and the run's step counter.
+#[derive(Default)]
+struct Control {
+    stop: AtomicBool,
+    steps: StepCounter,
+}
+
 struct Opts {
     seconds: f64,
+    /// Checkpoint every this often in (b), once replay is full.
+    checkpoint_every: Option<f64>,
     /// Actor threads feeding replay in (b), 8 envs each.
     actors: usize,
     /// Copy batches on a side CUDA stream in (b) (`--copy-stream`).
@@ -100,6 +120,7 @@ struct Opts {
 fn parse() -> Opts {
     let mut o = Opts {
         seconds: 4.0,
+        checkpoint_every: None,
         actors: 1,
         copy_stream: false,
         nets: vec![Net::Mlp, Net::Cnn],
@@ -112,6 +133,9 @@ fn parse() -> Opts {
         let next = args.get(i + 1).cloned().unwrap_or_default();
         match args[i].as_str() {
             "--seconds" => o.seconds = next.parse().expect("--seconds S"),
+            "--checkpoint-every" => {
+                o.checkpoint_every = Some(next.parse().expect("--checkpoint-every S"))
+            }
             "--actors" => o.actors = next.parse().expect("--actors N"),
             "--only" => {
                 o.nets = match next.as_str() {
@@ -173,7 +197,7 @@ fn pin(which: usize) {
 /// (a) updates/s on a batch already on the device, optionally with an unthrottled actor
 /// busy on the other core (to tell interference between cores from pipeline overhead).
 fn ceiling(net: Net, b: usize, device: Device, seconds: f64, busy_neighbour: bool) -> f64 {
-    let control = Arc::new(ActorControl::default());
+    let control = Arc::new(Control::default());
     let neighbour = busy_neighbour.then(|| {
         let control = Arc::clone(&control);
         std::thread::spawn(move || {
@@ -237,13 +261,13 @@ fn actor_config(net: Net, id: u32) -> ActorConfig {
 fn run_one_actor(
     net: Net,
     id: u32,
-    params: &Arc<ParamsSlot>,
+    params: &Arc<ParamsCell>,
     sink: &mut dyn ActorSink,
-    control: &ActorControl,
+    control: &Control,
 ) {
     let cfg = actor_config(net, id);
     let seed = millrace_actor::derive_seed(cfg.seed, u64::from(id));
-    let mut source = SlotReader(Arc::clone(params));
+    let mut source = Arc::clone(params);
     let source: &mut dyn ParamsSource = &mut source;
     let result = match net {
         Net::Mlp => {
@@ -257,7 +281,8 @@ fn run_one_actor(
                 &mut policy as &mut dyn Policy,
                 source,
                 sink,
-                control,
+                &control.steps,
+                &control.stop,
             )
         }
         Net::Cnn => {
@@ -273,18 +298,20 @@ fn run_one_actor(
                 &mut policy as &mut dyn Policy<u8>,
                 source,
                 sink,
-                control,
+                &control.steps,
+                &control.stop,
             )
         }
     };
     result.expect("actor runs");
 }
 
-fn random_params(net: Net) -> Arc<ParamsSlot> {
+fn random_params(net: Net) -> Arc<ParamsCell> {
     let dqn = Dqn::new(net.network(), DqnConfig::default(), Device::Cpu, 1);
-    Arc::new(ParamsSlot::new(Params {
+    Arc::new(ParamsCell::new(Params {
         version: 1,
         env_steps: 0,
+        updates: 0,
         population: 1,
         data: dqn.online_params(),
     }))
@@ -294,7 +321,7 @@ fn random_params(net: Net) -> Arc<ParamsSlot> {
 fn actor_steps(net: Net, seconds: f64) -> f64 {
     let params = random_params(net);
     let count = Arc::new(AtomicU64::new(0));
-    let control = Arc::new(ActorControl::default());
+    let control = Arc::new(Control::default());
     let handle = {
         let (count, control) = (Arc::clone(&count), Arc::clone(&control));
         std::thread::spawn(move || {
@@ -302,10 +329,10 @@ fn actor_steps(net: Net, seconds: f64) -> f64 {
         })
     };
     std::thread::sleep(Duration::from_secs_f64(seconds * 0.2));
-    let s0 = control.env_steps.load(Ordering::Relaxed);
+    let s0 = control.steps.get();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(seconds));
-    let steps = control.env_steps.load(Ordering::Relaxed) - s0;
+    let steps = control.steps.get() - s0;
     let dt = t0.elapsed().as_secs_f64();
     control.stop.store(true, Ordering::Relaxed);
     handle.join().unwrap();
@@ -322,30 +349,47 @@ struct EndToEnd {
     inserts_per_s: f64,
     obs_rows_per_item: f64,
     bytes_per_obs_byte: f64,
+    checkpoint: Option<CheckpointCost>,
+}
+
+/// What periodic checkpoints cost during (b).
+struct CheckpointCost {
+    written: u64,
+    /// The writer thread's time for the last one (model and replay).
+    write_s: f64,
+    /// The learner thread's longest single hand-over.
+    stall_max_s: f64,
+    /// The learner thread's time in checkpoint hand-overs, as a fraction of its time.
+    stall_frac: f64,
+    replay_items: usize,
+    replay_bytes: f64,
 }
 
 fn table(net: Net, batch: usize) -> Arc<Table> {
     let env = net.env();
-    Arc::new(Table::new(&ReplayConfig {
-        capacity: net.capacity(),
-        shards: 4,
-        obs_row_bytes: env.obs.row_bytes(),
-        obs_rows_per_item: ReplayConfig::obs_rows_for(ENVS, N_STEP, net.actor_batch()),
-        limiter: RateLimiterConfig::sample_to_insert_ratio(
-            SPI,
-            1000,
-            // The learner binary's default (--samples-per-insert-tolerance 2048), widened
-            // as it is to hold two sampled batches and one actor batch.
-            2048f64
-                .max(2.0 * (SPI + batch as f64))
-                .max(SPI * net.actor_batch() as f64),
-            batch as u64,
-        )
+    Arc::new(
+        Table::new(&ReplayConfig {
+            capacity: net.capacity(),
+            shards: 4,
+            obs_row_bytes: env.obs.row_bytes(),
+            obs_rows_per_item: ReplayConfig::obs_rows_for(ENVS, N_STEP, net.actor_batch()),
+            limiter: RateLimiterConfig::sample_to_insert_ratio(
+                SPI,
+                1000,
+                // The learner binary's default (--samples-per-insert-tolerance 2048), widened
+                // as it is to hold two sampled batches and one actor batch.
+                2048f64
+                    .max(2.0 * (SPI + batch as f64))
+                    .max(SPI * net.actor_batch() as f64),
+                batch as u64,
+            )
+            .unwrap(),
+        })
         .unwrap(),
-    }))
+    )
 }
 
-/// (b) the learner thread of a real run, fed by one actor thread through replay.
+/// (b) the learner thread of a real run, fed by actor threads through replay.
 fn end_to_end(
     net: Net,
     b: usize,
@@ -353,17 +397,19 @@ fn end_to_end(
     seconds: f64,
     actors: usize,
     copy_stream: bool,
+    checkpoint_every: Option<f64>,
 ) -> EndToEnd {
     let env = net.env();
     let table = table(net, b);
     let dqn = Dqn::new(net.network(), DqnConfig::default(), device, 0);
-    let params = Arc::new(ParamsSlot::new(Params {
+    let params = Arc::new(ParamsCell::new(Params {
         version: 0,
         env_steps: 0,
+        updates: 0,
         population: 1,
         data: dqn.online_params(),
     }));
-    let control = Arc::new(ActorControl::default());
+    let control = Arc::new(Control::default());
     // This thread moves off the learner's core: actors and the sampler inherit that.
     pin(OTHERS);
     let actor_threads: Vec<_> = (0..actors as u32)
@@ -379,7 +425,11 @@ fn end_to_end(
         })
         .collect();
     let pin_for = matches!(device, Device::Cuda(_)).then_some(device);
-    let depth = millrace_learner::prefetch::default_depth(&env.obs, b, pin_for.is_some());
+    let sampler = SamplerConfig {
+        depth: millrace_learner::prefetch::default_depth(&env.obs, b, pin_for.is_some()),
+        seed: 0,
+        fail_after: None,
+    };
     let prefetcher = match (copy_stream, device) {
         (true, Device::Cuda(i)) => {
             let stream = CopyStream::new(i).expect("--copy-stream needs CUDA");
@@ -387,39 +437,65 @@ fn end_to_end(
                 Arc::clone(&table),
                 &env.obs,
                 b,
-                depth,
                 device,
                 &stream,
-                0,
+                sampler,
             )
             .unwrap()
         }
         (true, _) => panic!("--copy-stream needs a CUDA device"),
-        (false, _) => {
-            Prefetcher::spawn(Arc::clone(&table), &env.obs, b, depth, pin_for, 0).unwrap()
-        }
+        (false, _) => Prefetcher::spawn(Arc::clone(&table), &env.obs, b, pin_for, sampler).unwrap(),
     };
+    // Checkpoints measure a full replay: wait for it to fill before the learner starts.
+    if checkpoint_every.is_some() {
+        while table.len() + 2 * net.actor_batch() < net.capacity() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded(1);
     let (rep_tx, rep_rx) = crossbeam_channel::bounded(64);
-    let publisher = update_loop::Publisher::spawn(Arc::clone(&params)).unwrap();
+    let publisher = Publisher::spawn(Arc::clone(&params)).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let ckpt = CheckpointContext {
-        dir: dir.path().to_path_buf(),
+    let ckpt = Arc::new(CheckpointContext {
+        layout: Layout::new(dir.path()),
         env: env.clone(),
         seed: 0,
-        control: Arc::clone(&control),
+        steps: Arc::new(StepCounter::default()),
         table: Arc::clone(&table),
-    };
+        last_eval: Mutex::new(None),
+    });
+    let writer = Arc::new(CheckpointWriter::spawn(ckpt).unwrap());
     let learner = {
+        let writer = Arc::clone(&writer);
+        let parts = LearnerParts {
+            dqn,
+            prefetcher,
+            publisher,
+            steps: Arc::new(StepCounter::default()),
+            footprint: Footprint {
+                device: match device {
+                    Device::Cuda(i) => DeviceChoice::Cuda(i),
+                    _ => DeviceChoice::Cpu,
+                },
+                params_bytes: 0,
+                batch_bytes: 0,
+                staging_bytes: 0,
+                replay_bytes: 0,
+                batch_size: b,
+            },
+            panic_after: None,
+            oom_after: None,
+        };
         std::thread::spawn(move || {
             pin(LEARNER);
             let cfg = LoopConfig {
                 publish_every: 20,
                 report_every: Duration::from_millis(100),
-                checkpoint_every: None,
+                checkpoint_every: checkpoint_every.map(Duration::from_secs_f64),
+                max_nonfinite: u64::MAX,
+                copy_stream,
             };
-            update_loop::run(dqn, &cfg, &prefetcher, &publisher, &cmd_rx, &rep_tx, &ckpt);
-            prefetcher
+            update_loop::run(parts, &cfg, &cmd_rx, &rep_tx, &writer)
         })
     };
     // Measure from the first report after learning starts to the last one.
@@ -451,21 +527,37 @@ fn end_to_end(
             }
         }
     }
-    let _ = cmd_tx.send(update_loop::Command::Stop);
+    let _ = cmd_tx.send(update_loop::Command::Stop {
+        checkpoint: false,
+        run_finished: None,
+    });
     table.close();
     control.stop.store(true, Ordering::Relaxed);
-    let prefetcher = learner.join().unwrap();
-    prefetcher.join();
+    let outcome = learner.join().unwrap();
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
     for a in actor_threads {
         a.join().unwrap();
     }
+    let written = Arc::try_unwrap(writer).map(CheckpointWriter::finish);
     pin(LEARNER);
     let (f, l) = (first.expect("learning started"), last.expect("two reports"));
     let dt = (l.0 - f.0).as_secs_f64();
     let d = |a: f64, b: f64| (a - b) / (l.1.stalls.total - f.1.stalls.total).max(1e-9);
     let (ls, fs) = (l.1.stalls, f.1.stalls);
     let stats = table.stats();
+    let checkpoint = match (checkpoint_every, written) {
+        (Some(_), Ok(w)) => Some(CheckpointCost {
+            written: w.written,
+            write_s: w.last_write_s,
+            stall_max_s: l.1.checkpoint_stall_max,
+            stall_frac: d(ls.checkpoint, fs.checkpoint),
+            replay_items: stats.size,
+            replay_bytes: table.bytes_per_item() * net.capacity() as f64,
+        }),
+        _ => None,
+    };
     EndToEnd {
+        checkpoint,
         updates_per_s: (l.1.updates - f.1.updates) as f64 / dt,
         duty: d(ls.compute, fs.compute),
         wait: d(ls.wait_data, fs.wait_data),
@@ -500,7 +592,7 @@ fn memcpy_bw(block: usize, seconds: f64) -> f64 {
     bytes as f64 / start.elapsed().as_secs_f64()
 }
 
-/// (c) replay insert (actor-shaped batches) and sample+collate (into a staging slot),
+/// (c) replay insert (actor-shaped batches) and sample+collate (into a staging buffer),
 /// in bytes/s of observation data moved.
 fn replay_throughput(net: Net, b: usize, seconds: f64) -> (f64, f64) {
     let env = net.env();
@@ -515,13 +607,16 @@ fn replay_throughput(net: Net, b: usize, seconds: f64) -> (f64, f64) {
     for i in 0..items as u32 {
         batch.push_transition(i, 0, 1.0, 0.99, i + (ENVS * N_STEP) as u32);
     }
-    let t = Arc::new(Table::new(&ReplayConfig {
-        capacity: net.capacity(),
-        shards: 4,
-        obs_row_bytes: rb,
-        obs_rows_per_item: ReplayConfig::obs_rows_for(ENVS, N_STEP, items),
-        limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
-    }));
+    let t = Arc::new(
+        Table::new(&ReplayConfig {
+            capacity: net.capacity(),
+            shards: 4,
+            obs_row_bytes: rb,
+            obs_rows_per_item: ReplayConfig::obs_rows_for(ENVS, N_STEP, items),
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+        })
+        .unwrap(),
+    );
     let start = Instant::now();
     let mut inserted = 0usize;
     while start.elapsed().as_secs_f64() < seconds || inserted < net.capacity() {
@@ -530,12 +625,12 @@ fn replay_throughput(net: Net, b: usize, seconds: f64) -> (f64, f64) {
         inserted += items;
     }
     let insert_bw = (inserted / items * rows * rb) as f64 / start.elapsed().as_secs_f64();
-    let mut slot = Slot::new(&env.obs, b, None);
+    let mut buf = StagingBuffer::new(&env.obs, b, None);
     let mut rng = SmallRng::seed_from_u64(0);
     let start = Instant::now();
     let mut sampled = 0usize;
     while start.elapsed().as_secs_f64() < seconds {
-        slot.fill(&t, &mut rng).unwrap();
+        buf.fill(&t, &mut rng).unwrap();
         sampled += b;
     }
     let sample_bw = (sampled * 2 * rb) as f64 / start.elapsed().as_secs_f64();
@@ -561,7 +656,15 @@ fn main() {
         for &b in &o.batches {
             let a = ceiling(net, b, o.device, o.seconds, false);
             let a_busy = ceiling(net, b, o.device, o.seconds, true);
-            let e = end_to_end(net, b, o.device, o.seconds, o.actors, o.copy_stream);
+            let e = end_to_end(
+                net,
+                b,
+                o.device,
+                o.seconds,
+                o.actors,
+                o.copy_stream,
+                o.checkpoint_every,
+            );
             let (ins, smp) = replay_throughput(net, b, o.seconds.min(2.0));
             println!(
                 "{} b{b}: ceiling {a:.1}/s ({a_busy:.1}/s with the other core busy), end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%, metrics {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",
@@ -587,7 +690,8 @@ fn main() {
         "| network | batch | (a) ceiling upd/s | ceiling, other core busy | (b) end-to-end upd/s | b/a | duty | wait data | h2d | publish | (c) insert / memcpy | sample+collate / memcpy | replay bytes per obs byte | (d) actor steps/s/core |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (net, b, a, a_busy, e, ins, smp, memcpy, steps) in rows {
+    for (net, b, a, a_busy, e, ins, smp, memcpy, steps) in &rows {
+        let (a, e) = (*a, e);
         println!(
             "| {} | {b} | {a:.1} | {a_busy:.1} | {:.1} | **{:.2}** | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {:.2} | {:.3} | {steps:.0} |",
             net.name(),
@@ -601,5 +705,27 @@ fn main() {
             smp / memcpy,
             e.bytes_per_obs_byte,
         );
+    }
+    if o.checkpoint_every.is_some() {
+        println!();
+        println!(
+            "| network | batch | replay (items, MiB) | checkpoints written | writer s per checkpoint | learner stall, longest (ms) | learner time in checkpoints | end-to-end upd/s |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+        for (net, b, _, _, e, ..) in &rows {
+            if let Some(c) = &e.checkpoint {
+                println!(
+                    "| {} | {b} | {}, {:.0} | {} | {:.2} | {:.2} | {:.3}% | {:.1} |",
+                    net.name(),
+                    c.replay_items,
+                    c.replay_bytes / f64::from(1u32 << 20),
+                    c.written,
+                    c.write_s,
+                    1e3 * c.stall_max_s,
+                    100.0 * c.stall_frac,
+                    e.updates_per_s,
+                );
+            }
+        }
     }
 }

@@ -8,18 +8,16 @@
 //! `cargo bench -p millrace-learner --bench service -- [--seconds 3] [--connections 4]
 //!  [--rows 64] [--actors 64] [--repeats 5]`
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use millrace_actor::ActorControl;
-use millrace_actor::ParamsSlot;
-use millrace_learner::server::{self, ServerConfig, ServerContext};
-use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
-use millrace_proto::wire::{ActorMsg, Capabilities, Hello, LearnerMsg, PROTOCOL_VERSION};
-use millrace_proto::{NetworkSpec, Params, TransitionBatch};
+use millrace_learner::server::{self, goodbye_for, ServerConfig, ServerContext};
+use millrace_proto::codec::{self, Framer, DEFAULT_MAX_FRAME};
+use millrace_proto::wire::{ActorMsg, LearnerMsg, PROTOCOL_VERSION};
+use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 
 /// Nature-DQN parameter count: conv 8x8x4→32, 4x4x32→64, 3x3x64→64, fc 3136→512→18.
@@ -39,14 +37,17 @@ fn arg(name: &str, default: f64) -> f64 {
 }
 
 fn table() -> Arc<Table> {
-    Arc::new(Table::new(&ReplayConfig {
-        capacity: 1 << 20,
-        shards: 4,
-        obs_row_bytes: 16,
-        obs_rows_per_item: 2.0,
-        // No rate limiting: measure the transport, not the replay ratio.
-        limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
-    }))
+    Arc::new(
+        Table::new(&ReplayConfig {
+            capacity: 1 << 20,
+            shards: 4,
+            obs_row_bytes: 16,
+            obs_rows_per_item: 2.0,
+            // No rate limiting: measure the transport, not the replay ratio.
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+        })
+        .unwrap(),
+    )
 }
 
 /// A batch shaped like an actor's: one environment's consecutive 3-step transitions,
@@ -63,7 +64,7 @@ fn batch(rows: usize) -> TransitionBatch {
     b
 }
 
-fn server(table: Arc<Table>, params: Arc<ParamsSlot>) -> server::ServerHandle {
+fn server(table: Arc<Table>, params: Arc<ParamsCell>) -> server::ServerHandle {
     let env = millrace_actor::env::spec("CartPole-v1").unwrap();
     let network = NetworkSpec::mlp(&env.obs, &[64, 64], 2, 1).unwrap();
     let (tx, _rx) = crossbeam_channel::bounded(1);
@@ -78,7 +79,7 @@ fn server(table: Arc<Table>, params: Arc<ParamsSlot>) -> server::ServerHandle {
             table,
             params,
             episodes: tx,
-            control: Arc::new(ActorControl::default()),
+            steps: Arc::new(StepCounter::default()),
             board: Arc::default(),
         },
     )
@@ -88,26 +89,14 @@ fn server(table: Arc<Table>, params: Arc<ParamsSlot>) -> server::ServerHandle {
 fn connect(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
-    let hello = ActorMsg::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION,
-        token: String::new(),
-        actor_name: "bench".into(),
-        capabilities: Capabilities {
-            envs: 1,
-            env_ids: vec!["CartPole-v1".into()],
-        },
-    });
+    let hello = millrace_tests::hello("", PROTOCOL_VERSION, 1);
     s.write_all(&codec::encode(&hello, DEFAULT_MAX_FRAME).unwrap())
         .unwrap();
     s
 }
 
-fn recv(s: &mut TcpStream) -> Option<LearnerMsg> {
-    let mut header = [0u8; 4];
-    s.read_exact(&mut header).ok()?;
-    let mut payload = vec![0u8; codec::payload_len(header, DEFAULT_MAX_FRAME).ok()?];
-    s.read_exact(&mut payload).ok()?;
-    codec::decode(&payload).ok()
+fn recv(s: &mut TcpStream, framer: &mut Framer) -> Option<LearnerMsg> {
+    codec::read_msg(s, framer).ok().flatten()
 }
 
 fn throughput(seconds: f64, connections: usize, rows: usize) {
@@ -138,9 +127,10 @@ fn throughput(seconds: f64, connections: usize, rows: usize) {
 
     // Over loopback: N connections to the real server.
     let t = table();
-    let params = Arc::new(ParamsSlot::new(Params {
+    let params = Arc::new(ParamsCell::new(Params {
         version: 0,
         env_steps: 0,
+        updates: 0,
         population: 1,
         data: vec![0.0; 4610],
     }));
@@ -167,7 +157,7 @@ fn throughput(seconds: f64, connections: usize, rows: usize) {
     let remote_rows = (t.stats().inserted - rows0) as f64 / t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     t.close();
-    srv.shutdown();
+    srv.shutdown(goodbye_for(true, "benchmark over"));
     clients.into_iter().for_each(|h| {
         let _ = h.join();
     });
@@ -195,9 +185,10 @@ fn throughput(seconds: f64, connections: usize, rows: usize) {
 
 fn broadcast(actors: usize, repeats: usize) {
     let t = table();
-    let params = Arc::new(ParamsSlot::new(Params {
+    let params = Arc::new(ParamsCell::new(Params {
         version: 0,
         env_steps: 0,
+        updates: 0,
         population: 1,
         data: vec![0.0; 16],
     }));
@@ -210,7 +201,8 @@ fn broadcast(actors: usize, repeats: usize) {
             let mut s = connect(srv.addr);
             std::thread::spawn(move || {
                 let mut waited = false;
-                while let Some(msg) = recv(&mut s) {
+                let mut framer = Framer::new(DEFAULT_MAX_FRAME);
+                while let Some(msg) = recv(&mut s, &mut framer) {
                     match msg {
                         LearnerMsg::Params(p) if p.version == 0 && !waited => {
                             ready.wait();
@@ -233,6 +225,7 @@ fn broadcast(actors: usize, repeats: usize) {
         params.publish(Params {
             version: v,
             env_steps: 0,
+            updates: 0,
             population: 1,
             data,
         });
@@ -257,7 +250,7 @@ fn broadcast(actors: usize, repeats: usize) {
         }
     }
     t.close();
-    srv.shutdown();
+    srv.shutdown(goodbye_for(true, "benchmark over"));
     drop(readers);
     latencies.sort_by(f64::total_cmp);
     println!(

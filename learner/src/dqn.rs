@@ -17,12 +17,22 @@
 //! leaf views of the same flat `[K, P]` tensor (K = 1), so the fused optimizer, target
 //! sync and publishing are unchanged; the head's hand-written backward hands it the
 //! gradient at the features.
+//!
+//! An update whose loss or gradient is not finite is skipped on the device (a mask on
+//! the optimizer step, no host sync) and counted; [`Dqn::take_stats`] reads the counts
+//! with the other statistics, and the learner thread stops the run after too many in a
+//! row. Each update returns its per-item TD errors, still on the device, for
+//! prioritized replay.
 
 use millrace_proto::{NetworkSpec, ParamLayout};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
 use tch::{Device, Kind, Reduction, Tensor};
 
 /// How the target network follows the online one.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TargetUpdate {
     /// Copy every `period` updates (Mnih et al. 2015).
     Hard { period: u64 },
@@ -31,7 +41,7 @@ pub enum TargetUpdate {
 }
 
 /// DQN hyperparameters (the learner's own config; actors have theirs).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DqnConfig {
     /// Adam learning rate.
     pub lr: f64,
@@ -110,6 +120,10 @@ pub struct Dqn {
     /// Sums of `[loss, mean |td|, mean q]` over every `DETAIL_STATS_EVERY`-th update.
     detail_sum: Tensor,
     detail_count: u64,
+    /// Per agent `[K, 1]`: updates skipped for a non-finite loss since the last read,
+    /// and how many in a row up to now.
+    nonfinite: Tensor,
+    nonfinite_streak: Tensor,
 }
 
 /// Loss, TD-error and Q statistics are sampled every this many updates (the update
@@ -133,6 +147,11 @@ pub struct UpdateStats {
     pub td_abs: f64,
     pub q: f64,
     pub updates: u64,
+    /// Updates skipped since the previous read because their loss or gradient was not
+    /// finite (summed over agents).
+    pub nonfinite: u64,
+    /// The longest run of consecutive skipped updates among agents, up to now.
+    pub nonfinite_streak: u64,
 }
 
 /// The full state of a [`Dqn`] as host tensors, for checkpoints.
@@ -256,31 +275,35 @@ pub fn double_dqn_targets(
 }
 
 impl Dqn {
-    /// Fresh networks, initialised as PyTorch's `nn.Linear` (uniform ±1/√fan_in for
-    /// weights and biases), seeded.
+    /// Fresh networks, initialised as PyTorch's `nn.Linear` and `nn.Conv2d` (uniform
+    /// ±1/√fan_in for weights and biases), from the run's own seeded generator: no
+    /// global state, so two learners in one process do not disturb each other.
     pub fn new(spec: NetworkSpec, config: DqnConfig, device: Device, seed: u64) -> Self {
-        let layout = spec.layout();
-        let k = spec.population as i64;
-        tch::manual_seed(seed as i64);
-        let host = Tensor::empty([k, layout.len as i64], (Kind::Float, Device::Cpu));
         assert!(
             spec.conv.is_empty() || spec.population == 1,
             "a convolutional torso is for one agent"
         );
-        for layer in layout.entries.chunks(2).chain(layout.conv.chunks(2)) {
-            // [in, out] for a linear layer, [out, in, k, k] for a convolution.
-            let fan_in: usize = match layer[0].shape.as_slice() {
-                [fan_in, _] => *fan_in,
-                [_, rest @ ..] => rest.iter().product(),
-                [] => 1,
-            };
-            let bound = 1.0 / (fan_in as f64).sqrt();
-            for entry in layer {
-                let _ = host
-                    .narrow(1, entry.offset as i64, entry.len as i64)
-                    .uniform_(-bound, bound);
+        let layout = spec.layout();
+        let (k, p) = (spec.population, layout.len);
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut values = vec![0.0f32; k * p];
+        for agent in values.chunks_exact_mut(p) {
+            for layer in layout.entries.chunks(2).chain(layout.conv.chunks(2)) {
+                // [in, out] for a linear layer, [out, in, k, k] for a convolution.
+                let fan_in: usize = match layer[0].shape.as_slice() {
+                    [fan_in, _] => *fan_in,
+                    [_, rest @ ..] => rest.iter().product(),
+                    [] => 1,
+                };
+                let bound = 1.0 / (fan_in as f32).sqrt();
+                for entry in layer {
+                    for v in &mut agent[entry.offset..entry.offset + entry.len] {
+                        *v = rng.random_range(-bound..bound);
+                    }
+                }
             }
         }
+        let host = Tensor::from_slice(&values).view([k as i64, p as i64]);
         let state = DqnState {
             target: host.copy(),
             adam_m: host.zeros_like(),
@@ -332,6 +355,8 @@ impl Dqn {
             updates_since_stats: 0,
             detail_sum: Tensor::zeros([3], (Kind::Float, device)),
             detail_count: 0,
+            nonfinite: Tensor::zeros([k, 1], (Kind::Float, device)),
+            nonfinite_streak: Tensor::zeros([k, 1], (Kind::Float, device)),
         }
     }
 
@@ -348,12 +373,18 @@ impl Dqn {
     }
 
     /// One gradient step on `batch` (already on the device). Never synchronises with
-    /// the host: statistics accumulate on the device until [`Dqn::take_stats`].
+    /// the host: statistics accumulate on the device until [`Dqn::take_stats`]. Returns
+    /// each item's TD error `Q(s, a) − y`, `[K, B]`, on the device (the priorities of
+    /// prioritized replay).
     ///
-    /// About 50 tensor operations in all.
-    pub fn update(&mut self, batch: &Batch) {
+    /// An agent whose loss or gradient is not finite skips this step (its parameters
+    /// and optimizer state stay as they were) and the skip is counted.
+    ///
+    /// About 60 tensor operations in all.
+    pub fn update(&mut self, batch: &Batch) -> Tensor {
         let (q_taken, targets) = self.gradient(batch);
-        self.adam_step();
+        let td = &q_taken - &targets;
+        self.adam_step(&td);
         if let TargetUpdate::Polyak { tau } = self.config.target {
             let _ = self.target.lerp_(&self.online, tau);
         }
@@ -377,6 +408,7 @@ impl Dqn {
                 self.sync_target();
             }
         }
+        td.squeeze_dim(2)
     }
 
     /// Writes the gradient of the double-DQN Huber loss (each agent's batch mean) into
@@ -455,19 +487,33 @@ impl Dqn {
         })
     }
 
-    /// Per-agent gradient clipping, then Adam, on the flat `[K, P]` tensors (13 ops).
+    /// Per-agent gradient clipping, then Adam, on the flat `[K, P]` tensors, masked per
+    /// agent where the loss or gradient is not finite (about 25 ops).
     ///
     /// Adam's bias corrections are folded into scalars computed on the host:
     /// `p -= lr·√(1−β2ᵗ)/(1−β1ᵗ) · m / (√v + ε·√(1−β2ᵗ))`, which equals PyTorch's
-    /// `p -= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε)`.
-    fn adam_step(&mut self) {
+    /// `p -= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε)`. `t` counts attempted steps, skipped
+    /// ones included (a skip is rare, and this keeps the corrections host-side).
+    fn adam_step(&mut self, td: &Tensor) {
         let c = &self.config;
         let norms = self.grad.norm_scalaropt_dim(2, [1], true);
+        // One finite check per agent covers the loss (through its TD errors) and the
+        // gradient (through its norm); a NaN or infinity anywhere makes the sum so.
+        let td_sum = td.sum_dim_intlist([1i64, 2].as_slice(), false, Kind::Float);
+        let ok = (&norms + td_sum.unsqueeze(1)).isfinite();
+        let okf = ok.to_kind(Kind::Float);
+        let skipped = okf.ones_like() - &okf;
+        let _ = self.nonfinite.g_add_(&skipped);
+        self.nonfinite_streak = (&self.nonfinite_streak + &skipped) * &skipped;
+        // Skipped agents: a zero gradient (NaN · 0 is NaN, so select, not multiply) and
+        // no change to the moments or parameters.
+        let grad = self.grad.where_scalarother(&ok, 0.0);
+        let norms = norms.where_scalarother(&ok, c.max_grad_norm);
         let scale = norms
             .clamp_min(c.max_grad_norm)
             .reciprocal()
             .g_mul_scalar_(c.max_grad_norm);
-        let _ = self.grad.g_mul_(&scale);
+        let grad = grad * scale;
 
         self.adam_step += 1;
         // powf on the float count: no overflow however long the run (or odd the checkpoint).
@@ -475,11 +521,13 @@ impl Dqn {
         let (b1, b2) = c.adam_betas;
         let bias1 = 1.0 - b1.powf(t);
         let bias2_sqrt = (1.0 - b2.powf(t)).sqrt();
-        let _ = self.adam_m.lerp_(&self.grad, 1.0 - b1);
-        let _ = self.adam_v.lerp_(&self.grad.square(), 1.0 - b2);
+        let _ = self.adam_m.lerp_tensor_(&grad, &(&okf * (1.0 - b1)));
+        let _ = self
+            .adam_v
+            .lerp_tensor_(&grad.square(), &(&okf * (1.0 - b2)));
         let denom = self.adam_v.sqrt().g_add_scalar_(c.adam_eps * bias2_sqrt);
         let mut step = &self.adam_m / denom;
-        let _ = step.g_mul_scalar_(-c.lr * bias2_sqrt / bias1);
+        let _ = step.g_mul_(&(okf * (-c.lr * bias2_sqrt / bias1)));
         let _ = self.online.g_add_(&step);
     }
 
@@ -495,18 +543,31 @@ impl Dqn {
         if n == 0 {
             return UpdateStats::default();
         }
-        let host = self.detail_sum.to_device(Device::Cpu);
-        let v: Vec<f32> = Vec::<f32>::try_from(&host).unwrap_or_default();
+        // One copy to the host for everything: [loss, td, q, skipped, longest streak].
+        let all = Tensor::cat(
+            &[
+                self.detail_sum.shallow_clone(),
+                self.nonfinite.sum(Kind::Float).view([1]),
+                self.nonfinite_streak.max().view([1]),
+            ],
+            0,
+        )
+        .to_device(Device::Cpu);
+        let v: Vec<f32> = Vec::<f32>::try_from(&all).unwrap_or_default();
         let _ = self.detail_sum.zero_();
+        let _ = self.nonfinite.zero_();
         let per = |i: usize, count: u64| match v.get(i) {
             Some(x) if count > 0 => f64::from(*x) / count as f64,
             _ => f64::NAN,
         };
+        let count = |i: usize| v.get(i).map_or(0, |x| *x as u64);
         UpdateStats {
             loss: per(0, detail_n),
             td_abs: per(1, detail_n),
             q: per(2, detail_n),
             updates: n,
+            nonfinite: count(3),
+            nonfinite_streak: count(4),
         }
     }
 
@@ -628,7 +689,7 @@ mod tests {
         let mut dqn = Dqn::new(spec(1), config(), Device::Cpu, 0);
         let b = batch(1, 4, 3.0);
         for _ in 0..300 {
-            dqn.update(&b);
+            let _ = dqn.update(&b);
         }
         let stats = dqn.take_stats();
         assert_eq!(stats.updates, 300);
@@ -650,7 +711,7 @@ mod tests {
         let mut b = batch(2, 4, 0.0);
         b.rewards = t(&[1.0, 1.0, 1.0, 1.0, -2.0, -2.0, -2.0, -2.0], &[2, 4, 1]);
         for _ in 0..300 {
-            dqn.update(&b);
+            let _ = dqn.update(&b);
         }
         let q = dqn.q_values(&Tensor::ones([2, 1, 3], (Kind::Float, Device::Cpu)));
         assert!((q.double_value(&[0, 0, 0]) - 1.0).abs() < 0.05);
@@ -664,6 +725,7 @@ mod tests {
         let params = millrace_proto::Params {
             version: 0,
             env_steps: 0,
+            updates: 0,
             population: 1,
             data: dqn.online_params(),
         };
@@ -807,6 +869,7 @@ mod tests {
             .load(&millrace_proto::Params {
                 version: 0,
                 env_steps: 0,
+                updates: 0,
                 population: 1,
                 data: dqn.online_params(),
             })
@@ -825,11 +888,66 @@ mod tests {
             discounts: Tensor::zeros([1, 3, 1], (Kind::Float, Device::Cpu)),
         };
         for _ in 0..100 {
-            dqn.update(&batch);
+            let _ = dqn.update(&batch);
         }
         let q = dqn.q_values(&obs).narrow(2, 0, 1);
         let err = (q - 2.0).abs().max().double_value(&[]);
         assert!(err < 0.1, "|Q(s, 0) - 2| = {err}");
+    }
+
+    #[test]
+    fn initialisation_is_seeded_without_global_state() {
+        let a = Dqn::new(spec(2), config(), Device::Cpu, 7).online_params();
+        // Another user of libtorch's global generator changes nothing.
+        tch::manual_seed(123);
+        let _ = Tensor::rand([10], (Kind::Float, Device::Cpu));
+        let b = Dqn::new(spec(2), config(), Device::Cpu, 7).online_params();
+        assert_eq!(a, b, "same seed, same parameters");
+        assert_ne!(
+            a,
+            Dqn::new(spec(2), config(), Device::Cpu, 8).online_params()
+        );
+        let p = a.len() / 2;
+        assert_ne!(a[..p], a[p..], "agents start differently");
+        // PyTorch's nn.Linear bounds: first layer fan-in 3, so |w| <= 1/sqrt(3).
+        let w0 = &a[..3 * 8];
+        assert!(w0.iter().all(|w| w.abs() <= 1.0 / 3f32.sqrt()));
+        assert!(w0.iter().any(|w| w.abs() > 0.3), "spread over the range");
+    }
+
+    #[test]
+    fn a_non_finite_loss_skips_that_agents_update_and_is_counted() {
+        let mut dqn = Dqn::new(spec(2), config(), Device::Cpu, 0);
+        let before = dqn.state();
+        let mut b = batch(2, 4, 1.0);
+        // Agent 1's rewards are NaN; agent 0's are fine.
+        b.rewards = t(&[1.0, 1.0, 1.0, 1.0, f32::NAN, 1.0, 1.0, 1.0], &[2, 4, 1]);
+        let td = dqn.update(&b);
+        assert_eq!(td.size(), [2, 4], "per-item TD errors");
+        let after = dqn.state();
+        let row = |t: &Tensor, k: i64| t.narrow(0, k, 1);
+        for (name, x, y) in [
+            ("online", &before.online, &after.online),
+            ("adam_m", &before.adam_m, &after.adam_m),
+            ("adam_v", &before.adam_v, &after.adam_v),
+        ] {
+            assert!(row(x, 1).equal(&row(y, 1)), "agent 1's {name} is untouched");
+            assert!(!row(x, 0).equal(&row(y, 0)), "agent 0's {name} moved");
+        }
+        assert!(bool::try_from(after.online.isfinite().all()).unwrap());
+        let _ = dqn.update(&b);
+        let _ = dqn.update(&b);
+        let stats = dqn.take_stats();
+        assert_eq!((stats.nonfinite, stats.nonfinite_streak), (3, 3));
+        // A finite batch ends the streak; the count restarts after each read.
+        let _ = dqn.update(&batch(2, 4, 1.0));
+        let stats = dqn.take_stats();
+        assert_eq!((stats.nonfinite, stats.nonfinite_streak), (0, 0));
+        // An infinite target (the gradient stays finite: Huber clips) is caught too.
+        let mut inf = batch(2, 4, 1.0);
+        inf.rewards = Tensor::full([2, 4, 1], f64::INFINITY, (Kind::Float, Device::Cpu));
+        let _ = dqn.update(&inf);
+        assert_eq!(dqn.take_stats().nonfinite, 2, "both agents skipped");
     }
 
     #[test]
@@ -839,13 +957,13 @@ mod tests {
         let mut dqn = Dqn::new(spec(1), cfg, Device::Cpu, 0);
         let b = batch(1, 2, 1.0);
         let before = dqn.state().target;
-        dqn.update(&b);
-        dqn.update(&b);
+        let _ = dqn.update(&b);
+        let _ = dqn.update(&b);
         assert!(
             dqn.state().target.equal(&before),
             "no sync before the period"
         );
-        dqn.update(&b);
+        let _ = dqn.update(&b);
         let s = dqn.state();
         assert!(s.target.equal(&s.online), "synced at the period");
     }

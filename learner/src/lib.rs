@@ -1,20 +1,48 @@
 //! The millrace learner: it owns the device and runs off-policy DQN updates back to back
 //! on batches that a prefetcher sampled from replay ahead of time.
 //!
-//! - [`dqn`]: the population-stacked Q-network, double-DQN loss and fused optimizer.
-//! - [`prefetch`]: staging slots filled from replay by a sampler thread.
-//! - [`update_loop`]: the learner thread, with stall accounting.
-//! - [`embedded`]: the one-process mode, wiring actors, replay and learner together.
-//! - [`checkpoint`], [`tensorboard`], [`metrics`]: persistence and observability.
+//! - [`cli`] → [`config`]: flags checked once into a typed configuration.
+//! - [`run`]: a training run: set-up, the wiring of the threaded mode, its coordinator
+//!   and one shutdown path, and the lock-step mode.
+//! - [`update_loop`]: the learner thread, with stall accounting; [`dqn`]: the
+//!   population-stacked Q-network, double-DQN loss and fused optimizer; [`prefetch`]:
+//!   staging buffers filled from replay by a sampler thread; [`publisher`]: parameters
+//!   out to actors; [`cuda`]: what tch does not expose of the CUDA runtime.
+//! - [`evaluation`]: greedy evaluation of published snapshots, and what the run keeps.
+//! - [`server`]: remote actors over TCP.
+//! - [`checkpoint`], [`export`]: what a run keeps, and the policy in PyTorch's names.
+//! - [`summary`], [`metrics`], [`tensorboard`]: what a run reports.
+//! - [`doctor`], [`memory`]: the set-up checked, and failures explained.
 
 pub mod checkpoint;
-pub mod cuda_copy;
+pub mod cli;
+pub mod config;
+pub mod cuda;
+pub mod doctor;
 pub mod dqn;
-pub mod embedded;
+pub mod evaluation;
+pub mod export;
+pub mod memory;
 pub mod metrics;
 pub mod prefetch;
+pub mod publisher;
+pub mod run;
 pub mod server;
+pub mod summary;
 pub mod tensorboard;
 pub mod update_loop;
 
-pub use embedded::{train, ReplayOptions, StopReason, TrainConfig, TrainError, TrainSummary};
+pub use config::RunConfig;
+pub use run::{run, RunError};
+pub use summary::{RunSummary, StopReason};
+
+/// The message of a caught panic (`&str` and `String` payloads; others are unnamed).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}

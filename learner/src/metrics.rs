@@ -7,8 +7,9 @@ use std::time::Instant;
 use indicatif::ProgressBar;
 use millrace_replay::Table;
 
-use crate::embedded::TrainSummary;
+use crate::evaluation::{EvalRecord, Purpose};
 use crate::server::ActorBoard;
+use crate::summary::RunSummary;
 use crate::tensorboard::EventWriter;
 use crate::update_loop::LearnerReport;
 
@@ -80,7 +81,7 @@ impl Metrics {
         ) = (steps, report.updates, replay.inserted, replay.sampled);
         self.last_tick = Instant::now();
         let s = &report.stalls;
-        let frac = |x: f64| if s.total > 0.0 { x / s.total } else { 0.0 };
+        let frac = |x: f64| s.frac(x);
         let ret = train_return.map_or(f64::NAN, f64::from);
         let values = [
             ("charts/episode_return", ret),
@@ -88,6 +89,7 @@ impl Metrics {
             ("losses/loss", report.stats.loss),
             ("losses/td_abs", report.stats.td_abs),
             ("losses/q_values", report.stats.q),
+            ("losses/nonfinite_skipped", report.stats.nonfinite as f64),
             ("perf/env_steps_per_s", steps_s),
             ("perf/updates_per_s", updates_s),
             ("perf/inserts_per_s", inserts_s),
@@ -98,6 +100,7 @@ impl Metrics {
             ("stall/publish", frac(s.publish)),
             ("stall/metrics", frac(s.metrics)),
             ("stall/checkpoint", frac(s.checkpoint)),
+            ("stall/checkpoint_max_s", report.checkpoint_stall_max),
             ("replay/size", replay.size as f64),
             (
                 "replay/obs_rows_per_item",
@@ -116,12 +119,9 @@ impl Metrics {
             values.iter().map(|(t, v)| (t.to_string(), *v)).collect();
         // Remote actors: the board is read here, once per tick, not on every poll.
         let summary = remote.map(|board| {
-            for (slot, a) in board.entries() {
-                values.push((
-                    format!("actor/{slot}/transitions_per_s"),
-                    a.transitions_per_s,
-                ));
-                values.push((format!("actor/{slot}/version_lag"), a.version_lag as f64));
+            for (id, a) in board.entries() {
+                values.push((format!("actor/{id}/transitions_per_s"), a.transitions_per_s));
+                values.push((format!("actor/{id}/version_lag"), a.version_lag as f64));
             }
             board.summary()
         });
@@ -178,16 +178,22 @@ impl Metrics {
         }
     }
 
-    pub fn eval(&mut self, steps: u64, mean: f32) {
-        if let Err(e) = self
-            .tb
-            .scalars(steps, &[("eval/mean_return", f64::from(mean))])
-        {
+    /// Records an evaluation at the env steps of the parameters it played.
+    pub fn eval(&mut self, record: &EvalRecord, purpose: Purpose) {
+        let values: &[(&str, f64)] = match purpose {
+            Purpose::Regular => &[
+                ("eval/mean_return", f64::from(record.mean)),
+                ("eval/std_return", f64::from(record.std)),
+                ("eval/params_version", record.params_version as f64),
+            ],
+            Purpose::Confirm => &[("eval/confirm_mean_return", f64::from(record.mean))],
+        };
+        if let Err(e) = self.tb.scalars(record.env_steps, values) {
             tracing::warn!("TensorBoard write failed: {e}");
         }
     }
 
-    pub fn finish(&mut self, summary: &TrainSummary) {
+    pub fn finish(&mut self, summary: &RunSummary) {
         let _ = self.tb.scalars(
             summary.env_steps,
             &[

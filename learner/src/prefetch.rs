@@ -1,56 +1,69 @@
-//! The prefetcher: a thread that samples replay into preallocated staging tensors ahead of
-//! the learner, so the learner thread only moves ready batches to the device and computes.
+//! The prefetcher: a thread that samples replay into preallocated staging buffers ahead
+//! of the learner, so the learner thread only moves ready batches to the device and
+//! computes.
 //!
-//! Slots circulate between two bounded channels: the sampler takes a free slot, gathers
-//! rows straight into its tensors' memory and sends it as ready; the learner uses it and
-//! sends it back as free. The number of slots bounds memory and how far ahead the sampler
-//! runs. Staging tensors are pinned when CUDA is available, ordinary memory otherwise.
+//! Staging buffers circulate between two bounded channels: the sampler takes a free one,
+//! gathers rows straight into its tensors' memory and sends it as ready; the learner
+//! uses it and sends it back as free. The number of buffers bounds memory and how far
+//! ahead the sampler runs. Staging tensors are pinned when CUDA is available, ordinary
+//! memory otherwise.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use millrace_proto::{DType, ObsSpec};
-use millrace_replay::{SampleBuffers, Table};
+use millrace_replay::{ItemKey, SampleBuffers, Table};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tch::{Device, Kind, Tensor};
 
-use crate::cuda_copy::{CopyStream, CopyStreamError, CudaEvent};
+use crate::cuda::{CopyStream, CopyStreamError, CudaEvent};
 use crate::dqn::Batch;
 
-/// One staging slot: host tensors shaped as a [`Batch`] for one agent.
+/// One staging buffer: host tensors shaped as a [`Batch`] for one agent, plus the keys
+/// of the items sampled into them.
+///
+/// Invariant behind the `unsafe` writes in [`StagingBuffer::fill`]: its host tensors
+/// never leave it. Nothing hands out a tensor sharing their storage (a shallow clone):
+/// on the CPU [`StagingBuffer::to_device`] copies, on a GPU it copies to the device.
+/// So whoever holds the buffer (`&mut`) is the only reader and writer of that memory.
 #[derive(Debug)]
-pub struct Slot {
+pub struct StagingBuffer {
+    /// With a side copy stream: the device buffers and their events. Declared first so
+    /// that it is dropped first: its drop waits for a pending copy, which reads the
+    /// pinned host tensors below, before those go back to PyTorch's allocator.
+    device: Option<DeviceCopy>,
     obs2: Tensor,
     actions: Tensor,
     rewards: Tensor,
     discounts: Tensor,
+    /// Which replay item each row is (for priority updates).
+    keys: Vec<ItemKey>,
     /// Oldest parameter version among the sampled rows (staleness).
     pub oldest_version: u64,
     /// Page-locked memory: copies to the device may run without blocking the host.
     pinned: bool,
-    /// With a side copy stream: the slot's device buffers and their events.
-    device: Option<DeviceCopy>,
 }
 
-/// A slot's device-side twin, filled on a [`CopyStream`] (see `cuda_copy`).
+/// A staging buffer's device-side twin, filled on a [`CopyStream`] (see `cuda`).
 ///
 /// Dropping it waits for its copy: neither PyTorch's pinned-host allocator nor its
 /// device allocator knows about copies on the side stream, so the memory must not go
 /// back to them while one is in flight.
 #[derive(Debug)]
 struct DeviceCopy {
+    /// Recorded on the copy stream after the copies: the batch is on the device.
+    copied: CudaEvent,
+    /// Recorded on the compute stream after the update: the device buffers are free.
+    used: CudaEvent,
     stream: Arc<CopyStream>,
     obs2: Tensor,
     actions: Tensor,
     rewards: Tensor,
     discounts: Tensor,
-    /// Recorded on the copy stream after the copies: the batch is on the device.
-    copied: CudaEvent,
-    /// Recorded on the compute stream after the update: the device buffers are free.
-    used: CudaEvent,
 }
 
 impl Drop for DeviceCopy {
@@ -71,8 +84,8 @@ fn kind(dtype: DType) -> Kind {
 /// A mutable byte view of a contiguous host tensor.
 ///
 /// # Safety
-/// `t` must be a contiguous CPU tensor that nothing else reads or writes while the slice
-/// lives. Slots guarantee this: a slot belongs to exactly one thread at a time.
+/// `t` must be a contiguous CPU tensor whose storage nothing else reads or writes while
+/// the slice lives. Staging buffers guarantee this (see [`StagingBuffer`]).
 unsafe fn bytes_mut(t: &mut Tensor) -> &mut [u8] {
     let len = t.numel() * t.kind().elt_size_in_bytes();
     // SAFETY: per the function contract the tensor's storage is `len` bytes, live as
@@ -80,7 +93,7 @@ unsafe fn bytes_mut(t: &mut Tensor) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<u8>(), len) }
 }
 
-impl Slot {
+impl StagingBuffer {
     /// `pin_for`: the CUDA device to pin host memory for, if any.
     ///
     /// # Panics
@@ -88,7 +101,7 @@ impl Slot {
     pub fn new(obs: &ObsSpec, batch_size: usize, pin_for: Option<Device>) -> Self {
         assert!(
             batch_size > 0,
-            "staging slots need a batch size of at least 1"
+            "staging buffers need a batch size of at least 1"
         );
         let b = batch_size as i64;
         let mut obs_shape = vec![1, 2 * b];
@@ -101,17 +114,18 @@ impl Slot {
             }
         };
         Self {
+            device: None,
             obs2: make(&obs_shape, kind(obs.dtype)),
             actions: make(&[1, b, 1], Kind::Int64),
             rewards: make(&[1, b, 1], Kind::Float),
             discounts: make(&[1, b, 1], Kind::Float),
+            keys: vec![ItemKey::default(); batch_size],
             oldest_version: 0,
             pinned: pin_for.is_some(),
-            device: None,
         }
     }
 
-    /// A slot whose batches go to `device` on the side `stream` (pinned host memory,
+    /// A buffer whose batches go to `device` on the side `stream` (pinned host memory,
     /// preallocated device buffers, two events).
     pub fn with_copy_stream(
         obs: &ObsSpec,
@@ -119,25 +133,30 @@ impl Slot {
         device: Device,
         stream: &Arc<CopyStream>,
     ) -> Result<Self, CopyStreamError> {
-        let mut slot = Self::new(obs, batch_size, Some(device));
+        let mut buf = Self::new(obs, batch_size, Some(device));
         let on_device = |t: &Tensor| Tensor::empty(t.size(), (t.kind(), device));
         let twin = DeviceCopy {
-            stream: Arc::clone(stream),
-            obs2: on_device(&slot.obs2),
-            actions: on_device(&slot.actions),
-            rewards: on_device(&slot.rewards),
-            discounts: on_device(&slot.discounts),
             copied: stream.event()?,
             used: stream.event()?,
+            stream: Arc::clone(stream),
+            obs2: on_device(&buf.obs2),
+            actions: on_device(&buf.actions),
+            rewards: on_device(&buf.rewards),
+            discounts: on_device(&buf.discounts),
         };
         // The buffers may be cached blocks that work already queued on the compute
         // stream still uses: the first copy into them waits for that work too.
         twin.used.record_on_compute_stream()?;
-        slot.device = Some(twin);
-        Ok(slot)
+        buf.device = Some(twin);
+        Ok(buf)
     }
 
-    /// With a copy stream: waits until the slot's previous copy has left its pinned
+    /// The keys of the items in the last batch sampled into this buffer.
+    pub fn keys(&self) -> &[ItemKey] {
+        &self.keys
+    }
+
+    /// With a copy stream: waits until the buffer's previous copy has left its pinned
     /// memory, so that it may be refilled. Called by the sampler thread.
     fn wait_copied(&self) -> Result<(), CopyStreamError> {
         match &self.device {
@@ -146,7 +165,7 @@ impl Slot {
         }
     }
 
-    /// With a copy stream: queues the copies of the freshly filled slot on the copy
+    /// With a copy stream: queues the copies of the freshly filled buffer on the copy
     /// stream, behind the learner's last use of the device buffers.
     fn upload(&self) -> Result<(), CopyStreamError> {
         let Some(d) = &self.device else {
@@ -169,14 +188,11 @@ impl Slot {
         d.copied.record_on_copy_stream()
     }
 
-    /// Samples a batch from `table` into this slot.
-    pub fn fill(
-        &mut self,
-        table: &Table,
-        rng: &mut SmallRng,
-    ) -> Result<(), millrace_replay::Closed> {
-        // SAFETY: slot tensors are contiguous host tensors created in `Slot::new`, and
-        // `&mut self` means this thread alone holds the slot.
+    /// Views of the buffer's memory as replay's sample destination.
+    fn buffers(&mut self) -> SampleBuffers<'_> {
+        // SAFETY: staging tensors are contiguous host tensors created in `new`, never
+        // shared outside this buffer (see the type's invariant), and `&mut self` means
+        // this thread alone holds the buffer.
         let (obs2, actions, rewards, discounts) = unsafe {
             (
                 bytes_mut(&mut self.obs2),
@@ -186,75 +202,87 @@ impl Slot {
             )
         };
         let (obs, next_obs) = obs2.split_at_mut(obs2.len() / 2);
-        let mut out = SampleBuffers {
+        SampleBuffers {
             obs,
             next_obs,
             actions: bytemuck_mut(actions),
             rewards: bytemuck_mut(rewards),
             discounts: bytemuck_mut(discounts),
-        };
-        self.oldest_version = table.sample(rng, &mut out)?;
+            keys: &mut self.keys,
+        }
+    }
+
+    /// Samples a batch from `table` into this buffer, waiting on the rate limiter.
+    pub fn fill(
+        &mut self,
+        table: &Table,
+        rng: &mut SmallRng,
+    ) -> Result<(), millrace_replay::Closed> {
+        self.oldest_version = table.sample(rng, &mut self.buffers())?;
         Ok(())
     }
 
-    /// The slot's batch on `device`: the same tensors on the CPU; on a GPU, a copy
-    /// issued without blocking the host (the slot's memory is pinned), queued in order
-    /// before the update that reads it.
-    ///
-    /// The result borrows the slot: on the CPU it shares the slot's memory, so the slot
-    /// cannot be handed back for refilling while the batch is alive. On a GPU the copy
-    /// may still be reading the slot after the batch is gone: hand slots back through
-    /// [`Prefetcher::recycle`], which waits for the device first.
-    pub fn to_device(&self, device: Device) -> SlotBatch<'_> {
-        // With a copy stream the batch already goes to the stream's device.
+    /// Samples a batch if the rate limiter allows one now; `Ok(false)` if not (the
+    /// lock-step mode, which keeps the ratio itself).
+    pub fn try_fill(
+        &mut self,
+        table: &Table,
+        rng: &mut SmallRng,
+    ) -> Result<bool, millrace_replay::Closed> {
+        match table.try_sample(rng, &mut self.buffers())? {
+            Some(oldest) => {
+                self.oldest_version = oldest;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The buffer's batch on `device`. On the CPU, a copy (so the buffer's memory is
+    /// never shared, see the type's invariant). On a GPU, a copy issued without
+    /// blocking the host (the memory is pinned), queued in order before the update
+    /// that reads it: it may still be reading this buffer after the call returns, so
+    /// hand buffers back through [`Prefetcher::recycle`], which waits for the device
+    /// first. With a copy stream, the batch is already (being) copied on the side.
+    pub fn to_device(&self, device: Device) -> Batch {
         if let Some(d) = &self.device {
-            // The batch is (being) copied on the side stream: compute waits for it on
-            // the device. Should that fail, waiting on the host is slower but correct.
+            // Compute waits for the side-stream copy on the device. Should that fail,
+            // waiting on the host is slower but correct.
             if let Err(e) = d.copied.compute_stream_waits() {
                 tracing::error!("copy stream: {e}; waiting on the host instead");
                 let _ = d.copied.synchronize();
             }
-            return SlotBatch {
-                batch: Batch {
-                    obs2: d.obs2.shallow_clone(),
-                    actions: d.actions.shallow_clone(),
-                    rewards: d.rewards.shallow_clone(),
-                    discounts: d.discounts.shallow_clone(),
-                },
-                _slot: std::marker::PhantomData,
+            return Batch {
+                obs2: d.obs2.shallow_clone(),
+                actions: d.actions.shallow_clone(),
+                rewards: d.rewards.shallow_clone(),
+                discounts: d.discounts.shallow_clone(),
             };
         }
         let mv = |t: &Tensor| {
             if device == Device::Cpu {
-                t.shallow_clone()
+                t.copy()
             } else {
                 t.to_device_(device, t.kind(), self.pinned, false)
             }
         };
-        SlotBatch {
-            batch: Batch {
-                obs2: mv(&self.obs2),
-                actions: mv(&self.actions),
-                rewards: mv(&self.rewards),
-                discounts: mv(&self.discounts),
-            },
-            _slot: std::marker::PhantomData,
+        Batch {
+            obs2: mv(&self.obs2),
+            actions: mv(&self.actions),
+            rewards: mv(&self.rewards),
+            discounts: mv(&self.discounts),
         }
     }
-}
 
-/// A [`Batch`] that may share memory with the [`Slot`] it came from, borrowing it.
-#[derive(Debug)]
-pub struct SlotBatch<'a> {
-    batch: Batch,
-    _slot: std::marker::PhantomData<&'a Slot>,
-}
-
-impl std::ops::Deref for SlotBatch<'_> {
-    type Target = Batch;
-
-    fn deref(&self) -> &Batch {
-        &self.batch
+    /// A CPU batch for tests: the rows as host vectors (`obs2` as f32).
+    pub fn host_columns(&self) -> (Vec<f32>, Vec<i64>, Vec<f32>, Vec<f32>) {
+        let v = |t: &Tensor| t.to_kind(Kind::Float).view([-1]);
+        (
+            Vec::<f32>::try_from(v(&self.obs2)).unwrap_or_default(),
+            Vec::<i64>::try_from(self.actions.view([-1])).unwrap_or_default(),
+            Vec::<f32>::try_from(self.rewards.view([-1])).unwrap_or_default(),
+            Vec::<f32>::try_from(self.discounts.view([-1])).unwrap_or_default(),
+        )
     }
 }
 
@@ -271,110 +299,142 @@ fn finish_copies(stream: Option<&CopyStream>) {
     }
 }
 
-/// Staging slots to keep in flight for batches of `batch_size`: enough to ride out the
-/// sampler thread being descheduled for several milliseconds (it shares cores with
+/// Staging buffers to keep in flight for batches of `batch_size`: enough to ride out
+/// the sampler thread being descheduled for several milliseconds (it shares cores with
 /// actors), at most 256 and at least 2, within about 64 MiB of staging memory (512 MiB
 /// of pinned memory when `cuda`: the learner waits for the device once per half ring;
-/// with a copy stream, as much again of device memory for the slots' device twins).
+/// with a copy stream, as much again of device memory for the buffers' device twins).
 pub fn default_depth(obs: &ObsSpec, batch_size: usize, cuda: bool) -> usize {
-    let slot_bytes = batch_size * (2 * obs.row_bytes() + 8 + 4 + 4);
+    let bytes = batch_size * (2 * obs.row_bytes() + 8 + 4 + 4);
     let budget: usize = if cuda { 512 << 20 } else { 64 << 20 };
-    (budget / slot_bytes.max(1)).clamp(2, 256)
+    (budget / bytes.max(1)).clamp(2, 256)
+}
+
+/// Why the sampler thread stopped before the table closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefetchError {
+    #[error("copy stream: {0}")]
+    CopyStream(String),
+    #[error("injected fault after {0} batches")]
+    Injected(u64),
+    #[error("the sampler thread panicked: {0}")]
+    Panicked(String),
 }
 
 /// Handle to a running prefetcher.
 #[derive(Debug)]
 pub struct Prefetcher {
-    pub ready: Receiver<Slot>,
-    /// Slots to refill. On a GPU, hand slots back through [`Prefetcher::recycle`],
+    pub ready: Receiver<StagingBuffer>,
+    /// Buffers to refill. On a GPU, hand buffers back through [`Prefetcher::recycle`],
     /// which waits for their copies to finish first.
-    pub free: Sender<Slot>,
-    /// Used slots are handed back this many at a time (see [`Prefetcher::recycle`]).
+    pub free: Sender<StagingBuffer>,
+    /// Used buffers are handed back this many at a time (see [`Prefetcher::recycle`]).
     return_batch: usize,
-    /// The CUDA device the slots' batches go to, if any.
+    /// The CUDA device the buffers' batches go to, if any.
     copies_to: Option<Device>,
-    /// The side stream slots are copied on, if any: their events order everything, and
-    /// recycling never waits for the device.
+    /// The side stream buffers are copied on, if any: their events order everything,
+    /// and recycling never waits for the device.
     copy_stream: Option<Arc<CopyStream>>,
-    handle: JoinHandle<()>,
+    /// Batches sampled so far.
+    fills: Arc<AtomicU64>,
+    handle: JoinHandle<Result<(), PrefetchError>>,
+}
+
+/// How a prefetcher samples.
+#[derive(Clone, Copy, Debug)]
+pub struct SamplerConfig {
+    /// Staging buffers in the ring.
+    pub depth: usize,
+    pub seed: u64,
+    /// Fail after this many batches (tests of the shutdown path).
+    pub fail_after: Option<u64>,
 }
 
 impl Prefetcher {
-    /// Starts the sampler thread with `slots` staging slots.
+    /// Starts the sampler thread with `cfg.depth` staging buffers.
     pub fn spawn(
         table: Arc<Table>,
         obs: &ObsSpec,
         batch_size: usize,
-        slots: usize,
         pin_for: Option<Device>,
-        seed: u64,
+        cfg: SamplerConfig,
     ) -> std::io::Result<Self> {
-        let slots: Vec<Slot> = (0..slots.max(2))
-            .map(|_| Slot::new(obs, batch_size, pin_for))
+        let buffers: Vec<StagingBuffer> = (0..cfg.depth.max(2))
+            .map(|_| StagingBuffer::new(obs, batch_size, pin_for))
             .collect();
-        Self::spawn_with(table, slots, pin_for, None, seed)
+        Self::spawn_with(table, buffers, pin_for, None, cfg)
     }
 
-    /// Starts the sampler thread with `slots` staging slots whose batches are copied to
-    /// `device` on the side `stream` (see `cuda_copy`).
+    /// Starts the sampler thread with staging buffers whose batches are copied to
+    /// `device` on the side `stream` (see `cuda`).
     pub fn spawn_on_copy_stream(
         table: Arc<Table>,
         obs: &ObsSpec,
         batch_size: usize,
-        slots: usize,
         device: Device,
         stream: &Arc<CopyStream>,
-        seed: u64,
+        cfg: SamplerConfig,
     ) -> Result<Self, CopyStreamError> {
-        let slots = (0..slots.max(2))
-            .map(|_| Slot::with_copy_stream(obs, batch_size, device, stream))
+        let buffers = (0..cfg.depth.max(2))
+            .map(|_| StagingBuffer::with_copy_stream(obs, batch_size, device, stream))
             .collect::<Result<Vec<_>, _>>()?;
-        Self::spawn_with(table, slots, Some(device), Some(Arc::clone(stream)), seed)
+        Self::spawn_with(table, buffers, Some(device), Some(Arc::clone(stream)), cfg)
             .map_err(|e| CopyStreamError::Thread(e.to_string()))
     }
 
     fn spawn_with(
         table: Arc<Table>,
-        slots: Vec<Slot>,
+        buffers: Vec<StagingBuffer>,
         pin_for: Option<Device>,
         copy_stream: Option<Arc<CopyStream>>,
-        seed: u64,
+        cfg: SamplerConfig,
     ) -> std::io::Result<Self> {
-        let depth = slots.len();
-        let (free_tx, free_rx) = crossbeam_channel::bounded::<Slot>(depth);
-        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Slot>(depth);
-        for slot in slots {
-            free_tx.send(slot).expect("channel has room for every slot");
+        let depth = buffers.len();
+        let (free_tx, free_rx) = crossbeam_channel::bounded::<StagingBuffer>(depth);
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<StagingBuffer>(depth);
+        for buf in buffers {
+            free_tx
+                .send(buf)
+                .expect("channel has room for every buffer");
         }
         let stream = copy_stream.clone();
+        let fills = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&fills);
         let handle = std::thread::Builder::new()
             .name("prefetch".into())
             .spawn(move || {
-                let mut rng = SmallRng::seed_from_u64(seed);
+                let mut rng = SmallRng::seed_from_u64(cfg.seed);
+                let mut result = Ok(());
                 // Ends when the table closes, the learner drops its ends, or the device
                 // fails.
-                while let Ok(mut slot) = free_rx.recv() {
-                    if let Err(e) = slot.wait_copied() {
-                        tracing::error!("prefetch: {e}");
+                while let Ok(mut buf) = free_rx.recv() {
+                    if let Err(e) = buf.wait_copied() {
+                        result = Err(PrefetchError::CopyStream(e.to_string()));
                         break;
                     }
-                    if slot.fill(&table, &mut rng).is_err() {
+                    if buf.fill(&table, &mut rng).is_err() {
                         break;
                     }
-                    if let Err(e) = slot.upload() {
-                        tracing::error!("prefetch: {e}");
+                    let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+                    if cfg.fail_after.is_some_and(|k| n > k) {
+                        result = Err(PrefetchError::Injected(n - 1));
                         break;
                     }
-                    if let Err(unsent) = ready_tx.send(slot) {
+                    if let Err(e) = buf.upload() {
+                        result = Err(PrefetchError::CopyStream(e.to_string()));
+                        break;
+                    }
+                    if let Err(unsent) = ready_tx.send(buf) {
                         // Its copy may still be running: finish it before freeing.
                         finish_copies(stream.as_deref());
                         drop(unsent);
                         break;
                     }
                 }
-                // Only this thread queues copies: once they are done, every slot
+                // Only this thread queues copies: once they are done, every buffer
                 // (including those still queued as ready) may be freed.
                 finish_copies(stream.as_deref());
+                result
             })?;
         Ok(Self {
             ready: ready_rx,
@@ -382,45 +442,51 @@ impl Prefetcher {
             return_batch: (depth / 2).max(1),
             copies_to: pin_for,
             copy_stream,
+            fills,
             handle,
         })
     }
 
-    /// Hands a used slot back for refilling, half the ring at a time: the sampler then
+    /// Batches the sampler has filled so far.
+    pub fn fills(&self) -> u64 {
+        self.fills.load(Ordering::Relaxed)
+    }
+
+    /// Hands a used buffer back for refilling, half the ring at a time: the sampler then
     /// wakes once per half ring and refills it in one burst, instead of waking (and
     /// competing for the CPU with the learner) once per update. Half the ring stays
     /// ready meanwhile, so the learner does not wait as long as the sampler refills
     /// faster than the learner consumes.
     ///
-    /// On a GPU the copies out of these slots were queued without blocking; waiting for
-    /// the device here (once per half ring, not once per update) guarantees they are
-    /// done before the sampler overwrites a slot.
+    /// On a GPU the copies out of these buffers were queued without blocking; waiting
+    /// for the device here (once per half ring, not once per update) guarantees they
+    /// are done before the sampler overwrites a buffer.
     ///
     /// Returns the time spent waiting for the device (zero on the CPU, where no clock
     /// is read).
-    pub fn recycle(&self, used: &mut Vec<Slot>, slot: Slot) -> Duration {
+    pub fn recycle(&self, used: &mut Vec<StagingBuffer>, buf: StagingBuffer) -> Duration {
         let mut waited = Duration::ZERO;
-        if let Some(d) = &slot.device {
-            // The update that read this slot's device buffers is queued: mark when it
-            // ends, so the next copy into them waits for it (on the device).
+        if let Some(d) = &buf.device {
+            // The update that read this buffer's device twin is queued: mark when it
+            // ends, so the next copy into it waits for it (on the device).
             if let Err(e) = d.used.record_on_compute_stream() {
                 tracing::error!("copy stream: {e}; waiting for the device instead");
                 waited += self.wait_for_device();
             }
         }
-        used.push(slot);
+        used.push(buf);
         if used.len() >= self.return_batch {
             if self.copy_stream.is_none() {
                 waited += self.wait_for_device();
             }
-            for slot in used.drain(..) {
-                let _ = self.free.send(slot);
+            for buf in used.drain(..) {
+                let _ = self.free.send(buf);
             }
         }
         waited
     }
 
-    /// Waits for all queued work on the slots' CUDA device, if any; returns how long.
+    /// Waits for all queued work on the buffers' CUDA device, if any; returns how long.
     fn wait_for_device(&self) -> Duration {
         match self.copies_to {
             Some(Device::Cuda(i)) => {
@@ -432,11 +498,15 @@ impl Prefetcher {
         }
     }
 
-    /// Waits for the sampler thread (after the table is closed).
-    pub fn join(self) {
+    /// Waits for the sampler thread (after the table is closed, or once `ready` has
+    /// disconnected); returns why it stopped if that was an error.
+    pub fn join(self) -> Result<(), PrefetchError> {
         drop(self.ready);
         drop(self.free);
-        let _ = self.handle.join();
+        match self.handle.join() {
+            Ok(result) => result,
+            Err(panic) => Err(PrefetchError::Panicked(crate::panic_message(&*panic))),
+        }
     }
 }
 
@@ -446,66 +516,140 @@ mod tests {
     use millrace_proto::TransitionBatch;
     use millrace_replay::{RateLimiterConfig, ReplayConfig};
 
+    fn table(capacity: usize, row: usize) -> Arc<Table> {
+        Arc::new(
+            Table::new(&ReplayConfig {
+                capacity,
+                shards: 1,
+                obs_row_bytes: row,
+                obs_rows_per_item: 2.0,
+                limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+            })
+            .unwrap(),
+        )
+    }
+
+    /// `n` one-float transitions, all from parameter version `version`.
+    fn batch(version: u64, seq: u64, n: usize) -> TransitionBatch {
+        let mut b = TransitionBatch::with_capacity(4, n, 2 * n);
+        for i in 0..n {
+            b.push_f32(&[i as f32], 0, 1.0, 0.5, &[2.0]);
+        }
+        (b.version, b.seq) = (version, seq);
+        b
+    }
+
+    fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+        let start = std::time::Instant::now();
+        while !cond() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     #[test]
-    fn used_slots_go_back_half_a_ring_at_a_time() {
+    fn used_buffers_go_back_half_a_ring_at_a_time() {
         let obs = ObsSpec {
             shape: vec![1],
             dtype: DType::F32,
         };
-        let table = Arc::new(Table::new(&ReplayConfig {
-            capacity: 100,
-            shards: 1,
-            obs_row_bytes: 4,
-            obs_rows_per_item: 2.0,
-            limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
-        }));
-        let mut b = TransitionBatch::with_capacity(4, 1, 2);
-        b.push_f32(&[1.0], 0, 1.0, 0.5, &[2.0]);
-        table.insert(&b).unwrap();
-        let p = Prefetcher::spawn(Arc::clone(&table), &obs, 2, 8, None, 0).unwrap();
+        // Replay holds 4 items: one batch of version 1 now.
+        let table = table(4, 4);
+        table.insert(&batch(1, 0, 4)).unwrap();
+        let cfg = SamplerConfig {
+            depth: 8,
+            seed: 0,
+            fail_after: None,
+        };
+        let p = Prefetcher::spawn(Arc::clone(&table), &obs, 2, None, cfg).unwrap();
+        let taken: Vec<StagingBuffer> = (0..8).map(|_| p.ready.recv().unwrap()).collect();
+        assert!(taken.iter().all(|b| b.oldest_version == 1));
+        assert_eq!(p.fills(), 8, "the ring is full and the sampler idle");
+        // Newer data replaces the old: refilled buffers must carry version 5.
+        table.insert(&batch(5, 1, 4)).unwrap();
         let mut used = Vec::new();
-        let mut taken = Vec::new();
-        for _ in 0..8 {
-            taken.push(p.ready.recv().unwrap());
-        }
-        assert!(p.ready.is_empty(), "all eight slots are out");
-        for (i, slot) in taken.into_iter().enumerate() {
-            p.recycle(&mut used, slot);
+        for (i, buf) in taken.into_iter().enumerate() {
+            p.recycle(&mut used, buf);
             if i < 3 {
                 assert_eq!(used.len(), i + 1, "held until half the ring is used");
+                assert_eq!(p.fills(), 8, "nothing went back to the sampler yet");
+            }
+            if i == 3 {
+                assert!(used.is_empty(), "the first half went back at once");
+                wait_until("the first half is refilled", || p.fills() == 12);
             }
         }
         assert!(used.is_empty(), "both halves went back");
-        // The sampler refills every slot it got back.
         for _ in 0..8 {
-            let slot = p.ready.recv().unwrap();
-            assert_eq!(slot.oldest_version, 0);
+            let buf = p.ready.recv().unwrap();
+            assert_eq!(buf.oldest_version, 5, "refilled with fresh samples");
         }
+        assert_eq!(p.fills(), 16);
         table.close();
-        p.join();
+        p.join().unwrap();
     }
 
-    /// On a GPU host: batches copied on the side stream equal their pinned host slots,
-    /// round after round (slots refilled only after their copies). Skipped without CUDA.
     #[test]
-    fn copy_stream_batches_match_their_slots() {
-        if !tch::Cuda::is_available() {
-            eprintln!("skipped: no CUDA device");
-            return;
-        }
+    fn a_failing_sampler_ends_the_ring_and_says_why() {
+        let obs = ObsSpec {
+            shape: vec![1],
+            dtype: DType::F32,
+        };
+        let table = table(100, 4);
+        table.insert(&batch(0, 0, 4)).unwrap();
+        let cfg = SamplerConfig {
+            depth: 4,
+            seed: 0,
+            fail_after: Some(2),
+        };
+        let p = Prefetcher::spawn(Arc::clone(&table), &obs, 2, None, cfg).unwrap();
+        let got: Vec<StagingBuffer> = p.ready.iter().collect();
+        assert_eq!(got.len(), 2, "two batches, then the ring ends");
+        assert_eq!(p.join(), Err(PrefetchError::Injected(2)));
+    }
+
+    #[test]
+    fn cpu_batches_are_copies_not_views_of_the_buffer() {
+        let obs = ObsSpec {
+            shape: vec![1],
+            dtype: DType::F32,
+        };
+        let table = table(10, 4);
+        table.insert(&batch(0, 0, 4)).unwrap();
+        let mut buf = StagingBuffer::new(&obs, 2, None);
+        let mut rng = SmallRng::seed_from_u64(0);
+        buf.fill(&table, &mut rng).unwrap();
+        let batch = buf.to_device(Device::Cpu);
+        assert_ne!(batch.obs2.data_ptr(), buf.obs2.data_ptr());
+        assert!(batch.obs2.equal(&buf.obs2));
+    }
+
+    /// On a GPU host: batches copied on the side stream equal their pinned host
+    /// buffers, round after round (buffers refilled only after their copies). Run by
+    /// the GPU script (`bench/gpu_prepare.sh`).
+    #[test]
+    #[ignore = "needs a CUDA device: run with --ignored on a GPU host"]
+    fn copy_stream_batches_match_their_buffers() {
+        assert!(tch::Cuda::is_available(), "this test needs a CUDA device");
         let device = Device::Cuda(0);
         let obs = ObsSpec {
             shape: vec![4, 84, 84],
             dtype: DType::U8,
         };
         let row = obs.row_bytes();
-        let table = Arc::new(Table::new(&ReplayConfig {
-            capacity: 2000,
-            shards: 2,
-            obs_row_bytes: row,
-            obs_rows_per_item: 2.0,
-            limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
-        }));
+        let table = Arc::new(
+            Table::new(&ReplayConfig {
+                capacity: 2000,
+                shards: 2,
+                obs_row_bytes: row,
+                obs_rows_per_item: 2.0,
+                limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+            })
+            .unwrap(),
+        );
         for seq in 0..20u64 {
             let mut b = TransitionBatch::with_capacity(row, 50, 51);
             for r in 0..51u64 {
@@ -518,28 +662,33 @@ mod tests {
             table.insert(&b).unwrap();
         }
         let stream = CopyStream::new(0).unwrap();
+        let cfg = SamplerConfig {
+            depth: 4,
+            seed: 0,
+            fail_after: None,
+        };
         let p =
-            Prefetcher::spawn_on_copy_stream(Arc::clone(&table), &obs, 64, 4, device, &stream, 0)
+            Prefetcher::spawn_on_copy_stream(Arc::clone(&table), &obs, 64, device, &stream, cfg)
                 .unwrap();
         let mut used = Vec::new();
         for _ in 0..40 {
-            let slot = p.ready.recv().unwrap();
+            let buf = p.ready.recv().unwrap();
             {
-                let batch = slot.to_device(device);
+                let batch = buf.to_device(device);
                 assert_eq!(batch.obs2.device(), device);
                 for (on_device, host) in [
-                    (&batch.obs2, &slot.obs2),
-                    (&batch.actions, &slot.actions),
-                    (&batch.rewards, &slot.rewards),
-                    (&batch.discounts, &slot.discounts),
+                    (&batch.obs2, &buf.obs2),
+                    (&batch.actions, &buf.actions),
+                    (&batch.rewards, &buf.rewards),
+                    (&batch.discounts, &buf.discounts),
                 ] {
                     assert!(on_device.to_device(Device::Cpu).equal(host));
                 }
             }
-            p.recycle(&mut used, slot);
+            p.recycle(&mut used, buf);
         }
         table.close();
         drop(used);
-        p.join();
+        p.join().unwrap();
     }
 }

@@ -1,38 +1,37 @@
 //! The learner thread: takes ready batches, updates, publishes parameters, reports, and
-//! checkpoints. It owns the device and every tensor on it.
+//! hands checkpoints to the writer. It owns the device and every tensor on it.
+//!
+//! It never synchronises with the device per update: statistics (the non-finite counts
+//! among them) are read once per report. Whatever ends it (a stop command, the sampler
+//! failing, a diverged loss, the device running out of memory, a panic) comes back as a
+//! [`LoopOutcome`] whose `error` says which, with a final checkpoint attempted wherever
+//! the state is still good.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, Receiver, Sender, TrySendError};
-use millrace_actor::ActorControl;
-use millrace_proto::{EnvSpec, Params};
-use millrace_replay::Table;
+use crossbeam_channel::{select, Receiver, Sender};
+use millrace_proto::StepCounter;
 
-use crate::checkpoint::{self, CheckpointError, CheckpointMeta};
+use crate::checkpoint::writer::{CheckpointWriter, SaveJob};
+use crate::checkpoint::CheckpointError;
+use crate::config::LoopConfig;
+use crate::cuda::Stopwatch;
 use crate::dqn::{Dqn, UpdateStats};
-use crate::prefetch::Prefetcher;
-use millrace_actor::ParamsSlot;
-
-/// The learner thread's own settings.
-#[derive(Clone, Debug)]
-pub struct LoopConfig {
-    /// Publish parameters to actors every this many updates.
-    pub publish_every: u64,
-    /// Read device statistics and report this often (each read is one host sync).
-    pub report_every: Duration,
-    /// Also checkpoint this often (a final checkpoint is always written on stop).
-    pub checkpoint_every: Option<Duration>,
-}
+use crate::memory::Footprint;
+use crate::prefetch::{PrefetchError, Prefetcher, StagingBuffer};
+use crate::publisher::Publisher;
 
 /// Requests to the learner thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
-    /// Write a final checkpoint and stop.
-    Stop,
+    /// Stop; write a final checkpoint if asked, marked finished with the given reason
+    /// when the run is over for good.
+    Stop {
+        checkpoint: bool,
+        run_finished: Option<String>,
+    },
 }
 
 /// Where the learner thread's wall time went, in seconds since it started.
@@ -56,6 +55,15 @@ impl StallTimes {
             0.0
         }
     }
+
+    /// `x` as a fraction of the total.
+    pub fn frac(&self, x: f64) -> f64 {
+        if self.total > 0.0 {
+            x / self.total
+        } else {
+            0.0
+        }
+    }
 }
 
 /// A periodic report from the learner thread.
@@ -67,236 +75,389 @@ pub struct LearnerReport {
     pub stalls: StallTimes,
     /// Mean over reported batches of (current version − oldest version in the batch).
     pub staleness: f64,
+    /// The longest the learner thread spent handing over one checkpoint (seconds).
+    pub checkpoint_stall_max: f64,
+    pub checkpoints_submitted: u64,
 }
 
-/// What the checkpoint needs from outside the learner thread.
-#[derive(Clone, Debug)]
-pub struct CheckpointContext {
-    pub dir: PathBuf,
-    pub env: EnvSpec,
-    pub seed: u64,
-    pub control: Arc<ActorControl>,
-    pub table: Arc<Table>,
+/// Why the learner thread failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LearnerError {
+    #[error("the sampler failed: {0}")]
+    Sampler(#[from] PrefetchError),
+    #[error(
+        "{streak} consecutive updates had a non-finite loss ({skipped} skipped in all; \
+         the limit is --max-nonfinite {limit}): the run diverged. The last good checkpoint \
+         was kept; try a lower --lr or --max-grad-norm"
+    )]
+    Diverged {
+        streak: u64,
+        skipped: u64,
+        limit: u64,
+    },
+    #[error("{0}")]
+    OutOfMemory(String),
+    #[error("panicked: {0}")]
+    Panicked(String),
 }
 
-impl CheckpointContext {
-    fn save(&self, dqn: &Dqn, params_version: u64) -> Result<PathBuf, CheckpointError> {
-        let state = dqn.state();
-        let stats = self.table.stats();
-        let meta = CheckpointMeta {
-            format: checkpoint::FORMAT_VERSION,
-            model_file: String::new(),
-            env: self.env.clone(),
-            network: dqn.spec().clone(),
-            updates: state.updates,
-            adam_step: state.adam_step,
-            env_steps: self.control.env_steps.load(Ordering::Relaxed),
-            params_version,
-            replay_inserts: stats.inserted,
-            replay_samples: stats.sampled,
-            replay_file: None,
-            seed: self.seed,
-        };
-        checkpoint::save(&self.dir, &state, Some(&self.table), meta)
-    }
-}
-
-/// The learner thread's result.
+/// What the learner thread hands back.
 #[derive(Debug)]
 pub struct LoopOutcome {
-    pub dqn: Dqn,
     pub last: LearnerReport,
-    pub checkpoint: Result<PathBuf, CheckpointError>,
+    /// Where the final checkpoint's result arrives, if one was submitted.
+    pub final_checkpoint: Option<Receiver<Result<PathBuf, CheckpointError>>>,
+    pub error: Option<LearnerError>,
 }
 
-/// A parameter snapshot on its way to actors: still on the device.
+/// The learner thread's parts, moved into it.
 #[derive(Debug)]
-struct Snapshot {
-    version: u64,
-    env_steps: u64,
-    population: usize,
-    online: tch::Tensor,
+pub struct LearnerParts {
+    pub dqn: Dqn,
+    pub prefetcher: Prefetcher,
+    pub publisher: Publisher,
+    pub steps: std::sync::Arc<StepCounter>,
+    pub footprint: Footprint,
+    /// Panic after this many updates (tests of the shutdown path).
+    pub panic_after: Option<u64>,
+    /// Fail an update as out of memory after this many (tests of that path).
+    pub oom_after: Option<u64>,
 }
 
-/// Publishes parameter snapshots to actors from its own thread: the copy to the host
-/// (which waits for the device) happens there, so the learner thread never synchronises
-/// with the device to publish. Latest-only: while it is busy, newer snapshots are
-/// skipped (the next one is newer still). Like the prefetcher, it is started by the
-/// wiring, outside the learner thread (whose core it should not share).
-#[derive(Debug)]
-pub struct Publisher {
-    params: Arc<ParamsSlot>,
-    snapshots: Option<Sender<Snapshot>>,
-    /// The queue's other end, to replace a snapshot still waiting with a newer one.
-    stale: Receiver<Snapshot>,
-    handle: Option<JoinHandle<()>>,
+/// Whether a panic message from libtorch is an allocation failure.
+pub fn is_out_of_memory(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("out of memory")
+        || m.contains("can't allocate memory")
+        || m.contains("not enough memory")
 }
 
-impl Publisher {
-    pub fn spawn(params: Arc<ParamsSlot>) -> std::io::Result<Self> {
-        let (snapshots, pending) = crossbeam_channel::bounded::<Snapshot>(1);
-        let stale = pending.clone();
-        let slot = Arc::clone(&params);
-        let handle = std::thread::Builder::new()
-            .name("publish".into())
-            .spawn(move || {
-                for s in pending {
-                    let host = s.online.to_device(tch::Device::Cpu).contiguous().view([-1]);
-                    match Vec::<f32>::try_from(&host) {
-                        Ok(data) => slot.publish(Params {
-                            version: s.version,
-                            env_steps: s.env_steps,
-                            population: s.population,
-                            data,
-                        }),
-                        Err(e) => tracing::error!("cannot publish parameters: {e}"),
-                    }
-                }
-            })?;
-        Ok(Self {
-            params,
-            snapshots: Some(snapshots),
-            stale,
-            handle: Some(handle),
-        })
-    }
+/// Timing of host-to-device copies on a GPU: events around each copy, read once the
+/// device has caught up (when the learner waits for it anyway, once per half ring).
+struct CopyTimer {
+    device: usize,
+    free: Vec<Stopwatch>,
+    pending: Vec<Stopwatch>,
+}
 
-    /// The newest version published.
-    fn version(&self) -> u64 {
-        self.params.version()
-    }
-
-    /// Publishes `dqn`'s online parameters as `version`: on the CPU directly (one copy,
-    /// no device to wait for), from a GPU through the publisher thread.
-    fn offer(&self, version: u64, env_steps: u64, dqn: &Dqn) {
-        let population = dqn.spec().population;
-        if dqn.device() == tch::Device::Cpu {
-            self.params.publish(Params {
-                version,
-                env_steps,
-                population,
-                data: dqn.online_params(),
-            });
-        } else if let Some(tx) = &self.snapshots {
-            let snapshot = Snapshot {
-                version,
-                env_steps,
-                population,
-                online: dqn.online_snapshot(),
-            };
-            // Latest-only: a snapshot still waiting is replaced by this newer one.
-            if let Err(TrySendError::Full(snapshot)) = tx.try_send(snapshot) {
-                let _ = self.stale.try_recv();
-                let _ = tx.try_send(snapshot);
+impl CopyTimer {
+    fn new(device: tch::Device) -> Option<Self> {
+        let tch::Device::Cuda(i) = device else {
+            return None;
+        };
+        match Stopwatch::new(i) {
+            Ok(w) => Some(Self {
+                device: i,
+                free: vec![w],
+                pending: Vec::new(),
+            }),
+            Err(e) => {
+                tracing::warn!("copy times are counted as compute: {e}");
+                None
             }
         }
     }
-}
 
-impl Drop for Publisher {
-    /// Publishes what is pending, then stops the thread.
-    fn drop(&mut self) {
-        drop(self.snapshots.take());
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
+    fn start(&mut self) -> Option<Stopwatch> {
+        let w = match self.free.pop() {
+            Some(w) => w,
+            None => Stopwatch::new(self.device).ok()?,
+        };
+        w.start().ok()?;
+        Some(w)
+    }
+
+    fn stop(&mut self, w: Option<Stopwatch>) {
+        if let Some(w) = w {
+            if w.stop().is_ok() {
+                self.pending.push(w);
+            }
         }
+    }
+
+    /// Seconds of copies completed (all of them, right after a device wait).
+    fn collect(&mut self) -> f64 {
+        let mut total = 0.0;
+        let mut still = Vec::new();
+        for w in self.pending.drain(..) {
+            match w.elapsed_s() {
+                Some(s) => {
+                    total += s;
+                    self.free.push(w);
+                }
+                None => still.push(w),
+            }
+        }
+        self.pending = still;
+        total
     }
 }
 
-/// Runs updates back to back until [`Command::Stop`] or until the prefetcher ends.
-#[allow(clippy::too_many_arguments)]
+/// Runs the learner thread: updates back to back until [`Command::Stop`], the sampler
+/// ending, or a failure.
 pub fn run(
-    mut dqn: Dqn,
-    config: &LoopConfig,
-    prefetcher: &Prefetcher,
-    publisher: &Publisher,
+    parts: LearnerParts,
+    cfg: &LoopConfig,
     commands: &Receiver<Command>,
     reports: &Sender<LearnerReport>,
-    ckpt: &CheckpointContext,
+    writer: &CheckpointWriter,
 ) -> LoopOutcome {
-    let device = dqn.device();
-    let start = Instant::now();
-    let mut t = StallTimes::default();
-    let mut version = publisher.version();
-    let mut last_report = Instant::now();
-    let mut last_ckpt = Instant::now();
-    let mut staleness_sum = 0.0;
-    let mut batches = 0u64;
-    let mut last = LearnerReport::default();
-    let mut used = Vec::new();
-
-    loop {
-        let t0 = Instant::now();
-        let slot = select! {
-            recv(prefetcher.ready) -> slot => match slot {
-                Ok(slot) => slot,
-                Err(_) => break,
-            },
-            recv(commands) -> _ => break,
-        };
-        let t1 = Instant::now();
-        let batch = slot.to_device(device);
-        let t2 = Instant::now();
-        dqn.update(&batch);
-        let t3 = Instant::now();
-        drop(batch);
-        staleness_sum += version.saturating_sub(slot.oldest_version) as f64;
-        batches += 1;
-        // On a GPU, recycling waits for the device once per half ring: that wait is
-        // queued update work, so it counts as compute.
-        t.compute += prefetcher.recycle(&mut used, slot).as_secs_f64();
-        t.wait_data += (t1 - t0).as_secs_f64();
-        t.host_to_device += (t2 - t1).as_secs_f64();
-        t.compute += (t3 - t2).as_secs_f64();
-
-        if dqn.updates().is_multiple_of(config.publish_every.max(1)) {
-            let p0 = Instant::now();
-            version += 1;
-            publisher.offer(
-                version,
-                ckpt.control.env_steps.load(Ordering::Relaxed),
-                &dqn,
-            );
-            t.publish += p0.elapsed().as_secs_f64();
+    let LearnerParts {
+        mut dqn,
+        prefetcher,
+        publisher,
+        steps,
+        footprint,
+        panic_after,
+        oom_after,
+    } = parts;
+    let mut state = LoopState::new(publisher.version());
+    let ended = catch_unwind(AssertUnwindSafe(|| {
+        state.run(
+            &mut dqn,
+            cfg,
+            &prefetcher,
+            &publisher,
+            commands,
+            reports,
+            writer,
+            &steps,
+            &footprint,
+            (panic_after, oom_after),
+        )
+    }));
+    let (stop, mut error) = match ended {
+        Ok(Ok(stop)) => (stop, None),
+        Ok(Err(e)) => (None, Some(e)),
+        Err(panic) => (
+            None,
+            Some(LearnerError::Panicked(crate::panic_message(&*panic))),
+        ),
+    };
+    // The sampler's own error explains an early end of the ring.
+    let sampler = prefetcher.join();
+    if error.is_none() {
+        if let Err(e) = sampler {
+            error = Some(LearnerError::Sampler(e));
         }
-        if last_report.elapsed() >= config.report_every {
-            let m0 = Instant::now();
-            // A report's split must add up: total as of now, like its parts.
-            t.total = start.elapsed().as_secs_f64();
-            last = LearnerReport {
-                updates: dqn.updates(),
-                params_version: version,
-                stats: dqn.take_stats(),
-                stalls: t,
-                staleness: staleness_sum / batches.max(1) as f64,
-            };
-            (staleness_sum, batches) = (0.0, 0);
-            let _ = reports.try_send(last);
-            last_report = Instant::now();
-            t.metrics += m0.elapsed().as_secs_f64();
-        }
-        if let Some(every) = config.checkpoint_every {
-            if last_ckpt.elapsed() >= every {
-                let c0 = Instant::now();
-                if let Err(e) = ckpt.save(&dqn, version) {
-                    tracing::warn!("periodic checkpoint failed: {e}");
-                }
-                last_ckpt = Instant::now();
-                t.checkpoint += c0.elapsed().as_secs_f64();
-            }
-        }
-        t.total = start.elapsed().as_secs_f64();
     }
-    let c0 = Instant::now();
-    let checkpoint = ckpt.save(&dqn, version);
-    t.checkpoint += c0.elapsed().as_secs_f64();
-    t.total = start.elapsed().as_secs_f64();
-    last.updates = dqn.updates();
-    last.params_version = version;
-    last.stalls = t;
+    drop(publisher);
+    // A final checkpoint wherever the state is good: asked for, or after the sampler
+    // failed. Not after divergence (the last good one stays), a panic (the state may be
+    // half-updated) or running out of memory (saved already, before the error).
+    let (checkpoint, run_finished) = match (&stop, &error) {
+        (
+            Some(Command::Stop {
+                checkpoint,
+                run_finished,
+            }),
+            None,
+        ) => (*checkpoint, run_finished.clone()),
+        (None, None) => (true, None),
+        (_, Some(LearnerError::Sampler(_))) => (true, None),
+        _ => (false, None),
+    };
+    let final_checkpoint = checkpoint.then(|| {
+        let c0 = Instant::now();
+        let job = state.job(&dqn, run_finished);
+        let rx = writer.submit_final(job);
+        state.t.checkpoint += c0.elapsed().as_secs_f64();
+        rx
+    });
+    state.t.total = state.start.elapsed().as_secs_f64();
+    state.last.updates = dqn.updates();
+    state.last.params_version = state.version;
+    state.last.stalls = state.t;
     LoopOutcome {
-        dqn,
-        last,
-        checkpoint,
+        last: state.last,
+        final_checkpoint,
+        error,
+    }
+}
+
+/// The learner thread's bookkeeping.
+struct LoopState {
+    start: Instant,
+    t: StallTimes,
+    version: u64,
+    last: LearnerReport,
+    staleness_sum: f64,
+    batches: u64,
+    checkpoint_stall_max: f64,
+    checkpoints_submitted: u64,
+}
+
+impl LoopState {
+    fn new(version: u64) -> Self {
+        Self {
+            start: Instant::now(),
+            t: StallTimes::default(),
+            version,
+            last: LearnerReport::default(),
+            staleness_sum: 0.0,
+            batches: 0,
+            checkpoint_stall_max: 0.0,
+            checkpoints_submitted: 0,
+        }
+    }
+
+    /// A checkpoint of `dqn` as it is now: one copy of its tensors to the host.
+    fn job(&self, dqn: &Dqn, run_finished: Option<String>) -> SaveJob {
+        SaveJob {
+            state: dqn.state(),
+            network: dqn.spec().clone(),
+            params_version: self.version,
+            run_finished,
+            done: None,
+        }
+    }
+
+    /// The loop proper; returns the stop command that ended it (`None` when the
+    /// sampler's ring ended).
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        dqn: &mut Dqn,
+        cfg: &LoopConfig,
+        prefetcher: &Prefetcher,
+        publisher: &Publisher,
+        commands: &Receiver<Command>,
+        reports: &Sender<LearnerReport>,
+        writer: &CheckpointWriter,
+        steps: &StepCounter,
+        footprint: &Footprint,
+        (panic_after, oom_after): (Option<u64>, Option<u64>),
+    ) -> Result<Option<Command>, LearnerError> {
+        let device = dqn.device();
+        let mut last_report = Instant::now();
+        let mut last_ckpt = Instant::now();
+        let mut used: Vec<StagingBuffer> = Vec::new();
+        let mut timer = CopyTimer::new(device);
+        loop {
+            let t0 = Instant::now();
+            let buf = select! {
+                recv(prefetcher.ready) -> buf => match buf {
+                    Ok(buf) => buf,
+                    Err(_) => return Ok(commands.try_recv().ok()),
+                },
+                recv(commands) -> cmd => return Ok(cmd.ok()),
+            };
+            let t1 = Instant::now();
+            let watch = timer.as_mut().and_then(CopyTimer::start);
+            let batch = buf.to_device(device);
+            if let Some(timer) = &mut timer {
+                timer.stop(watch);
+            }
+            let t2 = Instant::now();
+            if panic_after.is_some_and(|n| dqn.updates() >= n) {
+                panic!("injected fault after {} updates", dqn.updates());
+            }
+            let updated = catch_unwind(AssertUnwindSafe(|| {
+                if oom_after.is_some_and(|n| dqn.updates() >= n) {
+                    panic!(
+                        "DefaultCPUAllocator: not enough memory: you tried to allocate \
+                         1099511627776 bytes (injected fault)"
+                    );
+                }
+                dqn.update(&batch)
+            }));
+            if let Err(panic) = updated {
+                let msg = crate::panic_message(&*panic);
+                if !is_out_of_memory(&msg) {
+                    std::panic::resume_unwind(panic);
+                }
+                // Keep what was learned: the state is the one before this update (or
+                // at worst one half-applied optimizer step), far better than nothing.
+                let saved = writer
+                    .submit_final(self.job(dqn, None))
+                    .recv()
+                    .map_err(|_| "the checkpoint writer is gone".to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()));
+                return Err(LearnerError::OutOfMemory(footprint.explain(&msg, saved)));
+            }
+            let t3 = Instant::now();
+            drop(batch);
+            self.staleness_sum += self.version.saturating_sub(buf.oldest_version) as f64;
+            self.batches += 1;
+            // On a GPU, recycling waits for the device once per half ring: that wait is
+            // queued work, the copies and updates; the copies' share is timed on the
+            // device and moved from compute to host-to-device.
+            let waited = prefetcher.recycle(&mut used, buf).as_secs_f64();
+            let copies = match (&mut timer, waited > 0.0) {
+                (Some(timer), true) => timer.collect(),
+                _ => 0.0,
+            };
+            self.t.wait_data += (t1 - t0).as_secs_f64();
+            self.t.host_to_device += (t2 - t1).as_secs_f64() + copies;
+            self.t.compute += (t3 - t2).as_secs_f64() + (waited - copies).max(0.0);
+
+            if dqn.updates().is_multiple_of(cfg.publish_every.max(1)) {
+                let p0 = Instant::now();
+                self.version += 1;
+                publisher.offer(self.version, steps.get(), dqn);
+                self.t.publish += p0.elapsed().as_secs_f64();
+            }
+            if last_report.elapsed() >= cfg.report_every {
+                let m0 = Instant::now();
+                // A report's split must add up: total as of now, like its parts.
+                self.t.total = self.start.elapsed().as_secs_f64();
+                let stats = dqn.take_stats();
+                self.last = LearnerReport {
+                    updates: dqn.updates(),
+                    params_version: self.version,
+                    stats,
+                    stalls: self.t,
+                    staleness: self.staleness_sum / self.batches.max(1) as f64,
+                    checkpoint_stall_max: self.checkpoint_stall_max,
+                    checkpoints_submitted: self.checkpoints_submitted,
+                };
+                (self.staleness_sum, self.batches) = (0.0, 0);
+                let _ = reports.try_send(self.last);
+                last_report = Instant::now();
+                self.t.metrics += m0.elapsed().as_secs_f64();
+                if stats.nonfinite_streak >= cfg.max_nonfinite {
+                    return Err(LearnerError::Diverged {
+                        streak: stats.nonfinite_streak,
+                        skipped: stats.nonfinite,
+                        limit: cfg.max_nonfinite,
+                    });
+                }
+            }
+            if let Some(every) = cfg.checkpoint_every {
+                if last_ckpt.elapsed() >= every {
+                    let c0 = Instant::now();
+                    if writer.try_submit(self.job(dqn, None)) {
+                        self.checkpoints_submitted += 1;
+                    }
+                    last_ckpt = Instant::now();
+                    let stall = c0.elapsed().as_secs_f64();
+                    self.t.checkpoint += stall;
+                    self.checkpoint_stall_max = self.checkpoint_stall_max.max(stall);
+                }
+            }
+            self.t.total = self.start.elapsed().as_secs_f64();
+        }
+    }
+}
+
+/// How long the learner waits for a stop to take effect before the coordinator gives
+/// up on a clean final checkpoint.
+pub const STOP_GRACE: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_failures_are_recognised() {
+        assert!(is_out_of_memory(
+            "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 79.19 GiB total capacity)"
+        ));
+        assert!(is_out_of_memory(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you tried to allocate 1099511627776 bytes."
+        ));
+        assert!(!is_out_of_memory(
+            "shape '[1, 64]' is invalid for input of size 3"
+        ));
     }
 }

@@ -1,21 +1,36 @@
-//! The `learner` binary as users run it: bad input gives one clear error line and a
-//! non-zero exit, never a panic; a run checkpoints and `--resume` continues it.
+//! The `learner` binary as users run it: bad input gives one clear error line and exit
+//! status 1, never a panic; a run checkpoints and `--resume` continues it; SIGTERM stops
+//! it with a checkpoint (130); a component failing after threads started goes through
+//! the shutdown path and exits 1 promptly, saying which component and what became of the
+//! checkpoint.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
-fn learner(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args(args)
+use clap::CommandFactory;
+use millrace_learner::cli::Args;
+
+fn learner_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_learner"));
+    c.args(args)
         .arg("--no-progress")
         .env("RUST_LOG", "warn")
         .env_remove("MILLRACE_TOKEN")
-        .output()
-        .expect("learner runs")
+        .env_remove("MILLRACE_INJECT_FAULT");
+    c
+}
+
+fn learner(args: &[&str]) -> Output {
+    learner_cmd(args).output().expect("learner runs")
 }
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A clean failure: exit status 1, one `error:` line, no panic.
@@ -60,6 +75,14 @@ fn bad_flag_values_are_rejected_before_training() {
             "binding beyond loopback needs a token",
         ),
         (vec!["--actors", "0"], "--actors 0 needs --listen"),
+        (
+            vec!["--max-nonfinite", "0"],
+            "--max-nonfinite must be at least 1",
+        ),
+        (
+            vec!["--replay-capacity", "4000000000000", "--replay-shards", "1"],
+            "lower --replay-capacity",
+        ),
     ] {
         assert_clear_error(&learner(&args), needle);
     }
@@ -70,24 +93,42 @@ fn bad_flag_values_are_rejected_before_training() {
 }
 
 #[test]
+fn a_gpu_that_is_not_there_is_a_clear_error() {
+    let out = learner(&["--gpu", "7"]);
+    if tch::Cuda::is_available() {
+        // On a GPU host: an index beyond the devices, which are listed.
+        assert_clear_error(&out, "--gpu 7: no such device; this machine has");
+    } else {
+        assert_clear_error(&out, "--gpu 7: CUDA is not available on this machine");
+        assert!(stderr(&out).contains("learner doctor"), "{}", stderr(&out));
+    }
+}
+
+#[test]
 fn help_documents_every_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_learner"))
         .arg("--help")
         .output()
         .unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in [
-        "--env",
-        "--actors",
-        "--seed",
-        "--gpu",
-        "--max-steps",
-        "--target-return",
-        "--logdir",
-        "--resume",
-        "--samples-per-insert",
-    ] {
-        assert!(help.contains(flag), "--help lacks {flag}");
+    let cmd = Args::command();
+    let mut checked = 0;
+    for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+        let Some(long) = arg.get_long() else { continue };
+        let flag = format!("--{long}");
+        assert!(help.contains(&flag), "--help lacks {flag}");
+        let doc = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        assert!(doc.len() > 10, "{flag} has no real description: {doc:?}");
+        checked += 1;
+    }
+    assert!(checked >= 35, "only {checked} flags found");
+    for sub in ["export", "eval", "doctor"] {
+        assert!(help.contains(sub), "--help lacks the {sub} subcommand");
+        let out = Command::new(env!("CARGO_BIN_EXE_learner"))
+            .args([sub, "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{sub} --help");
     }
 }
 
@@ -106,24 +147,37 @@ fn short_run(logdir: &Path, max_steps: &str, extra: &[&str]) -> Output {
     learner(&args)
 }
 
+fn meta(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
 #[test]
 fn a_run_checkpoints_and_resume_continues_it() {
     let dir = tempfile::tempdir().unwrap();
     let first = short_run(dir.path(), "3000", &[]);
-    let text = String::from_utf8_lossy(&first.stdout);
+    let text = stdout(&first);
     // CartPole cannot return 1000: the step budget ends the run (exit status 2).
     assert_eq!(first.status.code(), Some(2), "{text}\n{}", stderr(&first));
     assert!(
-        text.contains("target not reached within 3000 env steps"),
+        text.contains("target 1000.0 not reached within 3000 env steps"),
         "{text}"
     );
     let ckpt = dir.path().join("checkpoint");
-    assert!(ckpt.join("meta.json").exists());
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(ckpt.join("meta.json")).unwrap()).unwrap();
-    let steps = meta["env_steps"].as_u64().unwrap();
-    let updates = meta["updates"].as_u64().unwrap();
-    assert!(steps >= 3000 && updates > 0, "{meta}");
+    let latest = meta(&ckpt.join("latest/meta.json"));
+    let steps = latest["env_steps"].as_u64().unwrap();
+    let updates = latest["updates"].as_u64().unwrap();
+    assert!(steps >= 3000 && updates > 0, "{latest}");
+    assert_eq!(latest["run_finished"], "max steps");
+    // Every evaluation's parameters are kept: best/ holds the best one's exactly.
+    let best = meta(&ckpt.join("best/meta.json"));
+    assert_eq!(best["which"], "best");
+    assert!(best["eval"]["mean"].as_f64().is_some() && best["eval"]["std"].as_f64().is_some());
+    assert!(!ckpt.join("solved").exists(), "not solved");
+    // The effective configuration, every setting, beside the checkpoints.
+    let config = meta(&ckpt.join("config.json"));
+    assert_eq!(config["max_steps"], 3000);
+    assert_eq!(config["dqn"]["lr"], 2.3e-3, "defaults included");
+    assert_eq!(config["replay"]["learning_starts"], 500);
     let events = std::fs::read_dir(dir.path())
         .unwrap()
         .filter(|e| {
@@ -138,71 +192,219 @@ fn a_run_checkpoints_and_resume_continues_it() {
 
     let second = short_run(dir.path(), "5000", &["--resume", ckpt.to_str().unwrap()]);
     assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(ckpt.join("meta.json")).unwrap()).unwrap();
-    assert!(meta["env_steps"].as_u64().unwrap() >= 5000, "{meta}");
+    let latest = meta(&ckpt.join("latest/meta.json"));
+    assert!(latest["env_steps"].as_u64().unwrap() >= 5000, "{latest}");
     assert!(
-        meta["updates"].as_u64().unwrap() > updates,
+        latest["updates"].as_u64().unwrap() > updates,
         "updates continue from the checkpoint"
     );
 
-    // The same checkpoint on another environment or network is refused clearly.
-    let out = learner(&["--env", "Acrobot-v1", "--resume", ckpt.to_str().unwrap()]);
+    // The same checkpoint on another environment or network is refused clearly, and
+    // the refused run changes nothing of the one it meant to continue.
+    let logdir = dir.path().to_str().unwrap();
+    let config_before = std::fs::read(ckpt.join("config.json")).unwrap();
+    let resume = |extra: &[&str]| {
+        let mut args = vec!["--logdir", logdir, "--resume", ckpt.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        learner(&args)
+    };
+    let out = resume(&["--env", "Acrobot-v1"]);
     assert_clear_error(
         &out,
         "it was trained on CartPole-v1, this run is Acrobot-v1",
     );
-    let out = learner(&["--hidden", "32", "--resume", ckpt.to_str().unwrap()]);
+    let out = resume(&["--hidden", "32"]);
     assert_clear_error(&out, "check --hidden");
+    assert_eq!(
+        std::fs::read(ckpt.join("config.json")).unwrap(),
+        config_before,
+        "a refused resume leaves the run's configuration alone"
+    );
 
     // A damaged checkpoint is an error, not a panic.
-    std::fs::write(ckpt.join("meta.json"), b"{ not json").unwrap();
-    let out = learner(&["--resume", ckpt.to_str().unwrap()]);
+    std::fs::write(ckpt.join("latest/meta.json"), b"{ not json").unwrap();
+    let out = resume(&[]);
     assert_clear_error(&out, "not a millrace checkpoint");
 }
 
-#[test]
-fn sigterm_stops_cleanly_with_a_checkpoint() {
-    let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args([
-            "--no-progress",
-            "--target-return",
-            "1000",
-            "--max-steps",
-            "100000000",
-        ])
-        .arg("--logdir")
-        .arg(dir.path())
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait until training is under way (the first TensorBoard point is written).
-    let start = std::time::Instant::now();
-    while start.elapsed().as_secs() < 60 {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let events = std::fs::read_dir(dir.path()).unwrap().flatten().find(|e| {
+/// Waits until a run has written its first TensorBoard point (training under way).
+fn wait_for_training(logdir: &Path) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+        let events = std::fs::read_dir(logdir).unwrap().flatten().find(|e| {
             e.file_name()
                 .to_string_lossy()
                 .starts_with("events.out.tfevents")
         });
         if events.is_some_and(|e| e.metadata().unwrap().len() > 200) {
-            break;
+            return;
         }
     }
+    panic!("training did not start within 60 s");
+}
+
+#[test]
+fn sigterm_stops_cleanly_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = learner_cmd(&["--target-return", "1000", "--max-steps", "100000000"])
+        .arg("--logdir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_training(dir.path());
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = stdout(&out);
     assert_eq!(out.status.code(), Some(130), "{text}\n{}", stderr(&out));
-    assert!(text.contains("interrupted"), "{text}");
+    assert!(text.contains("interrupted (checkpoint written)"), "{text}");
+    let latest = meta(&dir.path().join("checkpoint/latest/meta.json"));
     assert!(
-        dir.path().join("checkpoint/meta.json").exists(),
-        "checkpoint written on the way out"
+        latest["run_finished"].is_null(),
+        "a stopped run is not finished"
     );
+}
+
+/// Runs with `MILLRACE_INJECT_FAULT=<fault>` and returns the output and how long it took.
+fn faulty_run(fault: &str, logdir: &Path) -> (Output, Duration) {
+    let start = Instant::now();
+    let out = learner_cmd(&["--target-return", "1000", "--max-steps", "100000000"])
+        .arg("--logdir")
+        .arg(logdir)
+        .env("MILLRACE_INJECT_FAULT", fault)
+        .output()
+        .unwrap();
+    (out, start.elapsed())
+}
+
+#[test]
+fn a_component_failing_after_start_fails_the_run_promptly() {
+    for (fault, component, checkpoint) in [
+        (
+            "evaluator",
+            "the evaluator failed",
+            "a checkpoint was written",
+        ),
+        (
+            "sampler",
+            "the learner failed: the sampler failed",
+            "a checkpoint was written",
+        ),
+        (
+            "actor",
+            "the actor 0 failed: injected fault",
+            "a checkpoint was written",
+        ),
+        (
+            "learner-panic",
+            "the learner failed: panicked: injected fault",
+            "the last good checkpoint was kept",
+        ),
+        (
+            "learner-oom",
+            "the learner failed: out of memory on cpu: DefaultCPUAllocator: not enough memory",
+            "--batch-size",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (out, took) = faulty_run(fault, dir.path());
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{fault}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_default();
+        assert!(line.contains(component), "{fault}: {line}");
+        assert!(line.contains(checkpoint), "{fault}: {line}");
+        assert!(took < Duration::from_secs(60), "{fault}: took {took:?}");
+        assert!(
+            !stdout(&out).contains("run summary"),
+            "a failure is not a result"
+        );
+        if checkpoint.starts_with("a checkpoint") || fault == "learner-oom" {
+            assert!(
+                dir.path().join("checkpoint/latest/meta.json").exists(),
+                "{fault}"
+            );
+        }
+        if fault == "learner-oom" {
+            assert!(
+                line.contains("the state before the failed update is saved in"),
+                "{line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_server_that_cannot_bind_fails_the_run_after_its_threads_started() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let out = learner_cmd(&["--listen", &addr, "--actors", "1"])
+        .arg("--logdir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap();
+    assert!(line.contains(&format!("cannot listen on {addr}")), "{line}");
+    assert!(line.contains("a checkpoint was written"), "{line}");
+    assert!(start.elapsed() < Duration::from_secs(30));
+    drop(taken);
+}
+
+#[test]
+fn a_diverging_run_stops_with_the_last_good_checkpoint_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    // A learning rate that blows the network up within a few updates.
+    let out = short_run(
+        dir.path(),
+        "100000000",
+        &[
+            "--lr",
+            "1e30",
+            "--max-nonfinite",
+            "20",
+            "--checkpoint-every-s",
+            "1",
+        ],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap();
+    assert!(line.contains("non-finite loss"), "{line}");
+    assert!(line.contains("the last good checkpoint was kept"), "{line}");
+    assert!(line.contains("--lr"), "says what to change: {line}");
+}
+
+#[test]
+fn doctor_reports_the_set_up_and_treats_no_gpu_as_a_warning() {
+    let out = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .arg("doctor")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    for part in [
+        "libtorch",
+        "PyTorch 2.11.0",
+        "tch",
+        "0.24.0",
+        "libtorch_cuda",
+        "CUDA devices",
+    ] {
+        assert!(text.contains(part), "{part:?} missing:\n{text}");
+    }
+    if !tch::Cuda::is_available() {
+        assert!(text.contains("warn"), "no GPU is a warning:\n{text}");
+    }
 }

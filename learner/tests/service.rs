@@ -1,27 +1,32 @@
 //! The learner's server over loopback, driven by hand-written clients: the handshake,
-//! transitions into replay, parameters out, and every kind of bad input closing that
-//! connection alone with a clear reason while a good actor carries on.
+//! transitions into replay, parameters out, typed refusals (permanent or temporary),
+//! connection limits and timeouts, goodbyes at the end of a run, and every kind of bad
+//! input closing that connection alone while a good actor carries on.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use millrace_actor::ParamsSlot;
-use millrace_actor::{ActorControl, EpisodeStats};
-use millrace_learner::server::{self, ServerConfig, ServerContext, ServerHandle};
+use millrace_actor::EpisodeStats;
+use millrace_learner::server::{
+    self, goodbye_for, ActorBoard, ServerConfig, ServerContext, ServerHandle,
+};
 use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{
-    ActorMsg, ActorStats, Capabilities, Hello, LearnerMsg, PROTOCOL_VERSION,
+    ActorMsg, ActorStats, GoodbyeReason, Hello, LearnerMsg, RefusalCode, PROTOCOL_VERSION,
 };
-use millrace_proto::{NetworkSpec, Params, TransitionBatch};
+use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
+use millrace_tests::{batch, hello, wait_until, WireClient};
+
+const LIMIT: Duration = Duration::from_secs(10);
 
 struct Fixture {
     server: Option<ServerHandle>,
     addr: SocketAddr,
     table: Arc<Table>,
-    params: Arc<ParamsSlot>,
+    params: Arc<ParamsCell>,
+    board: Arc<ActorBoard>,
     episodes: crossbeam_channel::Receiver<EpisodeStats>,
 }
 
@@ -29,31 +34,36 @@ impl Drop for Fixture {
     fn drop(&mut self) {
         self.table.close();
         if let Some(s) = self.server.take() {
-            s.shutdown();
+            s.shutdown(goodbye_for(false, "test over"));
         }
     }
 }
 
-fn fixture(token: Option<&str>) -> Fixture {
+fn fixture_with(configure: impl FnOnce(&mut ServerConfig)) -> Fixture {
     let env = millrace_actor::env::spec("CartPole-v1").unwrap();
     let network = NetworkSpec::mlp(&env.obs, &[8], 2, 1).unwrap();
-    let table = Arc::new(Table::new(&ReplayConfig {
-        capacity: 10_000,
-        shards: 2,
-        obs_row_bytes: env.obs.row_bytes(),
-        obs_rows_per_item: 2.0,
-        limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e9, 1).unwrap(),
-    }));
-    let params = Arc::new(ParamsSlot::new(Params {
+    let table = Arc::new(
+        Table::new(&ReplayConfig {
+            capacity: 10_000,
+            shards: 2,
+            obs_row_bytes: env.obs.row_bytes(),
+            obs_rows_per_item: 2.0,
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e9, 1).unwrap(),
+        })
+        .unwrap(),
+    );
+    let params = Arc::new(ParamsCell::new(Params {
         version: 0,
         env_steps: 0,
+        updates: 0,
         population: 1,
         data: vec![0.0; network.layout().len],
     }));
     let (tx, episodes) = crossbeam_channel::bounded(1024);
+    let board = Arc::new(ActorBoard::default());
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.token = token.map(String::from);
     cfg.handshake_timeout = Duration::from_secs(2);
+    configure(&mut cfg);
     let server = server::spawn(
         cfg,
         ServerContext {
@@ -63,8 +73,8 @@ fn fixture(token: Option<&str>) -> Fixture {
             table: Arc::clone(&table),
             params: Arc::clone(&params),
             episodes: tx,
-            control: Arc::new(ActorControl::default()),
-            board: Arc::default(),
+            steps: Arc::new(StepCounter::default()),
+            board: Arc::clone(&board),
         },
     )
     .unwrap();
@@ -73,97 +83,35 @@ fn fixture(token: Option<&str>) -> Fixture {
         server: Some(server),
         table,
         params,
+        board,
         episodes,
     }
 }
 
-struct Client(TcpStream);
-
-impl Client {
-    fn connect(addr: SocketAddr) -> Self {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        Client(s)
-    }
-
-    fn send(&mut self, msg: &ActorMsg) {
-        self.0
-            .write_all(&codec::encode(msg, DEFAULT_MAX_FRAME).unwrap())
-            .unwrap();
-    }
-
-    /// The next message, or `None` once the server has closed the connection.
-    fn recv(&mut self) -> Option<LearnerMsg> {
-        let mut header = [0u8; 4];
-        self.0.read_exact(&mut header).ok()?;
-        let len = codec::payload_len(header, DEFAULT_MAX_FRAME).unwrap();
-        let mut payload = vec![0u8; len];
-        self.0.read_exact(&mut payload).ok()?;
-        Some(codec::decode(&payload).unwrap())
-    }
-
-    /// Reads until an `Error` arrives or the connection closes; returns the reason.
-    fn refused(&mut self) -> Option<String> {
-        loop {
-            match self.recv() {
-                Some(LearnerMsg::Error { reason }) => {
-                    assert!(self.recv().is_none(), "closed after the error");
-                    return Some(reason);
-                }
-                Some(_) => continue,
-                None => return None,
-            }
-        }
-    }
-
-    fn hello(&mut self, token: &str) -> LearnerMsg {
-        self.send(&hello(token, PROTOCOL_VERSION));
-        self.recv().expect("an answer to Hello")
-    }
+fn fixture(token: Option<&str>) -> Fixture {
+    fixture_with(|cfg| cfg.token = token.map(String::from))
 }
 
-fn hello(token: &str, version: u32) -> ActorMsg {
-    hello_with_envs(token, version, 4)
+fn connected(f: &Fixture) -> usize {
+    f.board.summary().connected
 }
 
-fn hello_with_envs(token: &str, version: u32, envs: u32) -> ActorMsg {
-    ActorMsg::Hello(Hello {
-        protocol_version: version,
-        token: token.into(),
-        actor_name: "test".into(),
-        capabilities: Capabilities {
-            envs,
-            env_ids: vec!["CartPole-v1".into()],
-        },
-    })
-}
-
-fn batch(rows: usize, obs_floats: usize) -> ActorMsg {
-    let mut b = TransitionBatch::with_capacity(obs_floats * 4, rows, 2 * rows);
-    for i in 0..rows {
-        let obs = vec![i as f32; obs_floats];
-        b.push_f32(&obs, (i % 2) as i64, 1.0, 0.99, &obs);
-    }
-    ActorMsg::Transitions(b)
-}
-
-fn wait_for(mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < Duration::from_secs(5), "timed out");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// A good actor that keeps streaming while bad ones come and go.
+fn good_actor_still_works(f: &Fixture, c: &mut WireClient) {
+    let before = f.table.len();
+    c.send(&ActorMsg::Transitions(batch(16, 4)));
+    wait_until("the good actor's batch is stored", LIMIT, || {
+        f.table.len() >= before + 16
+    });
 }
 
 #[test]
 fn an_actor_joins_streams_transitions_and_receives_parameters() {
     let f = fixture(None);
-    let mut c = Client::connect(f.addr);
-    let LearnerMsg::Welcome(w) = c.hello("") else {
-        panic!("no welcome")
-    };
+    let mut c = WireClient::connect(f.addr);
+    let w = c.join("");
     assert_eq!(w.env.id, "CartPole-v1");
-    assert_eq!(w.slots, [0, 1, 2, 3]);
+    assert_eq!(w.env_indices, [0, 1, 2, 3]);
     assert!(
         (w.epsilons[0] - 0.4).abs() < 1e-6 && w.epsilons[3] < 0.001,
         "Ape-X epsilons"
@@ -176,30 +124,30 @@ fn an_actor_joins_streams_transitions_and_receives_parameters() {
             other => panic!("unexpected {other:?}"),
         }
     }
+    assert_eq!(connected(&f), 1, "counted as connected from the welcome on");
 
-    c.send(&batch(32, 4));
+    c.send(&ActorMsg::Transitions(batch(32, 4)));
     c.send(&ActorMsg::Stats(ActorStats {
         env_steps: 32,
         episodes: 2,
         episode_returns: vec![10.0, 20.0],
         params_version: 0,
     }));
-    wait_for(|| f.table.len() == 32);
+    wait_until("32 transitions stored", LIMIT, || f.table.len() == 32);
     let got: Vec<f32> = (0..2)
-        .map(|_| {
-            f.episodes
-                .recv_timeout(Duration::from_secs(5))
-                .unwrap()
-                .episode_return
-        })
+        .map(|_| f.episodes.recv_timeout(LIMIT).unwrap().episode_return)
         .collect();
-    assert_eq!(got, [10.0, 20.0]);
+    assert_eq!(got, [10.0, 20.0], "episode returns reach the coordinator");
+    wait_until("its rate is on the board", LIMIT, || {
+        f.board.summary().transitions_per_s > 0.0
+    });
 
     // Latest-only: of many quick versions the actor ends up with the newest.
     for v in 1..=50 {
         f.params.publish(Params {
             version: v,
             env_steps: 0,
+            updates: 0,
             population: 1,
             data: vec![v as f32; f.params.latest().data.len()],
         });
@@ -212,104 +160,182 @@ fn an_actor_joins_streams_transitions_and_receives_parameters() {
             other => panic!("unexpected {other:?}"),
         }
     }
-    // A second actor gets the next slots; when the first leaves and comes back it gets
-    // its old slots (and their ε) again.
-    let mut d = Client::connect(f.addr);
-    let LearnerMsg::Welcome(w2) = d.hello("") else {
-        panic!("no welcome")
-    };
-    assert_eq!(w2.slots, [4, 5, 6, 7]);
+    // A second actor gets the next indices; when the first leaves and comes back it
+    // gets its old ones (and their ε) again.
+    let mut d = WireClient::connect(f.addr);
+    assert_eq!(d.join("").env_indices, [4, 5, 6, 7]);
     drop(c);
-    std::thread::sleep(Duration::from_millis(200));
-    let mut e = Client::connect(f.addr);
-    let LearnerMsg::Welcome(w3) = e.hello("") else {
-        panic!("no welcome")
-    };
-    assert_eq!(w3.slots, [0, 1, 2, 3]);
+    wait_until("the first actor's indices are back", LIMIT, || {
+        connected(&f) == 1
+    });
+    let mut e = WireClient::connect(f.addr);
+    assert_eq!(e.join("").env_indices, [0, 1, 2, 3]);
 }
 
-/// A good actor that keeps streaming while bad ones come and go.
-fn good_actor_still_works(f: &Fixture, c: &mut Client) {
-    let before = f.table.len();
-    c.send(&batch(16, 4));
-    wait_for(|| f.table.len() >= before + 16);
+#[test]
+fn refusals_say_whether_to_retry() {
+    let f = fixture_with(|cfg| {
+        cfg.token = Some("s3cret".into());
+        cfg.handshake_timeout = Duration::from_millis(300);
+    });
+    let refusal = |msg: ActorMsg| {
+        let mut c = WireClient::connect(f.addr);
+        c.send(&msg);
+        c.refused().expect("a typed refusal")
+    };
+    let permanent = [
+        (hello("guess", PROTOCOL_VERSION, 4), RefusalCode::WrongToken),
+        (
+            hello("s3cret", PROTOCOL_VERSION + 1, 4),
+            RefusalCode::ProtocolVersion,
+        ),
+        (
+            hello("s3cret", PROTOCOL_VERSION, 0),
+            RefusalCode::BadRequest,
+        ),
+        (
+            hello("s3cret", PROTOCOL_VERSION, 4096),
+            RefusalCode::BatchTooLarge,
+        ),
+        (ActorMsg::Heartbeat, RefusalCode::ProtocolViolation),
+    ];
+    for (msg, code) in permanent {
+        let r = refusal(msg);
+        assert_eq!(r.code, code, "{r}");
+        assert!(r.code.is_permanent(), "{r}");
+    }
+    let ActorMsg::Hello(h) = hello("s3cret", PROTOCOL_VERSION, 4) else {
+        unreachable!()
+    };
+    let r = refusal(ActorMsg::Hello(Hello {
+        capabilities: millrace_proto::wire::Capabilities {
+            env_ids: vec!["Pong-v5".into()],
+            ..h.capabilities.clone()
+        },
+        ..h.clone()
+    }));
+    assert_eq!(r.code, RefusalCode::EnvUnsupported);
+    assert!(r.message.contains("CartPole-v1"), "{r}");
+    let r = refusal(ActorMsg::Hello(Hello {
+        agent: Some(3),
+        ..h
+    }));
+    assert_eq!(
+        r.code,
+        RefusalCode::BadRequest,
+        "no agent 3 in a population of 1"
+    );
+    // Silence during the handshake: a temporary refusal (a slow link is worth a retry).
+    let mut quiet = WireClient::connect(f.addr);
+    let r = quiet
+        .refused()
+        .expect("refused after the handshake timeout");
+    assert_eq!(r.code, RefusalCode::Timeout);
+    assert!(!r.code.is_permanent());
+}
+
+#[test]
+fn connections_beyond_the_limit_are_told_to_come_back_later() {
+    let f = fixture_with(|cfg| cfg.max_connections = 2);
+    let mut a = WireClient::connect(f.addr);
+    let _ = a.join("");
+    let mut b = WireClient::connect(f.addr);
+    let _ = b.join("");
+    let mut c = WireClient::connect(f.addr);
+    let r = c.refused().expect("a refusal, not a silent close");
+    assert_eq!(r.code, RefusalCode::TooManyConnections);
+    assert!(!r.code.is_permanent(), "temporary: retry later");
+    // One leaves: the next one is admitted.
+    drop(a);
+    wait_until("one connection fewer", LIMIT, || connected(&f) == 1);
+    let mut d = WireClient::connect(f.addr);
+    let mut admitted = false;
+    // The permit returns as the old connection's task ends; retry briefly, as actors do.
+    for _ in 0..100 {
+        if let LearnerMsg::Welcome(_) = d.hello("") {
+            admitted = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        d = WireClient::connect(f.addr);
+    }
+    assert!(admitted, "a freed place is taken");
+}
+
+#[test]
+fn a_quiet_actor_is_closed_after_the_idle_timeout() {
+    let f = fixture_with(|cfg| cfg.idle_timeout = Duration::from_millis(300));
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("");
+    assert_eq!(connected(&f), 1);
+    let r = c.refused().expect("told why");
+    assert_eq!(r.code, RefusalCode::Timeout);
+    assert!(r.message.contains("nothing received"), "{r}");
+    wait_until("it left the board", LIMIT, || connected(&f) == 0);
 }
 
 #[test]
 fn bad_input_closes_that_connection_alone_with_a_reason() {
     let f = fixture(Some("s3cret"));
-    let mut good = Client::connect(f.addr);
-    assert!(matches!(good.hello("s3cret"), LearnerMsg::Welcome(_)));
-
-    // Wrong token, wrong protocol version, not a Hello first.
-    let mut c = Client::connect(f.addr);
-    c.send(&hello("guess", PROTOCOL_VERSION));
-    assert_eq!(c.refused().as_deref(), Some("wrong token"));
-    let mut c = Client::connect(f.addr);
-    c.send(&hello("s3cret", PROTOCOL_VERSION + 1));
-    let unsupported = format!("protocol version {} is not supported", PROTOCOL_VERSION + 1);
-    assert!(c.refused().unwrap().contains(&unsupported));
-    let mut c = Client::connect(f.addr);
-    c.send(&ActorMsg::Heartbeat);
-    assert!(c.refused().unwrap().contains("expected Hello first"));
-    good_actor_still_works(&f, &mut good);
+    let mut good = WireClient::connect(f.addr);
+    let _ = good.join("s3cret");
 
     // Garbage bytes, and a length prefix beyond the limit (nothing is allocated for it).
-    let mut c = Client::connect(f.addr);
-    c.0.write_all(&[0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 3])
-        .unwrap();
-    assert!(c.refused().unwrap().contains("bad handshake"));
-    let mut c = Client::connect(f.addr);
-    c.0.write_all(&u32::MAX.to_le_bytes()).unwrap();
-    assert!(c.refused().unwrap().contains("exceeds the limit"));
+    let mut c = WireClient::connect(f.addr);
+    c.send_bytes(&[0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 3]);
+    let r = c.refused().unwrap();
+    assert!(r.message.contains("bad handshake"), "{r}");
+    let mut c = WireClient::connect(f.addr);
+    c.send_bytes(&u32::MAX.to_le_bytes());
+    assert!(c.refused().unwrap().message.contains("exceeds the limit"));
     good_actor_still_works(&f, &mut good);
 
-    // After the handshake: observations of the wrong shape, an action out of range, an
-    // oversized frame, a truncated frame.
-    let mut c = Client::connect(f.addr);
-    assert!(matches!(c.hello("s3cret"), LearnerMsg::Welcome(_)));
-    c.send(&batch(8, 3));
-    let reason = c.refused().unwrap();
+    // After the handshake: observations of the wrong shape, an action out of range,
+    // too many observation rows, an oversized frame, a truncated frame.
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("s3cret");
+    c.send(&ActorMsg::Transitions(batch(8, 3)));
+    let r = c.refused().unwrap();
+    assert_eq!(r.code, RefusalCode::ProtocolViolation);
     assert!(
-        reason.contains("does not match CartPole-v1") && reason.contains("obs row bytes"),
-        "{reason}"
+        r.message.contains("does not match CartPole-v1") && r.message.contains("obs row bytes"),
+        "{r}"
     );
-    let mut c = Client::connect(f.addr);
-    assert!(matches!(c.hello("s3cret"), LearnerMsg::Welcome(_)));
-    let ActorMsg::Transitions(mut b) = batch(4, 4) else {
-        unreachable!()
-    };
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("s3cret");
+    let mut b = batch(4, 4);
     b.actions[2] = 7;
     c.send(&ActorMsg::Transitions(b));
-    assert!(c.refused().unwrap().contains("action 7 outside 0..2"));
+    assert!(c
+        .refused()
+        .unwrap()
+        .message
+        .contains("action 7 outside 0..2"));
     // Far more observation rows than transitions: it would flush replay past the rate
     // limiter, which counts transitions.
-    let mut c = Client::connect(f.addr);
-    assert!(matches!(c.hello("s3cret"), LearnerMsg::Welcome(_)));
-    let ActorMsg::Transitions(mut b) = batch(1, 4) else {
-        unreachable!()
-    };
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("s3cret");
+    let mut b = batch(1, 4);
     for _ in 0..100 {
         b.push_obs_f32(&[0.0; 4]);
     }
     c.send(&ActorMsg::Transitions(b));
-    let reason = c.refused().unwrap();
+    let r = c.refused().unwrap();
     assert!(
-        reason.contains("102 observation rows for 1 transitions"),
-        "{reason}"
+        r.message.contains("102 observation rows for 1 transitions"),
+        "{r}"
     );
-    let mut c = Client::connect(f.addr);
-    assert!(matches!(c.hello("s3cret"), LearnerMsg::Welcome(_)));
-    c.0.write_all(&((DEFAULT_MAX_FRAME + 1) as u32).to_le_bytes())
-        .unwrap();
-    assert!(c.refused().unwrap().contains("exceeds the limit"));
-    let mut c = Client::connect(f.addr);
-    assert!(matches!(c.hello("s3cret"), LearnerMsg::Welcome(_)));
-    let frame = codec::encode(&batch(8, 4), DEFAULT_MAX_FRAME).unwrap();
-    c.0.write_all(&frame[..frame.len() / 2]).unwrap();
-    c.0.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("s3cret");
+    c.send_bytes(&((DEFAULT_MAX_FRAME + 1) as u32).to_le_bytes());
+    assert!(c.refused().unwrap().message.contains("exceeds the limit"));
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("s3cret");
+    let frame = codec::encode(&ActorMsg::Transitions(batch(8, 4)), DEFAULT_MAX_FRAME).unwrap();
     let before = f.table.len();
-    assert!(c.refused().unwrap().contains("closed mid-frame"));
+    c.send_bytes(&frame[..frame.len() / 2]);
+    c.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(c.refused().is_none(), "a broken stream gets no answer");
     assert_eq!(
         f.table.len(),
         before,
@@ -324,11 +350,11 @@ fn batch_size_follows_the_actor_and_must_fit_replay() {
     // Replay: 10,000 transitions in 2 shards; batches of 64 are sized for 8 envs.
     let f = fixture(None);
     let welcome = |envs: u32| {
-        let mut c = Client::connect(f.addr);
-        c.send(&hello_with_envs("", PROTOCOL_VERSION, envs));
+        let mut c = WireClient::connect(f.addr);
+        c.send(&hello("", PROTOCOL_VERSION, envs));
         match c.recv().expect("an answer") {
             LearnerMsg::Welcome(w) => Ok(w.batch_rows),
-            LearnerMsg::Error { reason } => Err(reason),
+            LearnerMsg::Refused(r) => Err(r),
             other => panic!("unexpected {other:?}"),
         }
     };
@@ -337,28 +363,35 @@ fn batch_size_follows_the_actor_and_must_fit_replay() {
     // 600 envs: 4,800 wanted, but two batches plus an n-step flush must fit a shard
     // of 5,000: 2,500 - 600 x 3.
     assert_eq!(welcome(600), Ok(700));
-    let reason = welcome(4096).unwrap_err();
-    assert!(reason.contains("too large for replay's shards"), "{reason}");
+    let r = welcome(4096).unwrap_err();
+    assert_eq!(r.code, RefusalCode::BatchTooLarge);
+    assert!(r.message.contains("too large for replay's shards"), "{r}");
 }
 
 #[test]
-fn a_stalled_actor_blocks_nobody() {
-    let f = fixture(None);
-    // Connected and welcomed, then never reads a byte.
-    let mut stalled = Client::connect(f.addr);
-    assert!(matches!(stalled.hello(""), LearnerMsg::Welcome(_)));
-    let mut good = Client::connect(f.addr);
-    assert!(matches!(good.hello(""), LearnerMsg::Welcome(_)));
+fn a_stalled_actor_blocks_nobody_and_is_closed() {
+    let f = fixture_with(|cfg| {
+        cfg.write_timeout = Duration::from_millis(500);
+        cfg.idle_timeout = Duration::from_secs(2);
+    });
+    // Connected and welcomed, then never reads a byte (nor sends one).
+    let mut stalled = WireClient::connect(f.addr);
+    let _ = stalled.join("");
+    let mut good = WireClient::connect(f.addr);
+    let _ = good.join("");
     // Publish large parameter snapshots, far more than the stalled socket can buffer.
     let big = 1 << 20;
-    let start = Instant::now();
+    let start = std::time::Instant::now();
     for v in 1..=40u64 {
         f.params.publish(Params {
             version: v,
             env_steps: 0,
+            updates: 0,
             population: 1,
             data: vec![v as f32; big],
         });
+        // Keep the good actor's link busy so only the stalled one goes quiet.
+        good.send(&ActorMsg::Heartbeat);
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(
@@ -372,6 +405,34 @@ fn a_stalled_actor_blocks_nobody() {
             Some(LearnerMsg::Heartbeat) => {}
             other => panic!("unexpected {other:?}"),
         }
+        good.send(&ActorMsg::Heartbeat);
     }
     good_actor_still_works(&f, &mut good);
+    // The stalled actor is dropped (its writes time out, then its silence does); the
+    // good one stays.
+    wait_until("the stalled actor is closed", LIMIT, || {
+        good.send(&ActorMsg::Heartbeat);
+        connected(&f) == 1
+    });
+    good_actor_still_works(&f, &mut good);
+}
+
+#[test]
+fn the_end_of_a_run_is_a_typed_goodbye() {
+    for (finished, reason) in [
+        (true, GoodbyeReason::RunFinished),
+        (false, GoodbyeReason::LearnerStopping),
+    ] {
+        let mut f = fixture(None);
+        let mut c = WireClient::connect(f.addr);
+        let _ = c.join("");
+        wait_until("joined", LIMIT, || connected(&f) == 1);
+        f.server
+            .take()
+            .unwrap()
+            .shutdown(goodbye_for(finished, "end of the test"));
+        let g = c.goodbye().expect("a goodbye before the close");
+        assert_eq!(g.reason, reason);
+        assert_eq!(g.message, "end of the test");
+    }
 }

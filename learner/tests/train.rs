@@ -1,39 +1,206 @@
-//! `learner --env CartPole-v1` with its defaults solves CartPole: 100 greedy episodes
-//! averaging at least 475, well within a step budget small enough for CI.
+//! Training runs end to end, judged by what they keep: `learner` with its defaults
+//! solves CartPole and saves the solving parameters; `--deterministic` gives identical
+//! results twice; the saved solving policy, exported, replays at the target in
+//! Gymnasium itself (Python), and `learner eval` agrees with Gymnasium on it.
 
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn learner(args: &[&str], logdir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(args)
+        .arg("--logdir")
+        .arg(logdir)
+        .arg("--no-progress")
+        .env("RUST_LOG", "warn")
+        .env_remove("MILLRACE_INJECT_FAULT")
+        .output()
+        .expect("learner runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn meta(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
 
 #[test]
-fn defaults_solve_cartpole() {
+fn defaults_solve_cartpole_and_keep_the_solving_parameters() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args([
-            "--env",
-            "CartPole-v1",
-            "--max-steps",
-            "100000",
-            "--no-progress",
-        ])
-        .arg("--logdir")
-        .arg(dir.path())
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("learner runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "not solved:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = learner(
+        &["--env", "CartPole-v1", "--max-steps", "100000"],
+        dir.path(),
     );
-    assert!(text.contains("solved at"), "{text}");
-    let eval_line = text.lines().find(|l| l.contains("eval return:")).unwrap();
-    let mean: f32 = eval_line
-        .split_whitespace()
-        .nth(2)
-        .unwrap()
-        .parse()
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "not solved:\n{all}");
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(summary.contains("solved at"), "{summary}");
+    let solved = meta(&dir.path().join("checkpoint/solved/meta.json"));
+    let version = solved["params_version"].as_u64().unwrap();
+    assert!(
+        summary.contains(&format!("by parameters v{version} ")),
+        "the summary names the saved version {version}:\n{summary}"
+    );
+    // Both evaluations reached the target, the second on other episodes.
+    let (first, confirm) = (&solved["eval"], &solved["confirm"]);
+    assert!(first["mean"].as_f64().unwrap() >= 475.0, "{solved}");
+    assert!(confirm["mean"].as_f64().unwrap() >= 475.0, "{solved}");
+    assert_ne!(first["seed"], confirm["seed"], "fresh episodes");
+    assert_eq!(first["params_version"], confirm["params_version"]);
+    let best = meta(&dir.path().join("checkpoint/best/meta.json"));
+    assert!(best["eval"]["mean"].as_f64().unwrap() >= first["mean"].as_f64().unwrap());
+}
+
+/// The lines of a summary that do not depend on the clock.
+fn timeless(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            !["wall time", "/s", "learner time", "blocked", "checkpoint:"]
+                .iter()
+                .any(|clock| l.contains(clock))
+        })
+        .map(String::from)
+        .collect()
+}
+
+fn model_bytes(logdir: &Path) -> Vec<u8> {
+    let dir = logdir.join("checkpoint/latest");
+    let m = meta(&dir.join("meta.json"));
+    std::fs::read(dir.join(m["model_file"].as_str().unwrap())).unwrap()
+}
+
+#[test]
+fn deterministic_runs_are_bit_identical() {
+    let run = |seed: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let out = learner(
+            &[
+                "--deterministic",
+                "--seed",
+                seed,
+                "--max-steps",
+                "6000",
+                "--target-return",
+                "1000",
+            ],
+            dir.path(),
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        (timeless(&out), model_bytes(dir.path()), dir)
+    };
+    let (a, model_a, _da) = run("3");
+    let (b, model_b, _db) = run("3");
+    assert_eq!(a, b, "same seed, same summary");
+    assert!(
+        model_a == model_b,
+        "same seed, same parameters, bit for bit"
+    );
+    let (c, model_c, _dc) = run("4");
+    assert_ne!(model_a, model_c, "another seed, other parameters");
+    assert_ne!(a, c);
+}
+
+fn python() -> PathBuf {
+    let venv = std::env::var_os("MILLRACE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/millrace/venv")
+        });
+    let python = venv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup.sh (it installs gymnasium, safetensors, torch)",
+        python.display()
+    );
+    python
+}
+
+fn json_line(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON in:\n{}", text(out)));
+    serde_json::from_str(line).unwrap()
+}
+
+#[test]
+fn the_solved_policy_replays_at_the_target_in_gymnasium() {
+    let dir = tempfile::tempdir().unwrap();
+    // Lock-step: this seed solves the same way on every run, no luck involved.
+    let out = learner(
+        &["--deterministic", "--seed", "1", "--max-steps", "100000"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
+    let ckpt = dir.path().join("checkpoint");
+    let weights = dir.path().join("export/policy.safetensors");
+    let exported = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(["export", "--checkpoint"])
+        .arg(&ckpt)
+        .args(["--which", "solved", "--out"])
+        .arg(&weights)
+        .output()
         .unwrap();
-    assert!(mean >= 475.0, "{eval_line}");
-    assert!(dir.path().join("checkpoint/meta.json").exists());
+    assert!(exported.status.success(), "{}", text(&exported));
+    let description = meta(&weights.with_extension("json"));
+    assert_eq!(description["env_id"], "CartPole-v1");
+    assert_eq!(description["source"]["which"], "solved");
+
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/play_policy.py");
+    let played = Command::new(python())
+        .arg(script)
+        .arg(&weights)
+        .args(["--episodes", "100", "--seed", "1000"])
+        .output()
+        .unwrap();
+    assert!(played.status.success(), "{}", text(&played));
+    let gym = json_line(&played);
+    let gym_mean = gym["mean"].as_f64().unwrap();
+    let gym_se = gym["stderr"].as_f64().unwrap();
+    assert_eq!(gym["episodes"], 100);
+    assert!(
+        gym_mean >= 475.0,
+        "Gymnasium {} plays the saved solving policy at {gym_mean:.1} ± {gym_se:.1}",
+        gym["gymnasium"]
+    );
+
+    let evaluated = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(["eval", "--checkpoint"])
+        .arg(&ckpt)
+        .args([
+            "--which",
+            "solved",
+            "--episodes",
+            "100",
+            "--seed",
+            "77",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(evaluated.status.success(), "{}", text(&evaluated));
+    let ours = json_line(&evaluated);
+    let (ours_mean, ours_se) = (
+        ours["mean"].as_f64().unwrap(),
+        ours["stderr"].as_f64().unwrap(),
+    );
+    let bound = 3.0 * (gym_se.powi(2) + ours_se.powi(2)).sqrt();
+    eprintln!(
+        "solved policy over 100 episodes: Gymnasium {gym_mean:.2} ± {gym_se:.2}, \
+         millrace {ours_mean:.2} ± {ours_se:.2}; difference {:.2} (3 standard errors: {bound:.2})",
+        (gym_mean - ours_mean).abs()
+    );
+    assert!(
+        (gym_mean - ours_mean).abs() <= bound + 1e-6,
+        "millrace's eval ({ours_mean:.2} ± {ours_se:.2}) and Gymnasium's ({gym_mean:.2} ± {gym_se:.2}) disagree"
+    );
 }

@@ -1,5 +1,4 @@
-//! Data that moves between components: transition batches (actors → replay) and
-//! parameter snapshots (learner → actors).
+//! Transition batches: what actors hand to replay, in process or over the wire.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,21 +19,29 @@ use crate::spec::SpecError;
 /// self-contained: indices refer to its own rows only.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TransitionBatch {
-    /// Which actor slot produced the batch.
+    /// Which actor produced the batch (the learner overwrites what a remote actor
+    /// claims with the identity of its connection).
     pub actor_id: u32,
+    /// The population agent whose policy acted (0 for a single agent).
+    pub agent: u32,
     /// Per-actor sequence number, to spot gaps and duplicates.
     pub seq: u64,
     /// Parameter version of the policy that chose these actions.
     pub version: u64,
     /// Bytes of one observation row (`ObsSpec::row_bytes`).
     pub obs_row_bytes: usize,
-    /// Observation rows, `obs_row_bytes` each.
+    /// Observation rows, `obs_row_bytes` each, as raw bytes (one `memcpy` to encode
+    /// and decode, not one call per byte).
+    #[serde(with = "serde_bytes")]
     pub obs: Vec<u8>,
     pub obs_index: Vec<u32>,
     pub next_index: Vec<u32>,
     pub actions: Vec<i64>,
     pub rewards: Vec<f32>,
     pub discounts: Vec<f32>,
+    /// Initial replay priorities, one per transition (Ape-X: the actor's own TD
+    /// errors), or empty to let replay choose.
+    pub priorities: Vec<f32>,
 }
 
 impl TransitionBatch {
@@ -124,6 +131,7 @@ impl TransitionBatch {
         self.actions.clear();
         self.rewards.clear();
         self.discounts.clear();
+        self.priorities.clear();
     }
 
     /// Checks that every column has the same number of rows, the expected row size, and
@@ -143,6 +151,13 @@ impl TransitionBatch {
                 what: "obs column (whole rows)",
                 expected: self.obs_rows() * obs_row_bytes,
                 got: self.obs.len(),
+            });
+        }
+        if !self.priorities.is_empty() && self.priorities.len() != rows {
+            return Err(SpecError::Length {
+                what: "priorities column",
+                expected: rows,
+                got: self.priorities.len(),
             });
         }
         let checks = [
@@ -177,7 +192,8 @@ impl TransitionBatch {
 
 impl TransitionBatch {
     /// Checks the values a learner relies on, for batches from outside the process:
-    /// actions in `0..num_actions`, finite rewards, discounts in `[0, 1]`.
+    /// actions in `0..num_actions`, finite rewards, discounts in `[0, 1]`, finite
+    /// non-negative priorities.
     pub fn check_values(&self, num_actions: usize) -> Result<(), SpecError> {
         if let Some(a) = self
             .actions
@@ -194,27 +210,16 @@ impl TransitionBatch {
         if self.discounts.iter().any(|d| !(0.0..=1.0).contains(d)) {
             return Err(SpecError::BadValue("discount outside [0, 1]".into()));
         }
+        if self
+            .priorities
+            .iter()
+            .any(|p| !(p.is_finite() && *p >= 0.0))
+        {
+            return Err(SpecError::BadValue(
+                "priority that is negative or not finite".into(),
+            ));
+        }
         Ok(())
-    }
-}
-
-/// A published parameter snapshot: all agents' flat parameters, `[K, P]` row-major.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Params {
-    /// Incremented by the learner each time it publishes.
-    pub version: u64,
-    /// The learner's global env step count when it published: remote actors follow
-    /// the run's exploration schedule by it.
-    pub env_steps: u64,
-    pub population: usize,
-    pub data: Vec<f32>,
-}
-
-impl Params {
-    /// The flat parameters of agent `k`.
-    pub fn agent(&self, k: usize) -> &[f32] {
-        let p = self.data.len() / self.population.max(1);
-        &self.data[k * p..(k + 1) * p]
     }
 }
 
@@ -250,6 +255,15 @@ mod tests {
         b.rewards[0] = 0.0;
         b.discounts[0] = 1.5;
         assert!(b.check_values(2).is_err());
+        b.discounts[0] = 0.5;
+        b.priorities = vec![f32::NAN];
+        assert!(b.check_values(2).is_err(), "a NaN priority");
+        b.priorities = vec![-1.0];
+        assert!(b.check_values(2).is_err(), "a negative priority");
+        b.priorities = vec![0.0];
+        assert_eq!(b.check_values(2), Ok(()));
+        b.priorities = vec![1.0, 2.0];
+        assert!(b.validate(4).is_err(), "one priority per transition");
     }
 
     #[test]

@@ -3,26 +3,33 @@
 //! A frame is a little-endian `u32` payload length followed by the payload, a bincode
 //! 2.0.1 (serde, standard config) encoding of one message. Every length is checked
 //! against an explicit maximum before anything is allocated for it, and decoding runs
-//! with bincode's byte limit. Memory a hostile frame can cost is therefore bounded: the
-//! frame itself, plus what decoding expands it to (at most ~24 bytes per encoded byte,
-//! for a sequence of empty strings; 8 for varint-coded integers). Servers should read
-//! the pre-authentication handshake with a small frame limit for that reason. Handlers
-//! never see bytes.
+//! with a byte limit of the payload's own size class (see [`decode`]), so a small frame
+//! cannot claim a large allocation. Memory a hostile frame can cost is therefore
+//! bounded: the frame itself, plus what decoding expands it to (at most ~24 bytes per
+//! encoded byte, for a sequence of empty strings; 8 for varint-coded integers). Servers
+//! read the pre-authentication handshake with a small frame limit for that reason, and
+//! bound the bytes in flight across all connections.
+//!
+//! Reading is split the mini-redis way: [`Framer`] is the one framing state machine
+//! (header, limit check, payload buffer), with no I/O; [`read_frame`] drives it from a
+//! blocking reader (files, tests) and `io::FrameReader` from an async one (the server and
+//! the remote actor). Handlers never see bytes.
+
+use std::io::Read;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Hard ceiling on any frame (and the decoder's byte limit): 64 MiB. Nature-DQN's
-/// parameters (~6.7 MB) fit with room; larger networks are chunked by the sender.
+/// Hard ceiling on any frame: 64 MiB. Nature-DQN's parameters (~6.7 MB) fit with
+/// room; larger networks are chunked by the sender.
 pub const MAX_FRAME_CEILING: usize = 64 << 20;
 /// Default frame limit for a connection.
 pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
 /// Bytes of the length prefix.
 pub const HEADER_BYTES: usize = 4;
-
-fn config() -> impl bincode::config::Config {
-    bincode::config::standard().with_limit::<MAX_FRAME_CEILING>()
-}
+/// A reader keeps a payload buffer up to this size between frames; larger ones are
+/// freed (a connection idling after one large frame should not hold it).
+const KEEP_BUFFER_BYTES: usize = 64 << 10;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CodecError {
@@ -40,7 +47,8 @@ pub enum CodecError {
 pub fn encode<M: Serialize>(msg: &M, max_frame: usize) -> Result<Vec<u8>, CodecError> {
     // Encode straight after a placeholder header: one buffer, no copy of the payload.
     let mut frame = vec![0u8; HEADER_BYTES];
-    bincode::serde::encode_into_std_write(msg, &mut frame, config())
+    let config = bincode::config::standard().with_limit::<MAX_FRAME_CEILING>();
+    bincode::serde::encode_into_std_write(msg, &mut frame, config)
         .map_err(|e| CodecError::Encode(e.to_string()))?;
     let len = frame.len() - HEADER_BYTES;
     let max = max_frame.min(MAX_FRAME_CEILING);
@@ -61,9 +69,11 @@ pub fn payload_len(header: [u8; HEADER_BYTES], max_frame: usize) -> Result<usize
     Ok(len)
 }
 
-/// Decodes one message from a whole payload; the payload must hold exactly one.
-pub fn decode<M: DeserializeOwned>(payload: &[u8]) -> Result<M, CodecError> {
-    let (msg, used) = bincode::serde::decode_from_slice(payload, config())
+fn decode_limited<M: DeserializeOwned, const LIMIT: usize>(
+    payload: &[u8],
+) -> Result<M, CodecError> {
+    let config = bincode::config::standard().with_limit::<LIMIT>();
+    let (msg, used) = bincode::serde::decode_from_slice(payload, config)
         .map_err(|e| CodecError::Malformed(e.to_string()))?;
     if used != payload.len() {
         return Err(CodecError::TrailingBytes(payload.len() - used));
@@ -71,64 +81,163 @@ pub fn decode<M: DeserializeOwned>(payload: &[u8]) -> Result<M, CodecError> {
     Ok(msg)
 }
 
-/// Splits a byte stream into frames, whatever the chunking of the reads.
+/// Decodes one message from a whole payload; the payload must hold exactly one.
 ///
-/// The buffer never holds more than one header plus one frame's payload.
+/// bincode checks every length it reads against a byte limit before allocating for it
+/// (a `Vec<u8>` claiming 60 MB is refused, not allocated); the limit is the payload's
+/// size class (64 KiB, 1 MiB, 16 MiB, 64 MiB: the smallest that holds it), so whatever
+/// a frame claims, decoding allocates at most about 4× its size at once for bytes.
+pub fn decode<M: DeserializeOwned>(payload: &[u8]) -> Result<M, CodecError> {
+    match payload.len() {
+        n if n <= 64 << 10 => decode_limited::<M, { 64 << 10 }>(payload),
+        n if n <= 1 << 20 => decode_limited::<M, { 1 << 20 }>(payload),
+        n if n <= 16 << 20 => decode_limited::<M, { 16 << 20 }>(payload),
+        _ => decode_limited::<M, MAX_FRAME_CEILING>(payload),
+    }
+}
+
+/// The framing state machine, without I/O: it says how many bytes the current frame
+/// still needs, holds them, and hands out the payload once complete.
+///
+/// The buffer never holds more than one header plus one frame's payload, and the
+/// payload's space is allocated only after its length passed the frame limit.
 #[derive(Debug)]
 pub struct Framer {
     max_frame: usize,
-    buf: Vec<u8>,
+    header: [u8; HEADER_BYTES],
+    header_len: usize,
+    /// The payload's length once the header is complete and checked.
+    len: Option<usize>,
+    payload: Vec<u8>,
+    filled: usize,
 }
 
 impl Framer {
     pub fn new(max_frame: usize) -> Self {
         Self {
             max_frame: max_frame.min(MAX_FRAME_CEILING),
-            buf: Vec::new(),
+            header: [0; HEADER_BYTES],
+            header_len: 0,
+            len: None,
+            payload: Vec::new(),
+            filled: 0,
         }
     }
 
-    /// How many more bytes the current frame needs (at least 1): read at most this much
-    /// before calling [`Framer::next_frame`], so the buffer stays bounded.
-    pub fn wanted(&self) -> Result<usize, CodecError> {
-        if self.buf.len() < HEADER_BYTES {
-            return Ok(HEADER_BYTES - self.buf.len());
-        }
-        let len = payload_len(self.header(), self.max_frame)?;
-        Ok((HEADER_BYTES + len).saturating_sub(self.buf.len()).max(1))
+    /// Changes the frame limit (a server raises it once a peer has authenticated).
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame.min(MAX_FRAME_CEILING);
     }
 
-    fn header(&self) -> [u8; HEADER_BYTES] {
-        let mut h = [0u8; HEADER_BYTES];
-        h.copy_from_slice(&self.buf[..HEADER_BYTES]);
-        h
+    /// The current payload's length, once its header has been read and checked.
+    pub fn payload_len(&self) -> Option<usize> {
+        self.len
     }
 
-    /// Appends bytes read from the stream. Callers that respect [`Framer::wanted`]
-    /// never push past the current frame; extra bytes are kept for the next one.
-    pub fn push(&mut self, bytes: &[u8]) {
-        self.buf.extend_from_slice(bytes);
-    }
-
-    /// The next complete payload, if there is one.
-    pub fn next_frame(&mut self) -> Result<Option<Vec<u8>>, CodecError> {
-        if self.buf.len() < HEADER_BYTES {
-            return Ok(None);
-        }
-        let len = payload_len(self.header(), self.max_frame)?;
-        if self.buf.len() < HEADER_BYTES + len {
-            return Ok(None);
-        }
-        let rest = self.buf.split_off(HEADER_BYTES + len);
-        let mut frame = std::mem::replace(&mut self.buf, rest);
-        frame.drain(..HEADER_BYTES);
-        Ok(Some(frame))
-    }
-
-    /// Bytes of an incomplete frame left in the buffer (a truncated stream if the
-    /// connection ends now).
+    /// Bytes of the current frame received so far (non-zero means a stream that ends
+    /// now ends mid-frame).
     pub fn pending(&self) -> usize {
-        self.buf.len()
+        self.header_len + self.filled
+    }
+
+    /// Where the next bytes of the stream go: exactly what the current frame still
+    /// needs (read at most this much, so nothing of the next frame is consumed). The
+    /// payload's space is allocated here, once its header passed the limit.
+    pub fn space(&mut self) -> Result<&mut [u8], CodecError> {
+        match self.len {
+            None => Ok(&mut self.header[self.header_len..]),
+            Some(len) => {
+                if self.payload.len() != len {
+                    self.payload.clear();
+                    self.payload.resize(len, 0);
+                }
+                Ok(&mut self.payload[self.filled..])
+            }
+        }
+    }
+
+    /// Records that `n` bytes were written into [`Framer::space`].
+    pub fn filled(&mut self, n: usize) -> Result<(), CodecError> {
+        match self.len {
+            None => {
+                self.header_len += n;
+                debug_assert!(self.header_len <= HEADER_BYTES);
+                if self.header_len == HEADER_BYTES {
+                    self.len = Some(payload_len(self.header, self.max_frame)?);
+                }
+            }
+            Some(_) => self.filled += n,
+        }
+        Ok(())
+    }
+
+    /// The complete payload, if the current frame is complete; the framer then starts
+    /// on the next frame at the following call.
+    pub fn frame(&mut self) -> Option<&[u8]> {
+        let len = self.len?;
+        if self.filled < len {
+            return None;
+        }
+        // Taken: reset for the next frame, keeping a small buffer for reuse.
+        self.len = None;
+        self.header_len = 0;
+        self.filled = 0;
+        Some(&self.payload[..len])
+    }
+
+    /// Frees a large payload buffer once its frame was handled.
+    pub fn shrink(&mut self) {
+        if self.payload.capacity() > KEEP_BUFFER_BYTES {
+            self.payload = Vec::new();
+        }
+    }
+}
+
+/// Why reading a frame failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("connection error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("stream ended mid-frame ({got} bytes of the frame received)")]
+    Truncated { got: usize },
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+}
+
+/// Reads one frame from a blocking reader into `framer`: `Ok(None)` is a clean end of
+/// stream between frames; a stream that ends inside a frame is [`ReadError::Truncated`].
+pub fn read_frame<'f, R: Read>(
+    reader: &mut R,
+    framer: &'f mut Framer,
+) -> Result<Option<&'f [u8]>, ReadError> {
+    framer.shrink();
+    loop {
+        if framer.payload_len().is_some_and(|len| framer.filled >= len) {
+            return Ok(framer.frame());
+        }
+        let n = match reader.read(framer.space()?) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if n == 0 {
+            return match framer.pending() {
+                0 => Ok(None),
+                got => Err(ReadError::Truncated { got }),
+            };
+        }
+        framer.filled(n)?;
+    }
+}
+
+/// Reads and decodes one message from a blocking reader (see [`read_frame`]).
+pub fn read_msg<M: DeserializeOwned, R: Read>(
+    reader: &mut R,
+    framer: &mut Framer,
+) -> Result<Option<M>, ReadError> {
+    match read_frame(reader, framer)? {
+        Some(payload) => Ok(Some(decode(payload)?)),
+        None => Ok(None),
     }
 }
 
@@ -147,7 +256,8 @@ pub fn tokens_equal(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
     use crate::wire::{
-        ActorMsg, ActorStats, Capabilities, Hello, LearnerMsg, Welcome, PROTOCOL_VERSION,
+        ActorMsg, ActorStats, Capabilities, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal,
+        RefusalCode, Welcome, PROTOCOL_VERSION,
     };
     use crate::{DType, EnvSpec, NetworkSpec, ObsSpec, Params, TransitionBatch};
     use rand::rngs::SmallRng;
@@ -161,7 +271,9 @@ mod tests {
             capabilities: Capabilities {
                 envs: 64,
                 env_ids: vec!["CartPole-v1".into()],
+                features: vec!["priorities".into()],
             },
+            agent: Some(2),
         })
     }
 
@@ -178,8 +290,10 @@ mod tests {
             );
         }
         b.actor_id = 3;
+        b.agent = 1;
         b.seq = 42;
         b.version = 9;
+        b.priorities = (0..rows).map(|i| i as f32 * 0.5).collect();
         ActorMsg::Transitions(b)
     }
 
@@ -198,8 +312,9 @@ mod tests {
                 max_episode_steps: 500,
                 reward_threshold: Some(475.0),
             },
+            agent: 0,
             params_version: 12,
-            slots: vec![0, 1],
+            env_indices: vec![0, 1],
             epsilons: vec![0.4, 0.0016],
             epsilon_decay: Some(crate::wire::EpsilonDecay {
                 start: 1.0,
@@ -209,6 +324,7 @@ mod tests {
             n_step: 3,
             gamma: 0.99,
             batch_rows: 64,
+            features: vec![],
         }))
     }
 
@@ -230,19 +346,64 @@ mod tests {
             params_version: 2,
         }));
         round_trip(ActorMsg::Heartbeat);
-        round_trip(ActorMsg::Goodbye {
-            reason: "bye".into(),
-        });
+        round_trip(ActorMsg::Goodbye(Goodbye {
+            reason: GoodbyeReason::ActorStopping,
+            message: "bye".into(),
+        }));
         round_trip(welcome());
         round_trip(LearnerMsg::Params(Params {
             version: 5,
             env_steps: 0,
+            updates: 99,
             population: 1,
             data: vec![0.25; 4610],
         }));
-        round_trip(LearnerMsg::Error {
-            reason: "wrong token".into(),
-        });
+        round_trip(LearnerMsg::Refused(Refusal::new(
+            RefusalCode::WrongToken,
+            "wrong token",
+        )));
+        round_trip(LearnerMsg::Goodbye(Goodbye {
+            reason: GoodbyeReason::RunFinished,
+            message: "solved".into(),
+        }));
+    }
+
+    #[test]
+    fn observation_bytes_travel_as_one_block() {
+        // 16 bytes per row, 2 rows per transition: the encoding is the raw bytes plus a
+        // few bytes of lengths and columns, not a varint per byte.
+        let ActorMsg::Transitions(b) = transitions(100) else {
+            unreachable!()
+        };
+        let frame = encode(&b, DEFAULT_MAX_FRAME).unwrap();
+        assert!(
+            frame.len() < b.obs.len() + 100 * 24,
+            "{} bytes",
+            frame.len()
+        );
+        let at = frame
+            .windows(b.obs.len())
+            .position(|w| w == b.obs.as_slice());
+        assert!(at.is_some(), "the observation rows appear verbatim");
+    }
+
+    /// A reader that hands out at most `chunk` bytes per call, like a socket.
+    struct Chunked<'a> {
+        data: &'a [u8],
+        rng: SmallRng,
+    }
+
+    impl Read for Chunked<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self
+                .rng
+                .random_range(1..=40)
+                .min(buf.len())
+                .min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
     }
 
     #[test]
@@ -257,6 +418,7 @@ mod tests {
         let big = LearnerMsg::Params(Params {
             version: 1,
             env_steps: 0,
+            updates: 0,
             population: 1,
             data: vec![0.0; 1000],
         });
@@ -265,13 +427,19 @@ mod tests {
             Err(CodecError::FrameTooLarge { .. })
         ));
         let mut framer = Framer::new(1024);
-        framer.push(&2048u32.to_le_bytes());
-        assert!(framer.wanted().is_err());
-        assert!(framer.next_frame().is_err());
+        let mut input: &[u8] = &2048u32.to_le_bytes();
+        assert!(matches!(
+            read_frame(&mut input, &mut framer),
+            Err(ReadError::Codec(CodecError::FrameTooLarge {
+                len: 2048,
+                ..
+            }))
+        ));
+        assert_eq!(framer.payload.capacity(), 0, "nothing allocated");
     }
 
     #[test]
-    fn framer_reassembles_any_chunking() {
+    fn the_reader_reassembles_any_chunking() {
         let mut stream = Vec::new();
         let msgs = [
             hello(),
@@ -282,18 +450,15 @@ mod tests {
         for m in &msgs {
             stream.extend(encode(m, DEFAULT_MAX_FRAME).unwrap());
         }
-        let mut rng = SmallRng::seed_from_u64(1);
-        for _ in 0..50 {
+        for seed in 0..50 {
+            let mut reader = Chunked {
+                data: &stream,
+                rng: SmallRng::seed_from_u64(seed),
+            };
             let mut framer = Framer::new(DEFAULT_MAX_FRAME);
             let mut got = Vec::new();
-            let mut at = 0;
-            while at < stream.len() {
-                let n = rng.random_range(1..=40).min(stream.len() - at);
-                framer.push(&stream[at..at + n]);
-                at += n;
-                while let Some(frame) = framer.next_frame().unwrap() {
-                    got.push(decode::<ActorMsg>(&frame).unwrap());
-                }
+            while let Some(m) = read_msg::<ActorMsg, _>(&mut reader, &mut framer).unwrap() {
+                got.push(m);
             }
             assert_eq!(got, msgs);
             assert_eq!(framer.pending(), 0);
@@ -313,26 +478,32 @@ mod tests {
             decode::<ActorMsg>(&extra),
             Err(CodecError::TrailingBytes(1))
         );
+        // A stream that ends inside a frame, in the payload or in the header.
+        for cut in [frame.len() - 3, 2] {
+            let mut framer = Framer::new(DEFAULT_MAX_FRAME);
+            let mut input = &frame[..cut];
+            match read_frame(&mut input, &mut framer) {
+                Err(ReadError::Truncated { got }) => assert_eq!(got, cut),
+                other => panic!("cut at {cut}: {other:?}"),
+            }
+        }
         let mut framer = Framer::new(DEFAULT_MAX_FRAME);
-        framer.push(&frame[..frame.len() - 3]);
-        assert_eq!(framer.next_frame(), Ok(None));
-        assert_eq!(framer.wanted(), Ok(3));
-        assert!(
-            framer.pending() > 0,
-            "a truncated frame is visible to the caller"
-        );
+        assert!(matches!(read_frame(&mut &[][..], &mut framer), Ok(None)));
     }
 
     #[test]
     fn a_huge_claimed_length_inside_a_small_frame_fails_cleanly() {
-        // A Goodbye whose string claims 2^60 bytes: bincode's limit refuses the claim.
-        let mut payload = vec![4u8]; // variant index of Goodbye
-        payload.push(253); // varint marker for a u64 length
-        payload.extend_from_slice(&(1u64 << 60).to_le_bytes());
-        assert!(matches!(
-            decode::<ActorMsg>(&payload),
-            Err(CodecError::Malformed(_))
-        ));
+        // Observation bytes claiming 2^60, then 60 MB: the small frame's size class
+        // (64 KiB) refuses both claims before any allocation.
+        for claim in [1u64 << 60, 60 << 20] {
+            let mut payload = vec![1u8, 0, 0, 0, 0, 0]; // Transitions; ids, version...
+            payload.push(253); // varint marker for a u64 length
+            payload.extend_from_slice(&claim.to_le_bytes());
+            assert!(
+                matches!(decode::<ActorMsg>(&payload), Err(CodecError::Malformed(_))),
+                "claim {claim}"
+            );
+        }
     }
 
     /// Bounded fuzzing: random bytes and mutations of valid frames must decode to a
@@ -370,9 +541,9 @@ mod tests {
             decoded += usize::from(decode::<ActorMsg>(&input).is_ok());
             let _ = decode::<LearnerMsg>(&input);
             let mut framer = Framer::new(1 << 16);
-            framer.push(&input);
-            while let Ok(Some(frame)) = framer.next_frame() {
-                let _ = decode::<ActorMsg>(&frame);
+            let mut reader = input.as_slice();
+            while let Ok(Some(frame)) = read_frame(&mut reader, &mut framer) {
+                let _ = decode::<ActorMsg>(frame);
             }
         }
         assert!(

@@ -1,60 +1,153 @@
 //! Async frame I/O over any tokio stream (feature `tokio`): the connection-owning tasks
 //! of the learner's server and the remote actor read and write whole messages here.
+//!
+//! [`FrameReader`] drives the one framing state machine, [`codec::Framer`], from an
+//! async reader; with a [`MemoryBudget`] it also bounds the bytes that all connections
+//! together hold in frames being read or handled.
+
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::codec::{self, CodecError, HEADER_BYTES};
+pub use crate::codec::ReadError;
+use crate::codec::{self, CodecError, Framer};
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    #[error("connection error: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("connection closed mid-frame ({got} of {wanted} bytes)")]
-    Truncated { got: usize, wanted: usize },
-    #[error(transparent)]
-    Codec(#[from] CodecError),
+/// Bytes that frames being received may occupy at once, across every connection that
+/// shares it. A reader takes a frame's size from the budget once its header is checked
+/// and before its payload is allocated, and gives it back when the handler drops the
+/// [`BudgetPermit`]; when the budget is spent, readers wait (and TCP pushes back).
+#[derive(Debug)]
+pub struct MemoryBudget {
+    bytes: usize,
+    permits: Arc<Semaphore>,
 }
 
-/// Fills `buf` completely; returns how many bytes arrived before end of stream.
-async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        let n = r.read(&mut buf[got..]).await?;
-        if n == 0 {
-            break;
+/// Bytes taken from a [`MemoryBudget`], returned on drop.
+#[derive(Debug)]
+pub struct BudgetPermit {
+    _held: Option<OwnedSemaphorePermit>,
+}
+
+impl BudgetPermit {
+    fn none() -> Self {
+        Self { _held: None }
+    }
+}
+
+impl MemoryBudget {
+    /// Semaphores count permits in `u32`: budgets are capped at 4 GiB − 1.
+    pub fn new(bytes: usize) -> Self {
+        let bytes = bytes.min(u32::MAX as usize);
+        Self {
+            bytes,
+            permits: Arc::new(Semaphore::new(bytes)),
         }
-        got += n;
     }
-    Ok(got)
+
+    /// The budget's size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Bytes not taken right now.
+    pub fn available(&self) -> usize {
+        self.permits.available_permits()
+    }
+
+    async fn take(&self, bytes: usize) -> Result<BudgetPermit, CodecError> {
+        if bytes > self.bytes {
+            return Err(CodecError::FrameTooLarge {
+                len: bytes,
+                max: self.bytes,
+            });
+        }
+        if bytes == 0 {
+            return Ok(BudgetPermit::none());
+        }
+        let permit = Arc::clone(&self.permits)
+            .acquire_many_owned(bytes as u32)
+            .await
+            .map_err(|_| CodecError::Malformed("memory budget closed".into()))?;
+        Ok(BudgetPermit {
+            _held: Some(permit),
+        })
+    }
 }
 
-/// Reads one message. `Ok(None)` is a clean end of stream between frames; a stream that
-/// ends inside a frame is [`ReadError::Truncated`]. The payload buffer is allocated only
-/// after its length passed the frame limit.
-pub async fn read_msg<M: DeserializeOwned, R: AsyncRead + Unpin>(
-    r: &mut R,
-    max_frame: usize,
-) -> Result<Option<M>, ReadError> {
-    let mut header = [0u8; HEADER_BYTES];
-    let got = fill(r, &mut header).await?;
-    if got == 0 {
-        return Ok(None);
+/// Reads whole messages from an async stream, reusing one buffer.
+#[derive(Debug)]
+pub struct FrameReader<R> {
+    inner: R,
+    framer: Framer,
+    budget: Option<Arc<MemoryBudget>>,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R, max_frame: usize) -> Self {
+        Self {
+            inner,
+            framer: Framer::new(max_frame),
+            budget: None,
+        }
     }
-    if got < HEADER_BYTES {
-        return Err(ReadError::Truncated {
-            got,
-            wanted: HEADER_BYTES,
-        });
+
+    /// Charges every frame's payload to `budget` while it is read and handled.
+    pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
+        self.budget = Some(budget);
+        self
     }
-    let len = codec::payload_len(header, max_frame)?;
-    let mut payload = vec![0u8; len];
-    let got = fill(r, &mut payload).await?;
-    if got < len {
-        return Err(ReadError::Truncated { got, wanted: len });
+
+    /// Changes the frame limit (e.g. from the handshake's to the session's).
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.framer.set_max_frame(max_frame);
     }
-    Ok(Some(codec::decode(&payload)?))
+
+    /// Reads one message with the bytes it holds against the budget (released when the
+    /// permit drops). `Ok(None)` is a clean end of stream between frames; a stream
+    /// that ends inside a frame is [`ReadError::Truncated`].
+    pub async fn read_msg_charged<M: DeserializeOwned>(
+        &mut self,
+    ) -> Result<Option<(M, BudgetPermit)>, ReadError> {
+        self.framer.shrink();
+        let mut permit = None;
+        loop {
+            if let Some(len) = self.framer.payload_len() {
+                // The header passed the limit: charge the payload before allocating it.
+                if permit.is_none() {
+                    permit = Some(match &self.budget {
+                        Some(b) => b.take(len).await?,
+                        None => BudgetPermit::none(),
+                    });
+                }
+                if let Some(payload) = self.framer.frame() {
+                    let msg = codec::decode(payload)?;
+                    return Ok(Some((msg, permit.unwrap_or_else(BudgetPermit::none))));
+                }
+            }
+            let n = self.inner.read(self.framer.space()?).await?;
+            if n == 0 {
+                return match self.framer.pending() {
+                    0 => Ok(None),
+                    got => Err(ReadError::Truncated { got }),
+                };
+            }
+            self.framer.filled(n)?;
+        }
+    }
+
+    /// Reads one message (see [`FrameReader::read_msg_charged`]); its bytes go back to
+    /// the budget at once.
+    pub async fn read_msg<M: DeserializeOwned>(&mut self) -> Result<Option<M>, ReadError> {
+        Ok(self.read_msg_charged().await?.map(|(m, _)| m))
+    }
+
+    /// The underlying stream.
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
 }
 
 /// Writes one message as a frame.
@@ -71,4 +164,38 @@ pub async fn write_msg<M: Serialize, W: AsyncWrite + Unpin>(
 /// Writes a frame that was encoded once for many receivers (parameter broadcasts).
 pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> std::io::Result<()> {
     w.write_all(frame).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::ActorMsg;
+
+    #[tokio::test]
+    async fn frames_wait_for_the_shared_budget() {
+        let frame = codec::encode(&ActorMsg::Heartbeat, 1024).unwrap();
+        let len = frame.len() - codec::HEADER_BYTES;
+        let budget = Arc::new(MemoryBudget::new(len));
+        let stream = [frame.clone(), frame].concat();
+        let mut a = FrameReader::new(stream.as_slice(), 1024).with_budget(Arc::clone(&budget));
+        let (msg, held) = a.read_msg_charged::<ActorMsg>().await.unwrap().unwrap();
+        assert_eq!(msg, ActorMsg::Heartbeat);
+        assert_eq!(budget.available(), 0, "the first frame holds the budget");
+        // The second frame waits until the first one's permit is dropped.
+        let second = a.read_msg_charged::<ActorMsg>();
+        tokio::pin!(second);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(50), &mut second).await;
+        assert!(waited.is_err(), "blocked while the budget is spent");
+        drop(held);
+        let (msg, _held) = second.await.unwrap().unwrap();
+        assert_eq!(msg, ActorMsg::Heartbeat);
+        // A frame larger than the whole budget is an error, not a wait forever.
+        let big = codec::encode(&ActorMsg::Stats(Default::default()), 1024).unwrap();
+        let mut b =
+            FrameReader::new(big.as_slice(), 1024).with_budget(Arc::new(MemoryBudget::new(1)));
+        assert!(matches!(
+            b.read_msg::<ActorMsg>().await,
+            Err(ReadError::Codec(CodecError::FrameTooLarge { .. }))
+        ));
+    }
 }

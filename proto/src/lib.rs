@@ -1,6 +1,7 @@
 //! Types every millrace component shares: what an environment looks like ([`EnvSpec`]),
 //! how a Q-network is laid out ([`NetworkSpec`], [`ParamLayout`]), how transitions travel
-//! ([`TransitionBatch`]) and how parameters are published ([`Params`]).
+//! ([`TransitionBatch`]), how parameters are published ([`Params`], [`ParamsCell`]) and
+//! the run-wide env step count ([`StepCounter`]).
 //!
 //! This crate depends on nothing internal so that actors, replay and the learner can all
 //! use it without cycles, and so that the wire format has one home: [`wire`] holds the
@@ -10,10 +11,12 @@ pub mod batch;
 pub mod codec;
 #[cfg(feature = "tokio")]
 pub mod io;
+pub mod params;
 pub mod spec;
 pub mod wire;
 
-pub use batch::{Params, TransitionBatch};
+pub use batch::TransitionBatch;
+pub use params::{Params, ParamsCell, StepCounter};
 pub use spec::{
     ConvLayer, DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError,
 };

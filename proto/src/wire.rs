@@ -1,18 +1,24 @@
 //! The messages of the actor ↔ learner link: one enum per direction.
 //!
 //! An actor opens with [`Hello`]; the learner answers [`Welcome`] (everything the actor
-//! needs: the learner is the one source of truth for env, network and settings) or
-//! [`LearnerMsg::Error`] and closes. Afterwards the actor streams
-//! [`ActorMsg::Transitions`] and [`ActorMsg::Stats`]; the learner sends the newest
-//! [`Params`] (latest-only) and heartbeats. Either side may end with `Goodbye`.
+//! needs: the learner is the one source of truth for env, network and settings) or a
+//! typed [`Refusal`] and closes. Afterwards the actor streams [`ActorMsg::Transitions`]
+//! and [`ActorMsg::Stats`]; the learner sends the newest [`Params`] (latest-only) and
+//! heartbeats. Either side may end with a typed [`Goodbye`].
+//!
+//! Version 3 reserves what the next features send, so that they do not each break
+//! compatibility: per-item priorities in [`TransitionBatch`] (prioritized replay), an
+//! agent id in [`Hello`], [`Welcome`] and every batch (population mode), feature names
+//! in [`Capabilities`], and observation columns as raw bytes.
 
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{Params, TransitionBatch};
+use crate::batch::TransitionBatch;
+use crate::params::Params;
 use crate::spec::{EnvSpec, NetworkSpec};
 
 /// Bumped on any incompatible change to these messages or the framing.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// What an actor can do, announced in its [`Hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,6 +27,9 @@ pub struct Capabilities {
     pub envs: u32,
     /// Environment ids it can run.
     pub env_ids: Vec<String>,
+    /// Optional features it supports (e.g. `"priorities"`: it can send initial
+    /// priorities); the learner uses only those both sides know.
+    pub features: Vec<String>,
 }
 
 /// The first message on a connection, from the actor.
@@ -32,6 +41,8 @@ pub struct Hello {
     /// Free-form name for logs (host name, pod name).
     pub actor_name: String,
     pub capabilities: Capabilities,
+    /// The population agent this actor asks to serve; `None` lets the learner choose.
+    pub agent: Option<u32>,
 }
 
 /// The learner's answer to a valid [`Hello`].
@@ -41,11 +52,14 @@ pub struct Welcome {
     pub run_id: String,
     pub env: EnvSpec,
     pub network: NetworkSpec,
+    /// The population agent this actor acts for (0 for a single agent).
+    pub agent: u32,
     /// Version of the parameters that follow this message.
     pub params_version: u64,
-    /// Actor slot handed to each of this actor's environments (Ape-X ε per slot).
-    pub slots: Vec<u32>,
-    /// Exploration rate for each slot, in the same order (Ape-X), used when
+    /// Exploration index handed to each of this actor's environments: environment `i`
+    /// explores with `epsilons[i]` (Ape-X gives every environment its own ε).
+    pub env_indices: Vec<u32>,
+    /// Exploration rate for each environment, in the same order (Ape-X), used when
     /// `epsilon_decay` is `None`.
     pub epsilons: Vec<f32>,
     /// The run's decaying exploration, followed on the learner's global env steps
@@ -55,6 +69,8 @@ pub struct Welcome {
     pub gamma: f32,
     /// Transitions per batch the learner wants.
     pub batch_rows: u32,
+    /// Features of the actor's [`Capabilities`] the learner will use.
+    pub features: Vec<String>,
 }
 
 /// ε from `start` down to `end` linearly over the first `steps` global env steps.
@@ -75,6 +91,92 @@ pub struct ActorStats {
     pub params_version: u64,
 }
 
+/// Why the learner refused an actor or closed its connection. The kind, not the
+/// message, decides what the actor does next (see [`RefusalCode::is_permanent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefusalCode {
+    /// The token does not match.
+    WrongToken,
+    /// The actor speaks another protocol version.
+    ProtocolVersion,
+    /// The actor cannot run the run's environment (or its port differs).
+    EnvUnsupported,
+    /// The actor's batches would be too large for the learner's replay shards.
+    BatchTooLarge,
+    /// The request cannot be served as asked (no environments, an unknown agent).
+    BadRequest,
+    /// The actor sent something malformed or out of order.
+    ProtocolViolation,
+    /// The learner has as many connections as it takes; try again later.
+    TooManyConnections,
+    /// The learner is starting or stopping; try again later.
+    NotReady,
+    /// The connection went quiet for too long.
+    Timeout,
+}
+
+impl RefusalCode {
+    /// Whether retrying cannot help: the actor should stop (with a non-zero status)
+    /// rather than reconnect.
+    pub fn is_permanent(self) -> bool {
+        match self {
+            RefusalCode::WrongToken
+            | RefusalCode::ProtocolVersion
+            | RefusalCode::EnvUnsupported
+            | RefusalCode::BatchTooLarge
+            | RefusalCode::BadRequest
+            | RefusalCode::ProtocolViolation => true,
+            RefusalCode::TooManyConnections | RefusalCode::NotReady | RefusalCode::Timeout => false,
+        }
+    }
+}
+
+/// A refusal: its kind, and a message for people.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub code: RefusalCode,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(code: RefusalCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.code.is_permanent() {
+            "permanent"
+        } else {
+            "temporary"
+        };
+        write!(f, "{} ({:?}, {kind})", self.message, self.code)
+    }
+}
+
+/// Why a side is ending the session on purpose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GoodbyeReason {
+    /// The run is over (solved, or out of steps): actors should exit, successfully.
+    RunFinished,
+    /// The learner is stopping but the run is not over (a signal, e.g. before a
+    /// restart): actors should keep reconnecting.
+    LearnerStopping,
+    /// The actor is shutting down.
+    ActorStopping,
+}
+
+/// A deliberate end of a session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Goodbye {
+    pub reason: GoodbyeReason,
+    pub message: String,
+}
+
 /// Actor → learner.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ActorMsg {
@@ -82,7 +184,7 @@ pub enum ActorMsg {
     Transitions(TransitionBatch),
     Stats(ActorStats),
     Heartbeat,
-    Goodbye { reason: String },
+    Goodbye(Goodbye),
 }
 
 /// Learner → actor.
@@ -92,11 +194,36 @@ pub enum LearnerMsg {
     Welcome(Box<Welcome>),
     Params(Params),
     Heartbeat,
-    /// The connection is refused or being closed because of something the actor did.
-    Error {
-        reason: String,
-    },
-    Goodbye {
-        reason: String,
-    },
+    /// The connection is refused or being closed; the code says whether to retry.
+    Refused(Refusal),
+    Goodbye(Goodbye),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_retryable_refusals_are_temporary() {
+        let temporary = [
+            RefusalCode::TooManyConnections,
+            RefusalCode::NotReady,
+            RefusalCode::Timeout,
+        ];
+        for code in [
+            RefusalCode::WrongToken,
+            RefusalCode::ProtocolVersion,
+            RefusalCode::EnvUnsupported,
+            RefusalCode::BatchTooLarge,
+            RefusalCode::BadRequest,
+            RefusalCode::ProtocolViolation,
+        ] {
+            assert!(code.is_permanent(), "{code:?}");
+        }
+        for code in temporary {
+            assert!(!code.is_permanent(), "{code:?}");
+        }
+        let r = Refusal::new(RefusalCode::NotReady, "starting");
+        assert_eq!(r.to_string(), "starting (NotReady, temporary)");
+    }
 }

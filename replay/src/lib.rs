@@ -4,14 +4,17 @@
 //! Data stays in the tensor layout actors produced it in: inserting is a `memcpy` per
 //! column and sampling gathers rows straight into the caller's (staging) buffers. Shards
 //! have their own locks so that actors inserting into different shards never contend,
-//! and a sampler locks each shard once per batch.
+//! a sampler locks each shard once per batch, one shard at a time, and sampled items come
+//! with stable [`ItemKey`]s for priority updates.
 
+pub mod key;
 pub mod limiter;
 pub mod selector;
 pub mod shard;
 pub mod table;
 
+pub use key::ItemKey;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 pub use selector::{Selector, Uniform};
-pub use shard::{SampleBuffers, Shard, TooLarge};
+pub use shard::{OutOfMemory, SampleBuffers, Shard, TooLarge};
 pub use table::{Closed, ReplayConfig, ReplayError, ReplayStats, Table};

@@ -1,16 +1,17 @@
 //! The replay table: shards, a selector per shard and one rate limiter, safe to share
 //! between actor threads (inserting) and sampler threads.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use millrace_proto::{SpecError, TransitionBatch};
 use rand::Rng;
 
+use crate::key::ItemKey;
 use crate::limiter::{RateLimiter, RateLimiterConfig};
 use crate::selector::Uniform;
-use crate::shard::{SampleBuffers, Shard, TooLarge};
+use crate::shard::{OutOfMemory, SampleBuffers, Shard, TooLarge};
 
 /// Replay settings, checked by whoever builds them.
 #[derive(Clone, Debug)]
@@ -39,6 +40,21 @@ impl ReplayConfig {
     pub fn obs_rows_for(envs: usize, n_step: usize, batch_rows: usize) -> f64 {
         1.05 + (envs * n_step) as f64 / batch_rows.max(1) as f64
     }
+
+    fn shape(&self) -> (usize, usize, usize) {
+        let shards = self.shards.clamp(1, usize::from(u16::MAX));
+        let per_shard = self.capacity.div_ceil(shards).max(1);
+        let obs_per_shard =
+            (per_shard as f64 * self.obs_rows_per_item.max(1.0)).ceil() as usize + 1;
+        (shards, per_shard, obs_per_shard)
+    }
+
+    /// Bytes the table allocates up front (all shards), to check against the machine's
+    /// memory before allocating.
+    pub fn bytes(&self) -> usize {
+        let (shards, per_shard, obs_per_shard) = self.shape();
+        Shard::bytes_for(per_shard, obs_per_shard, self.obs_row_bytes).saturating_mul(shards)
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -49,6 +65,8 @@ pub enum ReplayError {
     Malformed(#[from] SpecError),
     #[error(transparent)]
     TooLarge(#[from] TooLarge),
+    #[error("{0} (lower the replay capacity)")]
+    OutOfMemory(#[from] OutOfMemory),
 }
 
 /// The table was closed while waiting.
@@ -78,15 +96,37 @@ struct Gate {
     waiting: usize,
 }
 
+/// What a shard publishes for readers that do not take its lock: item count and
+/// sampling weight (an `f64`'s bits), updated under the shard's lock after each change.
+#[derive(Debug, Default)]
+struct ShardGauge {
+    len: AtomicUsize,
+    total: AtomicU64,
+}
+
+impl ShardGauge {
+    fn set(&self, shard: &Shard) {
+        self.len.store(shard.len(), Ordering::Release);
+        self.total.store(shard.total().to_bits(), Ordering::Release);
+    }
+
+    fn total(&self) -> f64 {
+        f64::from_bits(self.total.load(Ordering::Acquire))
+    }
+}
+
 /// Sharded replay with rate-limited, blocking insert and sample.
 ///
 /// Locking: `gate` (a std `Mutex` + `Condvar`: waits are short and never span an
-/// `.await`) guards only the limiter's counters; shard locks guard storage, and the two
-/// are never held together. An insert writes its shard first and counts afterwards, so
+/// `.await`) guards only the limiter's counters; shard locks guard storage; no path
+/// holds two locks at once. An insert writes its shard first and counts afterwards, so
 /// anything the limiter lets a sampler take is already stored. A sampler reserves its
-/// items under the lock that checked the limiter, so samplers never overdraw the ratio.
+/// items under the lock that checked the limiter, so samplers never overdraw the
+/// ratio, and then gathers from one shard at a time, so inserts into the other shards
+/// go on meanwhile.
 pub struct Table {
     shards: Vec<Mutex<Shard>>,
+    gauges: Vec<ShardGauge>,
     row_bytes: usize,
     /// Items and observation rows per shard.
     per_shard: (usize, usize),
@@ -105,24 +145,29 @@ impl std::fmt::Debug for Table {
     }
 }
 
+/// Priority of items inserted without one. Uniform replay ignores priorities.
+const DEFAULT_PRIORITY: f64 = 1.0;
+
 impl Table {
-    /// Allocates every shard's storage up front.
-    pub fn new(config: &ReplayConfig) -> Self {
-        let shards = config.shards.max(1);
-        let per_shard = config.capacity.div_ceil(shards).max(1);
-        let obs_per_shard =
-            (per_shard as f64 * config.obs_rows_per_item.max(1.0)).ceil() as usize + 1;
-        Self {
-            shards: (0..shards)
-                .map(|_| {
-                    Mutex::new(Shard::new(
-                        per_shard,
-                        obs_per_shard,
-                        config.obs_row_bytes,
-                        Box::new(Uniform::new(per_shard)),
-                    ))
-                })
-                .collect(),
+    /// Allocates every shard's storage up front; a capacity the allocator refuses is
+    /// [`ReplayError::OutOfMemory`], not an abort.
+    pub fn new(config: &ReplayConfig) -> Result<Self, ReplayError> {
+        let (shards, per_shard, obs_per_shard) = config.shape();
+        let built = (0..shards)
+            .map(|i| {
+                Shard::new(
+                    i as u16,
+                    per_shard,
+                    obs_per_shard,
+                    config.obs_row_bytes,
+                    Box::new(Uniform::new(per_shard)),
+                )
+                .map(Mutex::new)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            shards: built,
+            gauges: (0..shards).map(|_| ShardGauge::default()).collect(),
             row_bytes: config.obs_row_bytes,
             per_shard: (per_shard, obs_per_shard),
             gate: Mutex::new(Gate {
@@ -133,7 +178,7 @@ impl Table {
             changed: Condvar::new(),
             insert_blocked_ns: AtomicU64::new(0),
             sample_blocked_ns: AtomicU64::new(0),
-        }
+        })
     }
 
     fn gate(&self) -> MutexGuard<'_, Gate> {
@@ -146,12 +191,16 @@ impl Table {
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Stores a batch, blocking while the rate limiter holds inserts back.
-    pub fn insert(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
+    /// Items stored, from the gauges (no shard lock).
+    fn live(&self) -> usize {
+        self.gauges
+            .iter()
+            .map(|g| g.len.load(Ordering::Acquire))
+            .sum()
+    }
+
+    fn check(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
         batch.validate(self.row_bytes)?;
-        if batch.is_empty() {
-            return Ok(());
-        }
         let (capacity, obs_capacity) = self.per_shard;
         if batch.len() > capacity || batch.obs_rows() > obs_capacity {
             return Err(TooLarge {
@@ -162,6 +211,22 @@ impl Table {
             }
             .into());
         }
+        Ok(())
+    }
+
+    fn store(&self, shard: usize, batch: &TransitionBatch) -> Result<(), ReplayError> {
+        let mut s = self.shard(shard);
+        s.insert(batch, DEFAULT_PRIORITY)?;
+        self.gauges[shard].set(&s);
+        Ok(())
+    }
+
+    /// Stores a batch, blocking while the rate limiter holds inserts back.
+    pub fn insert(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
+        self.check(batch)?;
+        if batch.is_empty() {
+            return Ok(());
+        }
         // Counted only once stored (below), so a sampler never sees counted but absent
         // items; concurrent inserters may overshoot the band by a batch each.
         self.wait(
@@ -169,9 +234,26 @@ impl Table {
             |g| g.limiter.can_insert(),
             |_| false,
         )?;
+        self.insert_now(batch)
+    }
+
+    /// Stores a batch without waiting for the rate limiter (which still counts it): for
+    /// a caller that keeps the ratio itself, as the lock-step mode does.
+    pub fn insert_unlimited(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
+        self.check(batch)?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if self.gate().closed {
+            return Err(ReplayError::Closed);
+        }
+        self.insert_now(batch)
+    }
+
+    fn insert_now(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
         let shard =
             (u64::from(batch.actor_id).wrapping_add(batch.seq) % self.shards.len() as u64) as usize;
-        self.shard(shard).insert(batch)?;
+        self.store(shard, batch)?;
         let mut gate = self.gate();
         gate.limiter.insert(batch.len() as u64);
         if gate.waiting > 0 {
@@ -180,40 +262,110 @@ impl Table {
         Ok(())
     }
 
-    /// Samples `out.rows()` items uniformly over everything stored, gathering them into
-    /// `out`; blocks while the rate limiter holds samples back. Returns the oldest
-    /// parameter version among the sampled items.
+    /// Samples `out.rows()` items in proportion to their shards' weights (uniformly
+    /// over everything stored, for uniform selectors), gathering them into `out`;
+    /// blocks while the rate limiter holds samples back or nothing is stored. Returns
+    /// the oldest parameter version among the sampled items.
     pub fn sample<R: Rng>(&self, rng: &mut R, out: &mut SampleBuffers<'_>) -> Result<u64, Closed> {
-        let n = out.rows();
+        let n = out.rows() as u64;
         // Reserve under the same lock that checked, so samplers never overdraw the ratio.
         // Wake inserters only once one of them can go.
         self.wait(
             &self.sample_blocked_ns,
-            |g| g.limiter.can_sample(n as u64),
+            |g| g.limiter.can_sample(n) && self.live() > 0,
             |g| {
-                g.limiter.sample(n as u64);
+                g.limiter.sample(n);
                 g.limiter.can_insert()
             },
         )
         .map_err(|_| Closed)?;
+        Ok(self.gather(rng, out))
+    }
 
-        // Lock every shard (in index order, as no other path holds two) for the few
-        // microseconds of one gather: rows are copied in draw order with no sorting,
-        // and inserts wait at most that long.
-        let shards: Vec<MutexGuard<'_, Shard>> =
-            (0..self.shards.len()).map(|i| self.shard(i)).collect();
-        let sum: f64 = shards.iter().map(|s| s.total()).sum();
-        let mut oldest = u64::MAX;
-        for row in 0..n {
+    /// Like [`Table::sample`], but returns `Ok(None)` at once instead of waiting when
+    /// the rate limiter holds samples back or nothing is stored.
+    pub fn try_sample<R: Rng>(
+        &self,
+        rng: &mut R,
+        out: &mut SampleBuffers<'_>,
+    ) -> Result<Option<u64>, Closed> {
+        let n = out.rows() as u64;
+        {
+            let mut g = self.gate();
+            if g.closed {
+                return Err(Closed);
+            }
+            if !(g.limiter.can_sample(n) && self.live() > 0) {
+                return Ok(None);
+            }
+            g.limiter.sample(n);
+            if g.waiting > 0 && g.limiter.can_insert() {
+                self.changed.notify_all();
+            }
+        }
+        Ok(Some(self.gather(rng, out)))
+    }
+
+    /// Draws every row's item first (from the shards' published weights), then gathers
+    /// shard by shard, each under its own lock once. A shard's weight may change between
+    /// the draw and its gather (an insert elsewhere in its ring); the draw is then
+    /// clamped into its current weight, a bias of at most one batch's worth of items.
+    fn gather<R: Rng>(&self, rng: &mut R, out: &mut SampleBuffers<'_>) -> u64 {
+        let n = out.rows();
+        let totals: Vec<f64> = self.gauges.iter().map(ShardGauge::total).collect();
+        let sum: f64 = totals.iter().sum();
+        let mut draws: Vec<(usize, f64)> = Vec::with_capacity(n);
+        for _ in 0..n {
             let mut u = rng.random::<f64>() * sum;
             let mut s = 0;
-            while s + 1 < shards.len() && u >= shards[s].total() {
-                u -= shards[s].total();
+            while s + 1 < totals.len() && u >= totals[s] {
+                u -= totals[s];
                 s += 1;
             }
-            oldest = oldest.min(shards[s].gather(u, out, row));
+            // Rounding can carry a draw past the last shard with weight: step back.
+            while totals[s] == 0.0 && s > 0 {
+                s -= 1;
+            }
+            draws.push((s, u));
         }
-        Ok(oldest)
+        let mut oldest = u64::MAX;
+        for s in 0..self.shards.len() {
+            if !draws.iter().any(|(d, _)| *d == s) {
+                continue;
+            }
+            let shard = self.shard(s);
+            for (row, (_, u)) in draws.iter().enumerate().filter(|(_, (d, _))| *d == s) {
+                // Shards never shrink to empty once they hold items, and the draw only
+                // picks shards that held some: a gather always finds one.
+                if let Some(version) = shard.gather(*u, out, row) {
+                    oldest = oldest.min(version);
+                }
+            }
+        }
+        oldest
+    }
+
+    /// Sets the priorities of sampled items by key; keys of items evicted since they
+    /// were sampled are ignored. Returns how many were applied. Each shard is locked
+    /// once.
+    pub fn update_priorities(&self, keys: &[ItemKey], priorities: &[f32]) -> usize {
+        let mut applied = 0;
+        for s in 0..self.shards.len() {
+            let mine = keys
+                .iter()
+                .zip(priorities)
+                .filter(|(k, _)| usize::from(k.shard()) == s);
+            let mut it = mine.peekable();
+            if it.peek().is_none() {
+                continue;
+            }
+            let mut shard = self.shard(s);
+            for (key, p) in it {
+                applied += usize::from(shard.update(*key, f64::from(*p)));
+            }
+            self.gauges[s].set(&shard);
+        }
+        applied
     }
 
     /// Blocks until `ready` holds or the table closes, then runs `then` under the same
@@ -247,16 +399,25 @@ impl Table {
         Ok(())
     }
 
-    /// Every stored batch with the shard it is in, oldest first per shard, and the
-    /// limiter's counters: what [`Table::restore`] needs to rebuild this table. Each
-    /// shard is copied out under its lock and handed to `each` after releasing it, so
-    /// slow consumers (disk) hold up nobody. Actors and samplers keep running, so the
-    /// counters, read last, may include a few batches the copy does not.
+    /// Every batch stored when it starts, with the shard it is in, oldest first per
+    /// shard, and the limiter's counters: what [`Table::restore`] needs to rebuild this
+    /// table. One batch is copied out per shard lock and handed to `each` after the
+    /// lock is released, so inserts and samples go on throughout and slow consumers
+    /// (disk) hold up nobody. A batch evicted before the copy reaches it is skipped;
+    /// the counters, read last, may include a few batches the copy does not.
     pub fn snapshot(&self, mut each: impl FnMut(usize, TransitionBatch)) -> (u64, u64) {
-        for i in 0..self.shards.len() {
-            let batches: Vec<TransitionBatch> = self.shard(i).batches().collect();
-            for batch in batches {
+        let ends: Vec<u64> = (0..self.shards.len())
+            .map(|i| self.shard(i).end_seq())
+            .collect();
+        for (i, end) in ends.into_iter().enumerate() {
+            let mut from = 0;
+            loop {
+                let next = self.shard(i).batch_from(from, end);
+                let Some((batch, after)) = next else {
+                    break;
+                };
                 each(i, batch);
+                from = after;
             }
         }
         let g = self.gate();
@@ -272,7 +433,8 @@ impl Table {
         if batch.is_empty() {
             return Ok(());
         }
-        self.shard(shard % self.shards.len()).insert(batch)?;
+        self.store(shard % self.shards.len(), batch)?;
+        self.changed.notify_all();
         Ok(())
     }
 
@@ -358,6 +520,10 @@ mod tests {
         }
     }
 
+    fn table(c: ReplayConfig) -> Table {
+        Table::new(&c).unwrap()
+    }
+
     fn batch(actor_id: u32, values: std::ops::Range<i64>) -> TransitionBatch {
         let n = (values.end - values.start) as usize;
         let mut b = TransitionBatch::with_capacity(4, n, 2 * n);
@@ -374,6 +540,7 @@ mod tests {
         actions: Vec<i64>,
         rewards: Vec<f32>,
         discounts: Vec<f32>,
+        keys: Vec<ItemKey>,
     }
 
     impl Out {
@@ -381,9 +548,10 @@ mod tests {
             Self {
                 obs: vec![0; n * 4],
                 next: vec![0; n * 4],
-                actions: vec![0; n],
+                actions: vec![-1; n],
                 rewards: vec![0.0; n],
                 discounts: vec![0.0; n],
+                keys: vec![ItemKey::default(); n],
             }
         }
         fn buffers(&mut self) -> SampleBuffers<'_> {
@@ -393,13 +561,30 @@ mod tests {
                 actions: &mut self.actions,
                 rewards: &mut self.rewards,
                 discounts: &mut self.discounts,
+                keys: &mut self.keys,
             }
         }
     }
 
+    /// Polls `cond` until it holds (or fails the test after 10 s).
+    fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn waiting(table: &Table) -> usize {
+        table.gate().waiting
+    }
+
     #[test]
     fn routes_batches_round_robin_from_each_actor() {
-        let table = Table::new(&config(400, 4, 1.0, 1));
+        let table = table(config(400, 4, 1.0, 1));
         let mut b = batch(5, 0..10);
         table.insert(&b).unwrap(); // (5 + 0) % 4 = 1
         b.seq = 1;
@@ -409,7 +594,7 @@ mod tests {
         table.insert(&c).unwrap(); // (2 + 4) % 4 = 2
         assert_eq!(table.shard_lens(), [0, 10, 13, 0]);
         // One actor alone still fills every shard, i.e. the whole capacity.
-        let single = Table::new(&config(40, 4, 1.0, 1));
+        let single = Table::new(&config(40, 4, 1.0, 1)).unwrap();
         for seq in 0..8 {
             let mut b = batch(0, 0..10);
             b.seq = seq;
@@ -420,7 +605,7 @@ mod tests {
 
     #[test]
     fn rejects_malformed_batches_and_stores_nothing() {
-        let table = Table::new(&config(100, 2, 1.0, 1));
+        let table = table(config(100, 2, 1.0, 1));
         let mut bad = batch(0, 0..4);
         bad.discounts.pop();
         assert!(matches!(table.insert(&bad), Err(ReplayError::Malformed(_))));
@@ -428,8 +613,16 @@ mod tests {
     }
 
     #[test]
+    fn a_replay_too_large_to_allocate_is_an_error() {
+        let mut c = config(1 << 40, 1, 1.0, 1);
+        c.obs_row_bytes = 1 << 20;
+        assert!(c.bytes() >= 1 << 60);
+        assert!(matches!(Table::new(&c), Err(ReplayError::OutOfMemory(_))));
+    }
+
+    #[test]
     fn samples_uniformly_across_shards_of_different_sizes() {
-        let table = Table::new(&config(4000, 4, 1e6, 1));
+        let table = table(config(4000, 4, 1e6, 1));
         // Shards hold 100, 200, 300 and 400 items; uniform means per item, not per shard.
         let mut next = 0;
         for (actor, size) in [(0, 100), (1, 200), (2, 300), (3, 400)] {
@@ -452,7 +645,7 @@ mod tests {
             .map(|c| (f64::from(*c) - 100.0).powi(2) / 100.0)
             .sum();
         assert!(chi2 < 1200.0, "chi2 {chi2}");
-        // Rows come back whole: reward and observation belong to the same item.
+        // Rows come back whole: reward, observation and key belong to the same item.
         for (i, a) in out.actions.iter().enumerate() {
             assert_eq!(out.rewards[i], *a as f32);
             assert_eq!(
@@ -460,11 +653,20 @@ mod tests {
                 *a as f32
             );
         }
+        let shard_of = |a: i64| match a {
+            0..100 => 0,
+            100..300 => 1,
+            300..600 => 2,
+            _ => 3,
+        };
+        for (k, a) in out.keys.iter().zip(&out.actions) {
+            assert_eq!(usize::from(k.shard()), shard_of(*a), "key of item {a}");
+        }
     }
 
     #[test]
     fn seeded_sampling_is_reproducible() {
-        let table = Table::new(&config(1000, 3, 1e6, 1));
+        let table = table(config(1000, 3, 1e6, 1));
         for actor in 0..3 {
             table.insert(&batch(actor, 0..50)).unwrap();
         }
@@ -481,7 +683,7 @@ mod tests {
 
     #[test]
     fn sample_blocks_until_min_size_then_proceeds() {
-        let table = Arc::new(Table::new(&config(1000, 2, 1e6, 100)));
+        let table = Arc::new(table(config(1000, 2, 1e6, 100)));
         let sampler = {
             let table = Arc::clone(&table);
             std::thread::spawn(move || {
@@ -490,17 +692,87 @@ mod tests {
             })
         };
         table.insert(&batch(0, 0..50)).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
+        // The sampler is parked in the limiter (50 < min size 100), not finished.
+        wait_until("the sampler waits", || waiting(&table) == 1);
         assert!(!sampler.is_finished(), "50 < min size 100");
         table.insert(&batch(1, 0..50)).unwrap();
         assert!(sampler.join().unwrap().is_ok());
-        assert!(table.stats().sample_blocked_s > 0.03);
+        assert!(table.stats().sample_blocked_s > 0.0);
+    }
+
+    #[test]
+    fn sampling_never_returns_rows_that_are_not_stored() {
+        // Counters restored from a checkpoint whose replay did not come back: the
+        // limiter would allow samples, but there is nothing live to give.
+        let table = Arc::new(table(config(1000, 2, 1.0, 10)));
+        table.restore_counters(5000, 100);
+        let mut out = Out::new(4);
+        let mut rng = SmallRng::seed_from_u64(0);
+        assert_eq!(table.try_sample(&mut rng, &mut out.buffers()), Ok(None));
+        assert_eq!(out.actions, [-1; 4], "nothing written");
+        let sampler = {
+            let table = Arc::clone(&table);
+            std::thread::spawn(move || {
+                let mut out = Out::new(4);
+                table
+                    .sample(&mut SmallRng::seed_from_u64(1), &mut out.buffers())
+                    .map(|_| out.actions)
+            })
+        };
+        wait_until("the sampler waits for data", || waiting(&table) == 1);
+        // One batch restored into shard 1 only: every row comes from it.
+        table.restore(1, &batch(0, 40..43)).unwrap();
+        let got = sampler.join().unwrap().unwrap();
+        assert!(got.iter().all(|a| (40..43).contains(a)), "{got:?}");
+    }
+
+    #[test]
+    fn try_sample_follows_the_limiter_without_waiting() {
+        // 1 sample per insert, nothing before 8 inserts.
+        let table = table(ReplayConfig {
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 8, 100.0, 4).unwrap(),
+            ..config(100, 1, 1.0, 8)
+        });
+        let mut rng = SmallRng::seed_from_u64(0);
+        let mut out = Out::new(4);
+        table.insert_unlimited(&batch(0, 0..4)).unwrap();
+        assert_eq!(table.try_sample(&mut rng, &mut out.buffers()), Ok(None));
+        table.insert_unlimited(&batch(0, 4..8)).unwrap();
+        assert!(table
+            .try_sample(&mut rng, &mut out.buffers())
+            .unwrap()
+            .is_some());
+        table.close();
+        assert_eq!(table.try_sample(&mut rng, &mut out.buffers()), Err(Closed));
+        assert_eq!(
+            table.insert_unlimited(&batch(0, 0..1)),
+            Err(ReplayError::Closed)
+        );
+    }
+
+    #[test]
+    fn priority_updates_reach_live_items_only() {
+        let table = table(config(8, 1, 1e6, 1));
+        table.insert(&batch(0, 0..4)).unwrap();
+        let mut out = Out::new(4);
+        table
+            .sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            .unwrap();
+        let keys = out.keys.clone();
+        assert_eq!(table.update_priorities(&keys, &[2.0; 4]), 4);
+        // Two more batches of 4 evict the first: its keys are stale now.
+        let mut b = batch(0, 4..8);
+        b.seq = 1;
+        table.insert(&b).unwrap();
+        b.seq = 2;
+        table.insert(&b).unwrap();
+        assert_eq!(table.update_priorities(&keys, &[2.0; 4]), 0);
     }
 
     #[test]
     fn a_blocked_inserter_proceeds_once_samples_make_room() {
         // spi 1, min size 10, band ±70: inserts block once 80 items are ahead.
-        let table = Arc::new(Table::new(&ReplayConfig {
+        let table = Arc::new(table(ReplayConfig {
             limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 10, 70.0, 8).unwrap(),
             ..config(1000, 2, 1.0, 10)
         }));
@@ -511,11 +783,7 @@ mod tests {
             std::thread::spawn(move || done_tx.send(table.insert(&batch(1, 0..4))));
         }
         // Wait until it is blocked beyond the band, however slowly its thread starts.
-        let start = std::time::Instant::now();
-        while table.gate().waiting == 0 {
-            assert!(start.elapsed() < Duration::from_secs(5), "never blocked");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until("the inserter blocks", || waiting(&table) == 1);
         assert!(done.try_recv().is_err(), "beyond the band");
         // One sample of 8 brings the difference back into the band: the sampler must
         // wake the inserter (it is only woken when it can go).
@@ -531,7 +799,7 @@ mod tests {
 
     #[test]
     fn close_unblocks_waiting_samplers_and_inserters() {
-        let table = Arc::new(Table::new(&ReplayConfig {
+        let table = Arc::new(table(ReplayConfig {
             limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 10, 70.0, 64).unwrap(),
             ..config(1000, 1, 1.0, 10)
         }));
@@ -541,7 +809,7 @@ mod tests {
             let table = Arc::clone(&table);
             std::thread::spawn(move || table.insert(&batch(0, 0..1)))
         };
-        let empty = Arc::new(Table::new(&config(10, 1, 1.0, 5)));
+        let empty = Arc::new(Table::new(&config(10, 1, 1.0, 5)).unwrap());
         let sampler = {
             let empty = Arc::clone(&empty);
             std::thread::spawn(move || {
@@ -549,12 +817,35 @@ mod tests {
                 empty.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             })
         };
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(!inserter.is_finished() && !sampler.is_finished());
+        wait_until("both wait", || waiting(&table) == 1 && waiting(&empty) == 1);
         table.close();
         empty.close();
         assert_eq!(inserter.join().unwrap(), Err(ReplayError::Closed));
         assert_eq!(sampler.join().unwrap(), Err(Closed));
         assert_eq!(table.insert(&batch(0, 0..1)), Err(ReplayError::Closed));
+    }
+
+    #[test]
+    fn a_snapshot_goes_batch_by_batch_while_inserts_continue() {
+        let table = table(config(100, 2, 1e6, 1));
+        for seq in 0..6 {
+            let mut b = batch(0, seq * 10..seq * 10 + 5);
+            b.seq = seq as u64;
+            table.insert(&b).unwrap();
+        }
+        let mut seen = Vec::new();
+        let mut inserted = 0;
+        table.snapshot(|shard, b| {
+            // Each batch is handed over with no lock held: inserting here must not
+            // deadlock, and what it inserts is not part of this snapshot.
+            let mut extra = batch(1, 1000..1002);
+            extra.seq = inserted;
+            inserted += 1;
+            table.insert(&extra).unwrap();
+            seen.push((shard, b.actions[0]));
+        });
+        seen.sort_unstable();
+        assert_eq!(seen, [(0, 0), (0, 20), (0, 40), (1, 10), (1, 30), (1, 50)]);
+        assert_eq!(table.len(), 30 + 12);
     }
 }

@@ -1,10 +1,27 @@
-//! Shared fakes and helpers for millrace's cross-crate behaviour tests (`tests/*.rs`).
+//! Shared fakes and helpers for millrace's behaviour tests (`tests/tests/*.rs` and the
+//! learner's `learner/tests/*.rs`): defined once here, not per test file.
+//!
+//! - [`TableSink`]: an actor sink straight into replay.
+//! - [`WireClient`]: a hand-written actor speaking the protocol over a blocking socket
+//!   (good and bad input alike), reading with the one framed reader.
+//! - [`FakeLearner`]: a scripted learner that answers each connection as a test says
+//!   (welcome and parameters, a refusal, a goodbye), for testing `actor` processes.
+//! - [`wait_until`], [`binary`], message builders.
 
-use std::sync::Arc;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use millrace_actor::runner::SinkClosed;
 use millrace_actor::{ActorSink, EpisodeStats};
-use millrace_proto::TransitionBatch;
+use millrace_proto::codec::{self, Framer, DEFAULT_MAX_FRAME};
+use millrace_proto::wire::{
+    ActorMsg, Capabilities, Goodbye, Hello, LearnerMsg, Refusal, Welcome, PROTOCOL_VERSION,
+};
+use millrace_proto::{NetworkSpec, Params, TransitionBatch};
 use millrace_replay::Table;
 
 /// An actor sink that inserts straight into a replay table and counts episodes.
@@ -41,5 +58,269 @@ impl ActorSink for TableSink {
 
     fn episode(&mut self, stats: EpisodeStats) {
         self.episodes.push(stats);
+    }
+}
+
+/// Polls `cond` every few milliseconds until it holds; fails the test with `what` after
+/// `limit`.
+pub fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out after {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A binary of this workspace, built beside the test executable (`cargo build --bins`
+/// first; `scripts/test.sh` does).
+pub fn binary(name: &str) -> PathBuf {
+    // Test executables live in target/<profile>/deps; binaries one level up.
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let path = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>/deps")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --bins` first (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// A `Hello` for CartPole-v1 with `envs` environments.
+pub fn hello(token: &str, version: u32, envs: u32) -> ActorMsg {
+    ActorMsg::Hello(Hello {
+        protocol_version: version,
+        token: token.into(),
+        actor_name: "test".into(),
+        capabilities: Capabilities {
+            envs,
+            env_ids: vec!["CartPole-v1".into()],
+            features: Vec::new(),
+        },
+        agent: None,
+    })
+}
+
+/// `rows` CartPole-shaped transitions (`obs_floats` floats per observation), each with
+/// its own two observation rows.
+pub fn batch(rows: usize, obs_floats: usize) -> TransitionBatch {
+    let mut b = TransitionBatch::with_capacity(obs_floats * 4, rows, 2 * rows);
+    for i in 0..rows {
+        let obs = vec![i as f32; obs_floats];
+        b.push_f32(&obs, (i % 2) as i64, 1.0, 0.99, &obs);
+    }
+    b
+}
+
+/// A hand-written actor over a blocking socket.
+#[derive(Debug)]
+pub struct WireClient {
+    pub stream: TcpStream,
+    framer: Framer,
+}
+
+impl WireClient {
+    pub fn connect(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).expect("connect to the learner");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("a read timeout");
+        Self {
+            stream,
+            framer: Framer::new(DEFAULT_MAX_FRAME),
+        }
+    }
+
+    pub fn send(&mut self, msg: &ActorMsg) {
+        let frame = codec::encode(msg, DEFAULT_MAX_FRAME).expect("encodable");
+        self.stream.write_all(&frame).expect("the learner reads");
+    }
+
+    /// Raw bytes, for malformed input.
+    pub fn send_bytes(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("the learner reads");
+    }
+
+    /// The next message, or `None` once the learner has closed the connection.
+    pub fn recv(&mut self) -> Option<LearnerMsg> {
+        codec::read_msg(&mut self.stream, &mut self.framer)
+            .ok()
+            .flatten()
+    }
+
+    /// Reads until a refusal arrives (then checks the connection closes) or the
+    /// connection closes; returns the refusal.
+    pub fn refused(&mut self) -> Option<Refusal> {
+        loop {
+            match self.recv() {
+                Some(LearnerMsg::Refused(r)) => {
+                    assert!(self.recv().is_none(), "closed after the refusal");
+                    return Some(r);
+                }
+                Some(_) => continue,
+                None => return None,
+            }
+        }
+    }
+
+    /// Reads until a goodbye arrives or the connection closes.
+    pub fn goodbye(&mut self) -> Option<Goodbye> {
+        loop {
+            match self.recv() {
+                Some(LearnerMsg::Goodbye(g)) => return Some(g),
+                Some(_) => continue,
+                None => return None,
+            }
+        }
+    }
+
+    /// Sends a `Hello` and returns the answer.
+    pub fn hello(&mut self, token: &str) -> LearnerMsg {
+        self.send(&hello(token, PROTOCOL_VERSION, 4));
+        self.recv().expect("an answer to Hello")
+    }
+
+    /// Sends a `Hello`, expects a `Welcome`.
+    pub fn join(&mut self, token: &str) -> Welcome {
+        match self.hello(token) {
+            LearnerMsg::Welcome(w) => *w,
+            other => panic!("expected a welcome, got {other:?}"),
+        }
+    }
+}
+
+/// How the [`FakeLearner`] answers one connection.
+#[derive(Clone, Debug)]
+pub enum Answer {
+    /// Refuse the `Hello`.
+    Refuse(Refusal),
+    /// Welcome the actor, send parameters, read its transitions until it has sent
+    /// `after_batches` of them, then say goodbye.
+    WelcomeThenGoodbye {
+        after_batches: usize,
+        goodbye: Goodbye,
+    },
+    /// Welcome the actor and keep reading until it leaves (its goodbye is recorded).
+    WelcomeAndServe,
+}
+
+/// What the fake learner saw.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub connections: AtomicUsize,
+    pub batches: AtomicUsize,
+    /// Goodbyes actors sent.
+    pub goodbyes: Mutex<Vec<Goodbye>>,
+}
+
+/// A scripted learner on loopback for testing `actor` processes: connection `i` is
+/// answered with `answers[i]` (the last answer repeats).
+#[derive(Debug)]
+pub struct FakeLearner {
+    pub addr: SocketAddr,
+    pub seen: Arc<Seen>,
+}
+
+impl FakeLearner {
+    pub fn start(answers: Vec<Answer>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let addr = listener.local_addr().expect("bound");
+        let seen = Arc::new(Seen::default());
+        let shared = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for (i, stream) in listener.incoming().enumerate() {
+                let Ok(stream) = stream else { continue };
+                shared.connections.fetch_add(1, Ordering::SeqCst);
+                let answer = answers[i.min(answers.len() - 1)].clone();
+                let seen = Arc::clone(&shared);
+                std::thread::spawn(move || serve(stream, answer, &seen));
+            }
+        });
+        Self { addr, seen }
+    }
+
+    pub fn connections(&self) -> usize {
+        self.seen.connections.load(Ordering::SeqCst)
+    }
+}
+
+fn send(stream: &mut TcpStream, msg: &LearnerMsg) {
+    if let Ok(frame) = codec::encode(msg, DEFAULT_MAX_FRAME) {
+        let _ = stream.write_all(&frame);
+    }
+}
+
+fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
+    let mut framer = Framer::new(DEFAULT_MAX_FRAME);
+    let mut read = stream.try_clone().expect("a second handle");
+    let Ok(Some(ActorMsg::Hello(hello))) = codec::read_msg::<ActorMsg, _>(&mut read, &mut framer)
+    else {
+        return;
+    };
+    let (after, goodbye) = match answer {
+        Answer::Refuse(r) => {
+            send(&mut stream, &LearnerMsg::Refused(r));
+            return;
+        }
+        Answer::WelcomeThenGoodbye {
+            after_batches,
+            goodbye,
+        } => (Some(after_batches), Some(goodbye)),
+        Answer::WelcomeAndServe => (None, None),
+    };
+    let env = millrace_actor::env::spec("CartPole-v1").expect("a known env");
+    let network = NetworkSpec::mlp(&env.obs, &[8], env.num_actions, 1).expect("a valid network");
+    let n = hello.capabilities.envs;
+    let welcome = Welcome {
+        run_id: "fake".into(),
+        env,
+        network: network.clone(),
+        agent: 0,
+        params_version: 1,
+        env_indices: (0..n).collect(),
+        epsilons: vec![0.5; n as usize],
+        epsilon_decay: None,
+        n_step: 1,
+        gamma: 0.99,
+        batch_rows: 16,
+        features: Vec::new(),
+    };
+    send(&mut stream, &LearnerMsg::Welcome(Box::new(welcome)));
+    send(
+        &mut stream,
+        &LearnerMsg::Params(Params {
+            version: 1,
+            env_steps: 0,
+            updates: 0,
+            population: 1,
+            data: vec![0.0; network.layout().len],
+        }),
+    );
+    let mut batches = 0;
+    loop {
+        match codec::read_msg::<ActorMsg, _>(&mut read, &mut framer) {
+            Ok(Some(ActorMsg::Transitions(_))) => {
+                batches += 1;
+                seen.batches.fetch_add(1, Ordering::SeqCst);
+                if after.is_some_and(|a| batches >= a) {
+                    if let Some(g) = goodbye.clone() {
+                        send(&mut stream, &LearnerMsg::Goodbye(g));
+                    }
+                    return;
+                }
+            }
+            Ok(Some(ActorMsg::Goodbye(g))) => {
+                seen.goodbyes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(g);
+                return;
+            }
+            Ok(Some(_)) => {}
+            _ => return,
+        }
     }
 }

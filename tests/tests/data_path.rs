@@ -4,36 +4,30 @@
 //! `next_obs` (terminal rows, which nothing bootstraps from, point back at their own
 //! observation), rewards are 1, and only terminal rows have discount 0.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use millrace_actor::env::{CartPole, Env};
-use millrace_actor::{
-    run_actor, ActorConfig, ActorControl, EpsilonSchedule, MlpPolicy, ParamsSource,
-};
-use millrace_learner::prefetch::Prefetcher;
-use millrace_proto::{NetworkSpec, Params};
+use millrace_actor::{run_actor, ActorConfig, EpsilonSchedule, MlpPolicy, NoParams};
+use millrace_learner::prefetch::{Prefetcher, SamplerConfig};
+use millrace_proto::{NetworkSpec, StepCounter};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 use millrace_tests::TableSink;
 use tch::Device;
 
-struct NoParams;
-
-impl ParamsSource for NoParams {
-    fn newer_than(&mut self, _: Option<u64>) -> Option<Arc<Params>> {
-        None
-    }
-}
-
 #[test]
 fn sampled_batches_are_true_cartpole_transitions() {
     let spec = millrace_actor::env::spec("CartPole-v1").unwrap();
-    let table = Arc::new(Table::new(&ReplayConfig {
-        capacity: 10_000,
-        shards: 2,
-        obs_row_bytes: spec.obs.row_bytes(),
-        obs_rows_per_item: ReplayConfig::obs_rows_for(4, 1, 32),
-        limiter: RateLimiterConfig::sample_to_insert_ratio(1e6, 100, 1e12, 32).unwrap(),
-    }));
+    let table = Arc::new(
+        Table::new(&ReplayConfig {
+            capacity: 10_000,
+            shards: 2,
+            obs_row_bytes: spec.obs.row_bytes(),
+            obs_rows_per_item: ReplayConfig::obs_rows_for(4, 1, 32),
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1e6, 100, 1e12, 32).unwrap(),
+        })
+        .unwrap(),
+    );
     let cfg = ActorConfig {
         actor_id: 1,
         env_id: spec.id.clone(),
@@ -53,7 +47,8 @@ fn sampled_batches_are_true_cartpole_transitions() {
         &mut policy,
         &mut NoParams,
         &mut sink,
-        &ActorControl::default(),
+        &StepCounter::default(),
+        &AtomicBool::new(false),
     )
     .unwrap();
     assert!(table.len() >= 1600);
@@ -70,13 +65,18 @@ fn sampled_batches_are_true_cartpole_transitions() {
         "{rows_per_item} observation rows per transition"
     );
 
-    let prefetcher = Prefetcher::spawn(Arc::clone(&table), &spec.obs, 32, 2, None, 0).unwrap();
+    let sampler = SamplerConfig {
+        depth: 2,
+        seed: 0,
+        fail_after: None,
+    };
+    let prefetcher = Prefetcher::spawn(Arc::clone(&table), &spec.obs, 32, None, sampler).unwrap();
     let mut env = CartPole::new(0);
     let mut predicted = [0.0f32; 4];
     let (mut terminal, mut checked) = (0, 0);
     for _ in 0..20 {
-        let slot = prefetcher.ready.recv().unwrap();
-        let batch = slot.to_device(Device::Cpu);
+        let buf = prefetcher.ready.recv().unwrap();
+        let batch = buf.to_device(Device::Cpu);
         let obs2 = Vec::<f32>::try_from(batch.obs2.view([-1])).unwrap();
         let actions = Vec::<i64>::try_from(batch.actions.view([-1])).unwrap();
         let rewards = Vec::<f32>::try_from(batch.rewards.view([-1])).unwrap();
@@ -105,10 +105,10 @@ fn sampled_batches_are_true_cartpole_transitions() {
             }
             checked += 1;
         }
-        prefetcher.free.send(slot).unwrap();
+        prefetcher.free.send(buf).unwrap();
     }
     assert_eq!(checked, 640);
     assert!(terminal > 0, "random play ends episodes");
     table.close();
-    prefetcher.join();
+    prefetcher.join().unwrap();
 }

@@ -45,14 +45,14 @@ pub fn updates_per_s(
     let warm = Instant::now();
     let mut w = 0;
     while w < 2 || warm.elapsed().as_secs_f64() < seconds * 0.1 {
-        dqn.update(batch);
+        let _ = dqn.update(batch);
         w += 1;
     }
     sync(device);
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed().as_secs_f64() < seconds || n < min_updates {
-        dqn.update(batch);
+        let _ = dqn.update(batch);
         n += 1;
         if n.is_multiple_of(16) {
             let _ = dqn.take_stats();

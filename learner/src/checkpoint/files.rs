@@ -1,0 +1,161 @@
+//! Files of a checkpoint: written atomically (temporary name, fsync, rename, directory
+//! fsync), read with their sizes checked, named only by plain names.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Metadata files are small; refuse to read anything larger (it may not be ours).
+const MAX_META_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a millrace checkpoint: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error("{path}: {source}")]
+    Tensor {
+        path: PathBuf,
+        source: tch::TchError,
+    },
+    #[error("checkpoint does not match this run: {0}")]
+    Mismatch(String),
+    #[error("{0}")]
+    Missing(String),
+}
+
+pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub fn invalid(path: &Path, reason: impl Into<String>) -> CheckpointError {
+    CheckpointError::Invalid {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Makes a rename (or creation) in `dir` durable.
+pub fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Writes `path` atomically: `write` fills a temporary file, which is synced and renamed
+/// over `path`; a crash at any moment leaves either the old file or the new one.
+pub fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<(), CheckpointError>,
+) -> Result<(), CheckpointError> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let result = write(&tmp)
+        .and_then(|()| {
+            File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(io(&tmp))
+        })
+        .and_then(|()| fs::rename(&tmp, path).map_err(io(path)));
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+        return result;
+    }
+    if let Some(dir) = path.parent() {
+        sync_dir(dir);
+    }
+    Ok(())
+}
+
+/// Writes `value` as pretty JSON, atomically.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), CheckpointError> {
+    let text = serde_json::to_vec_pretty(value).map_err(|e| invalid(path, e.to_string()))?;
+    write_atomic(path, |tmp| {
+        File::create(tmp)
+            .and_then(|mut f| f.write_all(&text))
+            .map_err(io(tmp))
+    })
+}
+
+/// Reads a small JSON file (metadata), refusing oversized or malformed ones.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, CheckpointError> {
+    let len = fs::metadata(path).map_err(io(path))?.len();
+    if len > MAX_META_BYTES {
+        return Err(invalid(
+            path,
+            format!("{len} bytes is too large for metadata"),
+        ));
+    }
+    let text = fs::read(path).map_err(io(path))?;
+    serde_json::from_slice(&text).map_err(|e| invalid(path, e.to_string()))
+}
+
+/// `name` if it names a file directly inside a directory (names come from metadata).
+pub fn plain_name<'a>(meta: &Path, name: &'a str) -> Result<&'a str, CheckpointError> {
+    if Path::new(name).components().count() == 1 && !name.starts_with('.') {
+        Ok(name)
+    } else {
+        Err(invalid(meta, format!("file {name:?} is not a plain name")))
+    }
+}
+
+/// Removes files in `dir` that start with one of `prefixes` and are not in `keep`
+/// (older generations, unreferenced once the new metadata is in place). Failing to
+/// remove one is harmless.
+pub fn remove_unreferenced(dir: &Path, prefixes: &[&str], keep: &[&str]) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = prefixes.iter().any(|p| name.starts_with(p));
+        let temporary = name.contains(".tmp.");
+        if ours && !temporary && !keep.contains(&name.as_str()) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_atomic_write_that_fails_leaves_the_old_file_and_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.json");
+        write_json(&path, &serde_json::json!({"v": 1})).unwrap();
+        let err = write_atomic(&path, |tmp| {
+            fs::write(tmp, b"half").unwrap();
+            Err(invalid(tmp, "disk full"))
+        });
+        assert!(err.is_err());
+        let v: serde_json::Value = read_json(&path).unwrap();
+        assert_eq!(v["v"], 1);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn metadata_is_read_with_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.json");
+        fs::write(&big, vec![b' '; (MAX_META_BYTES + 1) as usize]).unwrap();
+        let err = read_json::<serde_json::Value>(&big).unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
+        assert!(plain_name(&big, "../etc/passwd").is_err());
+        assert!(plain_name(&big, ".hidden").is_err());
+        assert_eq!(
+            plain_name(&big, "model-1.safetensors").unwrap(),
+            "model-1.safetensors"
+        );
+    }
+}

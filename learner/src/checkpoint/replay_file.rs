@@ -1,0 +1,70 @@
+//! Replay's contents in a checkpoint: length-prefixed `(shard, TransitionBatch)` records
+//! in the wire codec, read back with the same framed reader as the network.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::Path;
+
+use millrace_proto::codec::{self, Framer, MAX_FRAME_CEILING};
+use millrace_proto::TransitionBatch;
+use millrace_replay::{ReplayError, Table};
+
+use super::files::{invalid, io, write_atomic, CheckpointError};
+
+/// Writes every batch replay holds to `path` (atomically), copying one batch at a time
+/// while actors keep inserting (see [`Table::snapshot`]). Returns the rate limiter's
+/// counters as of the end of the copy.
+pub fn write(path: &Path, table: &Table) -> Result<(u64, u64), CheckpointError> {
+    let mut counters = (0, 0);
+    write_atomic(path, |tmp| {
+        let mut out = BufWriter::new(File::create(tmp).map_err(io(tmp))?);
+        let mut result = Ok(());
+        counters = table.snapshot(|shard, batch| {
+            if result.is_ok() {
+                result = codec::encode(&(shard as u32, batch), MAX_FRAME_CEILING)
+                    .map_err(|e| invalid(tmp, e.to_string()))
+                    .and_then(|frame| out.write_all(&frame).map_err(io(tmp)));
+            }
+        });
+        result?;
+        out.flush().map_err(io(tmp))
+    })?;
+    Ok(counters)
+}
+
+/// What a replay file put back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Transitions restored.
+    pub items: usize,
+    /// Transitions in the file that did not fit this table (a smaller replay).
+    pub skipped: usize,
+}
+
+/// Refills `table` from a replay file, checking every record as if it came from the
+/// network (lengths before allocation, shapes, values). Batches larger than this
+/// table's shards are skipped and counted.
+pub fn load(path: &Path, num_actions: usize, table: &Table) -> Result<Restored, CheckpointError> {
+    let mut input = BufReader::new(File::open(path).map_err(io(path))?);
+    let mut framer = Framer::new(MAX_FRAME_CEILING);
+    let mut restored = Restored::default();
+    loop {
+        let payload = match codec::read_frame(&mut input, &mut framer) {
+            Ok(Some(p)) => p,
+            Ok(None) => break,
+            Err(e) => return Err(invalid(path, e.to_string())),
+        };
+        let (shard, batch): (u32, TransitionBatch) =
+            codec::decode(payload).map_err(|e| invalid(path, e.to_string()))?;
+        batch
+            .check_values(num_actions)
+            .map_err(|e| invalid(path, e.to_string()))?;
+        match table.restore(shard as usize, &batch) {
+            Ok(()) => restored.items += batch.len(),
+            // A smaller replay (or shards) than the checkpointed run's: keep what fits.
+            Err(ReplayError::TooLarge(_)) => restored.skipped += batch.len(),
+            Err(e) => return Err(invalid(path, e.to_string())),
+        }
+    }
+    Ok(restored)
+}

@@ -1,0 +1,184 @@
+//! The checkpoint writer: a thread that writes the learner's state (and a snapshot of
+//! replay, which for pixels is gigabytes) to `latest/`, so the learner thread only
+//! copies its tensors to the host and hands them over.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use millrace_proto::{EnvSpec, StepCounter};
+use millrace_replay::Table;
+
+use super::{save_state, CheckpointError, Layout, StateMeta, FORMAT_VERSION};
+use crate::dqn::DqnState;
+use crate::evaluation::EvalRecord;
+
+/// What a state checkpoint needs besides the learner's tensors, shared with the thread
+/// that writes it.
+#[derive(Debug)]
+pub struct CheckpointContext {
+    pub layout: Layout,
+    pub env: EnvSpec,
+    pub seed: u64,
+    pub steps: Arc<StepCounter>,
+    pub table: Arc<Table>,
+    /// The coordinator's latest evaluation, recorded in `latest/meta.json`.
+    pub last_eval: Mutex<Option<EvalRecord>>,
+}
+
+/// One state to write.
+#[derive(Debug)]
+pub struct SaveJob {
+    pub state: DqnState,
+    pub network: millrace_proto::NetworkSpec,
+    pub params_version: u64,
+    /// Set on the run's last checkpoint when the run is over for good.
+    pub run_finished: Option<String>,
+    /// Where to report the result (the final checkpoint); periodic ones are logged.
+    pub done: Option<Sender<Result<PathBuf, CheckpointError>>>,
+}
+
+/// Statistics of the checkpoints written so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WriterStats {
+    pub written: u64,
+    pub failed: u64,
+    /// Periodic checkpoints skipped because the previous one was still being written.
+    pub skipped: u64,
+    /// Seconds the last checkpoint took to write (model and replay).
+    pub last_write_s: f64,
+}
+
+/// Handle to the writer thread.
+#[derive(Debug)]
+pub struct CheckpointWriter {
+    jobs: Option<Sender<SaveJob>>,
+    stats: Arc<Mutex<WriterStats>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl CheckpointWriter {
+    pub fn spawn(ctx: Arc<CheckpointContext>) -> std::io::Result<Self> {
+        // One job waiting at most: a periodic checkpoint that finds the writer busy is
+        // skipped rather than queued (the next one is newer anyway).
+        let (jobs, rx) = crossbeam_channel::bounded::<SaveJob>(1);
+        let stats = Arc::new(Mutex::new(WriterStats::default()));
+        let shared = Arc::clone(&stats);
+        let handle = std::thread::Builder::new()
+            .name("checkpoint".into())
+            .spawn(move || write_loop(&ctx, &rx, &shared))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            stats,
+            handle: Some(handle),
+        })
+    }
+
+    /// Submits a periodic checkpoint without waiting; `false` (and it is skipped) when
+    /// the writer is still busy with the previous one.
+    pub fn try_submit(&self, job: SaveJob) -> bool {
+        let Some(jobs) = &self.jobs else {
+            return false;
+        };
+        match jobs.try_send(job) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.lock().skipped += 1;
+                false
+            }
+        }
+    }
+
+    /// Submits the final checkpoint, waiting for room, and returns where its result
+    /// will arrive.
+    pub fn submit_final(&self, mut job: SaveJob) -> Receiver<Result<PathBuf, CheckpointError>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        job.done = Some(tx);
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(job);
+        }
+        rx
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, WriterStats> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn stats(&self) -> WriterStats {
+        *self.lock()
+    }
+
+    /// Waits for the checkpoints submitted so far to be written, then stops.
+    pub fn finish(mut self) -> WriterStats {
+        drop(self.jobs.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        self.stats()
+    }
+}
+
+impl Drop for CheckpointWriter {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<SaveJob>, stats: &Mutex<WriterStats>) {
+    for job in jobs {
+        let start = Instant::now();
+        let meta = StateMeta {
+            format: FORMAT_VERSION,
+            model_file: String::new(),
+            replay_file: None,
+            env: ctx.env.clone(),
+            network: job.network.clone(),
+            seed: ctx.seed,
+            updates: job.state.updates,
+            adam_step: job.state.adam_step,
+            env_steps: ctx.steps.get(),
+            params_version: job.params_version,
+            replay_inserts: 0,
+            replay_samples: 0,
+            last_eval: ctx
+                .last_eval
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            run_finished: job.run_finished.clone(),
+        };
+        let result = save_state(&ctx.layout.latest(), &job.state, Some(&ctx.table), meta);
+        let took = start.elapsed();
+        {
+            let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+            s.last_write_s = took.as_secs_f64();
+            match &result {
+                Ok(_) => s.written += 1,
+                Err(_) => s.failed += 1,
+            }
+        }
+        match (&result, &job.done) {
+            (Ok(path), None) => tracing::debug!(
+                "checkpoint written to {} in {:.2} s",
+                path.display(),
+                took.as_secs_f64()
+            ),
+            (Err(e), None) => tracing::warn!("periodic checkpoint failed: {e}"),
+            _ => {}
+        }
+        if let Some(done) = job.done {
+            let _ = done.send(result);
+        }
+        if took > Duration::from_secs(60) {
+            tracing::warn!(
+                "a checkpoint took {:.0} s to write; consider a longer --checkpoint-every-s",
+                took.as_secs_f64()
+            );
+        }
+    }
+}

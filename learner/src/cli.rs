@@ -1,0 +1,565 @@
+//! The `learner` command line: flags as users type them ([`Args`]), checked once into
+//! the typed [`RunConfig`] (ripgrep's low-level args → high-level args). Lives in the
+//! library so that tests can hold `--help` against every flag the parser knows.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand, ValueEnum};
+use millrace_actor::EpsilonSchedule;
+use millrace_replay::ReplayConfig;
+
+use crate::config::{
+    ActorsConfig, DeviceChoice, EvalConfig, Faults, LoopConfig, ReplayOptions, RunConfig,
+};
+use crate::dqn::{DqnConfig, TargetUpdate};
+use crate::server::ServerConfig;
+
+/// Train a DQN agent with asynchronous actors (embedded mode: one process), or serve
+/// remote actors with --listen. `export`, `eval` and `doctor` work on saved runs and
+/// on the set-up.
+///
+/// Defaults solve CartPole-v1 (100 greedy episodes averaging >= 475, confirmed on 100
+/// fresh episodes) in a few seconds on two CPU cores. Exit status: 0 solved, 2 the step
+/// budget ran out first, 130 stopped by SIGINT/SIGTERM (a checkpoint was written), 1
+/// failed (one `error:` line says why).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None, args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+/// What to do besides training.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Write a saved policy as a PyTorch `nn.Sequential` state_dict (safetensors) plus a
+    /// JSON description of the network and the observation preprocessing.
+    Export {
+        /// A run's checkpoint directory (`<logdir>/checkpoint`).
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// Which saved policy: the last state, the best evaluation, or the one that
+        /// solved the run. Default: solved, else best, else latest.
+        #[arg(long, value_enum)]
+        which: Option<Which>,
+        /// Output file (`.safetensors`); the JSON goes beside it with a `.json` suffix.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Play a saved policy greedily in millrace's own environments and print the mean
+    /// return with its spread.
+    Eval {
+        #[arg(long)]
+        checkpoint: PathBuf,
+        #[arg(long, value_enum)]
+        which: Option<Which>,
+        /// Episodes to play.
+        #[arg(long, default_value_t = 100)]
+        episodes: usize,
+        /// Seed for the episodes' start states.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print the result as one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check libtorch, CUDA, the GPUs and pinned memory, and explain any mismatch.
+    /// Exit status 0 when training can run (no GPU is a warning), 1 when broken.
+    Doctor,
+}
+
+/// A saved policy in a checkpoint directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Which {
+    Latest,
+    Best,
+    Solved,
+}
+
+/// Training flags (plain `learner`).
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// Gymnasium environment id: CartPole-v1, Acrobot-v1 or MountainCar-v0.
+    #[arg(long, default_value = "CartPole-v1")]
+    pub env: String,
+
+    /// Actor threads in this process, each stepping --envs-per-actor environments with
+    /// batched inference. Default: 1, or 0 with --listen (remote actors only).
+    #[arg(long)]
+    pub actors: Option<usize>,
+
+    /// Serve remote actors (`actor --learner HOST:PORT`) on this address; `--listen`
+    /// alone means 127.0.0.1:7787. Any address but loopback needs a token.
+    #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:7787")]
+    pub listen: Option<std::net::SocketAddr>,
+
+    /// File holding the token remote actors must present (else MILLRACE_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+
+    /// Remote actors explore with Ape-X's fixed per-environment ε (0.4^(1+7i/(N-1)))
+    /// instead of following the run's decaying schedule (--eps-*) on the global env
+    /// steps.
+    #[arg(long, requires = "listen")]
+    pub apex_epsilon: bool,
+
+    /// Bytes (MiB) that frames being received from remote actors may hold at once, all
+    /// connections together; readers wait beyond it.
+    #[arg(long, default_value_t = 256, requires = "listen")]
+    pub max_inflight_mb: usize,
+
+    /// Environments per actor. 8 keeps the inference batch useful without making
+    /// transitions stale.
+    #[arg(long, default_value_t = 8)]
+    pub envs_per_actor: usize,
+
+    /// Transitions per batch an actor sends to replay (at least --envs-per-actor).
+    /// Larger batches duplicate fewer observation rows (each batch carries up to
+    /// n-step rows per environment over from the last), at the cost of latency.
+    #[arg(long, default_value_t = 16)]
+    pub actor_batch: usize,
+
+    /// Seed for networks, environments, exploration and sampling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Lock-step mode: actors, replay and learner advance in one thread at the exact
+    /// replay ratio, so the same seed and flags give bit-identical parameters and
+    /// results on the same machine (CPU, embedded mode; slower than the default).
+    #[arg(long, conflicts_with_all = ["listen", "gpu", "copy_stream"])]
+    pub deterministic: bool,
+
+    /// CUDA device index. Default: GPU 0 when CUDA is available, else the CPU.
+    #[arg(long)]
+    pub gpu: Option<usize>,
+
+    /// Force the CPU even when a GPU is available.
+    #[arg(long, conflicts_with = "gpu")]
+    pub cpu: bool,
+
+    /// Copy batches to the GPU on a side CUDA stream, overlapping the next copy with
+    /// the current update. Experimental: not yet run on a GPU (without it, copies are
+    /// non-blocking but queued behind the update on the default stream).
+    #[arg(long, conflicts_with = "cpu")]
+    pub copy_stream: bool,
+
+    /// Stop after this many environment steps if the target is not reached.
+    #[arg(long, default_value_t = 200_000)]
+    pub max_steps: u64,
+
+    /// Stop when a greedy evaluation's mean return reaches this, and a second one on
+    /// fresh episodes confirms it. Default: the environment's Gymnasium reward
+    /// threshold (475 for CartPole-v1).
+    #[arg(long)]
+    pub target_return: Option<f32>,
+
+    /// Directory for TensorBoard event files and the checkpoint (`checkpoint/`).
+    #[arg(long, default_value = "runs/millrace")]
+    pub logdir: PathBuf,
+
+    /// Continue from a checkpoint directory (e.g. runs/millrace/checkpoint).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+
+    /// Hidden layer sizes. 128x128 is large enough to represent a stable balancing policy
+    /// and small enough that an update costs well under a millisecond on one core.
+    #[arg(long, value_delimiter = ',', default_value = "128,128")]
+    pub hidden: Vec<usize>,
+
+    /// Adam learning rate. High for DQN, as in rl-zoo3's CartPole setting (2.3e-3), since
+    /// the Q-targets are small and the run is short.
+    #[arg(long, default_value_t = 2.3e-3)]
+    pub lr: f64,
+
+    /// Minibatch size.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+
+    /// Discount factor.
+    #[arg(long, default_value_t = 0.99)]
+    pub gamma: f32,
+
+    /// n-step returns: 3 propagates reward faster than 1 at little bias (Rainbow, Ape-X).
+    #[arg(long, default_value_t = 3)]
+    pub n_step: usize,
+
+    /// Hard target-network sync period in updates (ignored with --tau).
+    #[arg(long, default_value_t = 200)]
+    pub target_period: u64,
+
+    /// Polyak averaging coefficient per update, instead of hard syncs.
+    #[arg(long)]
+    pub tau: Option<f64>,
+
+    /// Gradient L2-norm clip.
+    #[arg(long, default_value_t = 10.0)]
+    pub max_grad_norm: f64,
+
+    /// Replay ratio as items sampled per item inserted. 32 with batch 64 is one update
+    /// per two env steps, rl-zoo3's CartPole ratio (128 gradient steps per 256 steps).
+    #[arg(long, default_value_t = 32.0)]
+    pub samples_per_insert: f64,
+
+    /// How far, in sampled items, the replay ratio may drift before the faster side
+    /// blocks (at least two batches plus one insert's worth is enforced).
+    #[arg(long, default_value_t = 2048.0)]
+    pub samples_per_insert_tolerance: f64,
+
+    /// Transitions collected before learning starts.
+    #[arg(long, default_value_t = 1000)]
+    pub learning_starts: u64,
+
+    /// Replay capacity in transitions.
+    #[arg(long, default_value_t = 100_000)]
+    pub replay_capacity: usize,
+
+    /// Replay shards (independent locks for concurrent actor inserts).
+    #[arg(long, default_value_t = 4)]
+    pub replay_shards: usize,
+
+    /// Initial exploration rate.
+    #[arg(long, default_value_t = 1.0)]
+    pub eps_start: f32,
+
+    /// Final exploration rate (rl-zoo3 CartPole: 0.04).
+    #[arg(long, default_value_t = 0.04)]
+    pub eps_end: f32,
+
+    /// Env steps over which exploration decays linearly (rl-zoo3 CartPole: 0.16 x 50k).
+    #[arg(long, default_value_t = 8_000)]
+    pub eps_decay_steps: u64,
+
+    /// Publish parameters to actors every this many updates.
+    #[arg(long, default_value_t = 20)]
+    pub publish_every: u64,
+
+    /// Greedy evaluation every this many env steps.
+    #[arg(long, default_value_t = 2_000)]
+    pub eval_every: u64,
+
+    /// Episodes per greedy evaluation (Gymnasium's CartPole criterion uses 100).
+    #[arg(long, default_value_t = 100)]
+    pub eval_episodes: usize,
+
+    /// Also checkpoint every this many seconds (a final checkpoint is always written).
+    #[arg(long)]
+    pub checkpoint_every_s: Option<u64>,
+
+    /// Stop the run (keeping the last good checkpoint) after this many consecutive
+    /// updates whose loss is not finite; such updates are skipped on the device.
+    #[arg(long, default_value_t = 100)]
+    pub max_nonfinite: u64,
+
+    /// No progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+fn positive(name: &str, value: f64) -> anyhow::Result<()> {
+    if !(value.is_finite() && value > 0.0) {
+        bail!("--{name} must be a positive number, got {value}");
+    }
+    Ok(())
+}
+
+/// Memory this machine can still give (`MemAvailable`), if it says.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The device to train on: `--cpu`, `--gpu N` (checked against the devices that
+/// exist), or GPU 0 when CUDA is available.
+pub fn resolve_device(cpu: bool, gpu: Option<usize>) -> anyhow::Result<DeviceChoice> {
+    match (cpu, gpu) {
+        (true, _) => Ok(DeviceChoice::Cpu),
+        (false, Some(i)) => {
+            if !tch::Cuda::is_available() {
+                let why = match millrace_actor::doctor::driver_cuda_version() {
+                    Ok(_) => "the NVIDIA driver is present but libtorch sees no device".to_string(),
+                    Err(e) => format!("no NVIDIA driver ({e})"),
+                };
+                bail!(
+                    "--gpu {i}: CUDA is not available on this machine: {why}; drop --gpu to \
+                     train on the CPU, or run `learner doctor`"
+                );
+            }
+            let devices = crate::doctor::cuda_devices();
+            if i >= devices.len() {
+                let list: Vec<String> = devices.iter().map(ToString::to_string).collect();
+                bail!(
+                    "--gpu {i}: no such device; this machine has {} CUDA device(s): {}",
+                    devices.len(),
+                    list.join("; ")
+                );
+            }
+            Ok(DeviceChoice::Cuda(i))
+        }
+        (false, None) if tch::Cuda::is_available() => Ok(DeviceChoice::Cuda(0)),
+        (false, None) => Ok(DeviceChoice::Cpu),
+    }
+}
+
+impl TrainArgs {
+    /// Checks the flags and turns them into the typed configuration.
+    pub fn into_config(self) -> anyhow::Result<RunConfig> {
+        let args = self;
+        let spec = millrace_actor::env::spec(&args.env)?;
+        for (name, v) in [
+            ("lr", args.lr),
+            ("max-grad-norm", args.max_grad_norm),
+            ("samples-per-insert", args.samples_per_insert),
+        ] {
+            positive(name, v)?;
+        }
+        let actors = args
+            .actors
+            .unwrap_or(if args.listen.is_some() { 0 } else { 1 });
+        if actors == 0 && args.listen.is_none() {
+            bail!("--actors 0 needs --listen (remote actors), or nothing would ever act");
+        }
+        for (name, v) in [
+            ("envs-per-actor", args.envs_per_actor),
+            ("actor-batch", args.actor_batch),
+            ("batch-size", args.batch_size),
+            ("n-step", args.n_step),
+            ("replay-capacity", args.replay_capacity),
+            ("replay-shards", args.replay_shards),
+            ("eval-episodes", args.eval_episodes),
+        ] {
+            if v == 0 {
+                bail!("--{name} must be at least 1");
+            }
+        }
+        if args.replay_shards > usize::from(u16::MAX) {
+            bail!("--replay-shards must be at most {}", u16::MAX);
+        }
+        // An actor's batch (up to --actor-batch plus a flush of n-step rows per env) must
+        // fit a replay shard with room to spare, or replay could hold only that batch.
+        let per_shard = args.replay_capacity.div_ceil(args.replay_shards);
+        let batch_rows = args.actor_batch.max(args.envs_per_actor);
+        let largest_batch = batch_rows + args.envs_per_actor * args.n_step;
+        if 2 * largest_batch > per_shard {
+            bail!(
+                "--replay-capacity {} over --replay-shards {} leaves {per_shard} transitions per shard, \
+                 too few for actor batches of up to {largest_batch} (--actor-batch, --envs-per-actor, --n-step)",
+                args.replay_capacity,
+                args.replay_shards
+            );
+        }
+        if args.hidden.is_empty() || args.hidden.contains(&0) {
+            bail!("--hidden needs positive layer sizes, e.g. 128,128");
+        }
+        if !(0.0..=1.0).contains(&args.gamma) {
+            bail!("--gamma must be in [0, 1], got {}", args.gamma);
+        }
+        for (name, v) in [("eps-start", args.eps_start), ("eps-end", args.eps_end)] {
+            if !(0.0..=1.0).contains(&v) {
+                bail!("--{name} must be in [0, 1], got {v}");
+            }
+        }
+        if args.target_period == 0 || args.eval_every == 0 || args.publish_every == 0 {
+            bail!("--target-period, --eval-every and --publish-every must be at least 1");
+        }
+        if args.max_nonfinite == 0 {
+            bail!("--max-nonfinite must be at least 1");
+        }
+        let target = match args.tau {
+            Some(tau) if !(tau > 0.0 && tau <= 1.0) => bail!("--tau must be in (0, 1], got {tau}"),
+            Some(tau) => TargetUpdate::Polyak { tau },
+            None => TargetUpdate::Hard {
+                period: args.target_period,
+            },
+        };
+        if args.learning_starts < args.batch_size as u64 {
+            bail!(
+                "--learning-starts ({}) must be at least --batch-size ({})",
+                args.learning_starts,
+                args.batch_size
+            );
+        }
+        if args.replay_capacity < args.learning_starts as usize {
+            bail!("--replay-capacity must hold at least --learning-starts transitions");
+        }
+        // Replay is allocated up front: refuse what this machine cannot hold, before
+        // anything starts, rather than be killed for it later.
+        let replay_bytes = ReplayConfig {
+            capacity: args.replay_capacity,
+            shards: args.replay_shards,
+            obs_row_bytes: spec.obs.row_bytes(),
+            obs_rows_per_item: ReplayConfig::obs_rows_for(
+                args.envs_per_actor,
+                args.n_step,
+                batch_rows,
+            ),
+            limiter: millrace_replay::RateLimiterConfig {
+                samples_per_insert: 1.0,
+                min_size_to_sample: 0,
+                min_diff: 0.0,
+                max_diff: 0.0,
+            },
+        }
+        .bytes();
+        if let Some(available) = available_memory() {
+            if replay_bytes as u64 > available {
+                bail!(
+                    "--replay-capacity {}: replay needs {:.1} GiB but this machine has {:.1} GiB \
+                     available; lower --replay-capacity",
+                    args.replay_capacity,
+                    replay_bytes as f64 / f64::from(1u32 << 30),
+                    available as f64 / f64::from(1u32 << 30)
+                );
+            }
+        }
+        let device = if args.deterministic {
+            DeviceChoice::Cpu
+        } else {
+            resolve_device(args.cpu, args.gpu)?
+        };
+        if let Some(path) = &args.resume {
+            if !path.exists() {
+                bail!("--resume {}: no such checkpoint", path.display());
+            }
+        }
+        let epsilon = EpsilonSchedule::Linear {
+            start: args.eps_start,
+            end: args.eps_end,
+            steps: args.eps_decay_steps,
+        };
+        let server = match args.listen {
+            Some(addr) => {
+                let token = millrace_actor::remote::read_token(args.token_file.as_deref())
+                    .context("--token-file")?;
+                if token.is_none() && !addr.ip().is_loopback() {
+                    bail!("--listen {addr}: binding beyond loopback needs a token (--token-file or MILLRACE_TOKEN)");
+                }
+                let mut scfg = ServerConfig::new(addr);
+                scfg.token = token;
+                scfg.n_step = args.n_step as u32;
+                scfg.gamma = args.gamma;
+                scfg.batch_rows = batch_rows as u32;
+                scfg.batch_envs = args.envs_per_actor as u32;
+                scfg.apex_epsilon = args.apex_epsilon;
+                scfg.epsilon_decay =
+                    (!args.apex_epsilon).then_some(millrace_proto::wire::EpsilonDecay {
+                        start: args.eps_start,
+                        end: args.eps_end,
+                        steps: args.eps_decay_steps,
+                    });
+                scfg.max_inflight_bytes = args.max_inflight_mb.saturating_mul(1 << 20);
+                if scfg.max_inflight_bytes < scfg.max_frame {
+                    bail!(
+                        "--max-inflight-mb {} is smaller than one frame ({} MiB)",
+                        args.max_inflight_mb,
+                        scfg.max_frame >> 20
+                    );
+                }
+                Some(scfg)
+            }
+            None => None,
+        };
+        let faults = match std::env::var("MILLRACE_INJECT_FAULT") {
+            Ok(spec) => Faults::parse(&spec).map_err(anyhow::Error::msg)?,
+            Err(_) => Faults::default(),
+        };
+        Ok(RunConfig {
+            eval: EvalConfig {
+                every: args.eval_every,
+                episodes: args.eval_episodes,
+                target_return: args.target_return.or(spec.reward_threshold),
+            },
+            env_id: args.env,
+            seed: args.seed,
+            device,
+            deterministic: args.deterministic,
+            hidden: args.hidden,
+            dqn: DqnConfig {
+                lr: args.lr,
+                max_grad_norm: args.max_grad_norm,
+                target,
+                ..DqnConfig::default()
+            },
+            batch_size: args.batch_size,
+            replay: ReplayOptions {
+                capacity: args.replay_capacity,
+                shards: args.replay_shards,
+                samples_per_insert: args.samples_per_insert,
+                tolerance: args.samples_per_insert_tolerance,
+                learning_starts: args.learning_starts,
+            },
+            actors: ActorsConfig {
+                count: actors,
+                envs_per_actor: args.envs_per_actor,
+                batch_rows,
+                n_step: args.n_step,
+                gamma: args.gamma,
+                epsilon,
+            },
+            learner: LoopConfig {
+                publish_every: args.publish_every,
+                report_every: Duration::from_millis(500),
+                checkpoint_every: args.checkpoint_every_s.map(Duration::from_secs),
+                max_nonfinite: args.max_nonfinite,
+                copy_stream: args.copy_stream,
+            },
+            max_steps: args.max_steps,
+            logdir: args.logdir,
+            resume: args.resume,
+            server,
+            faults,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_parser_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_make_a_valid_config() {
+        let args = Args::try_parse_from(["learner", "--cpu"]).unwrap();
+        let cfg = args.train.into_config().unwrap();
+        assert_eq!(cfg.eval.target_return, Some(475.0));
+        assert_eq!(cfg.actors.count, 1);
+        let json: serde_json::Value = serde_json::from_str(&cfg.to_json()).unwrap();
+        assert_eq!(json["dqn"]["lr"], 2.3e-3);
+        assert_eq!(json["replay"]["capacity"], 100_000);
+        assert_eq!(json["device"], "cpu");
+    }
+
+    #[test]
+    fn subcommands_parse_beside_the_training_flags() {
+        let args = Args::try_parse_from([
+            "learner",
+            "export",
+            "--checkpoint",
+            "c",
+            "--which",
+            "best",
+            "--out",
+            "p.safetensors",
+        ])
+        .unwrap();
+        assert!(matches!(
+            args.command,
+            Some(Command::Export {
+                which: Some(Which::Best),
+                ..
+            })
+        ));
+        assert!(Args::try_parse_from(["learner", "--seed", "3", "doctor"]).is_err());
+    }
+}

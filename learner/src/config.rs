@@ -1,0 +1,211 @@
+//! The run's typed configuration: checked once (by `cli`), then each component gets
+//! only its own part. The whole of it, defaults included, is printed at start and saved
+//! beside the checkpoints as `config.json`, so a run says exactly what it ran with.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use millrace_actor::EpsilonSchedule;
+use serde::{Serialize, Serializer};
+
+use crate::dqn::DqnConfig;
+use crate::server::ServerConfig;
+
+/// Serializes a duration as seconds (a float), for config files people read.
+pub fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// [`secs`] for an optional duration.
+pub fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+/// Where the learner's tensors live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    Cpu,
+    Cuda(usize),
+}
+
+impl DeviceChoice {
+    pub fn device(self) -> tch::Device {
+        match self {
+            DeviceChoice::Cpu => tch::Device::Cpu,
+            DeviceChoice::Cuda(i) => tch::Device::Cuda(i),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceChoice::Cpu => write!(f, "cpu"),
+            DeviceChoice::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl Serialize for DeviceChoice {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Replay and rate-limiting settings.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayOptions {
+    pub capacity: usize,
+    pub shards: usize,
+    /// Items sampled per item inserted: `batch_size × updates ÷ env transitions`.
+    pub samples_per_insert: f64,
+    /// How far (in sampled items) the ratio may drift before one side blocks.
+    pub tolerance: f64,
+    /// Transitions stored before the first update (SB3's `learning_starts`).
+    pub learning_starts: u64,
+}
+
+/// The actors of this process (embedded mode) and how every actor, local or remote,
+/// builds transitions.
+#[derive(Clone, Debug, Serialize)]
+pub struct ActorsConfig {
+    /// Actor threads in this process.
+    pub count: usize,
+    pub envs_per_actor: usize,
+    /// Transitions per batch an actor hands on (at least one step of every env).
+    pub batch_rows: usize,
+    pub n_step: usize,
+    pub gamma: f32,
+    pub epsilon: EpsilonSchedule,
+}
+
+/// When and how policies are evaluated, and what counts as solved.
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalConfig {
+    /// Greedy evaluation every this many env steps.
+    pub every: u64,
+    pub episodes: usize,
+    /// The run is solved once an evaluation's mean reaches this, and a second one on
+    /// fresh episodes confirms it.
+    pub target_return: Option<f32>,
+}
+
+/// The learner thread's own settings.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoopConfig {
+    /// Publish parameters to actors every this many updates.
+    pub publish_every: u64,
+    /// Read device statistics and report this often (each read is one host sync).
+    #[serde(serialize_with = "secs")]
+    pub report_every: Duration,
+    /// Also checkpoint this often (a final checkpoint is always written on stop).
+    #[serde(serialize_with = "opt_secs")]
+    pub checkpoint_every: Option<Duration>,
+    /// Stop the run after this many consecutive updates with a non-finite loss.
+    pub max_nonfinite: u64,
+    /// Copy batches to the GPU on a side stream (`--copy-stream`).
+    pub copy_stream: bool,
+}
+
+/// Failures to inject, for tests of the shutdown path (`MILLRACE_INJECT_FAULT`; never
+/// part of the saved configuration).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// The evaluator fails at its first evaluation.
+    pub evaluator: bool,
+    /// The sampler thread fails after its first batch.
+    pub sampler: bool,
+    /// The first actor thread fails after a few batches.
+    pub actor: bool,
+    /// The learner thread panics after a few updates.
+    pub learner_panic: bool,
+    /// An update runs out of memory after a few updates (as libtorch reports it).
+    pub learner_oom: bool,
+}
+
+impl Faults {
+    /// Parses `evaluator`, `sampler`, `actor`, `learner-panic` or `learner-oom`
+    /// (comma-separated).
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut f = Self::default();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "evaluator" => f.evaluator = true,
+                "sampler" => f.sampler = true,
+                "actor" => f.actor = true,
+                "learner-panic" => f.learner_panic = true,
+                "learner-oom" => f.learner_oom = true,
+                other => {
+                    return Err(format!(
+                        "unknown fault {other:?} (evaluator, sampler, actor, learner-panic, learner-oom)"
+                    ))
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// Everything a training run needs, checked once (see `cli`).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunConfig {
+    pub env_id: String,
+    pub seed: u64,
+    pub device: DeviceChoice,
+    /// Lock-step mode: actors, replay and learner advance in one thread at the exact
+    /// replay ratio, so the same seed and flags give bit-identical results.
+    pub deterministic: bool,
+    /// Hidden layer sizes of the Q-network's MLP.
+    pub hidden: Vec<usize>,
+    pub dqn: DqnConfig,
+    pub batch_size: usize,
+    pub replay: ReplayOptions,
+    pub actors: ActorsConfig,
+    pub learner: LoopConfig,
+    pub eval: EvalConfig,
+    /// Stop after this many env steps if the target is not reached.
+    pub max_steps: u64,
+    pub logdir: PathBuf,
+    pub resume: Option<PathBuf>,
+    /// Serve remote actors (`learner --listen`).
+    pub server: Option<ServerConfig>,
+    #[serde(skip)]
+    pub faults: Faults,
+}
+
+impl RunConfig {
+    /// The checkpoint root: `latest/`, `best/`, `solved/` and `config.json`.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.logdir.join("checkpoint")
+    }
+
+    /// The configuration as pretty JSON (what `config.json` holds).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_parse_and_refuse_unknown_names() {
+        let f = Faults::parse("sampler, learner-panic").unwrap();
+        assert!(f.sampler && f.learner_panic && !f.actor && !f.evaluator);
+        assert_eq!(Faults::parse("").unwrap(), Faults::default());
+        assert!(Faults::parse("disk").unwrap_err().contains("unknown fault"));
+    }
+
+    #[test]
+    fn devices_print_as_users_write_them() {
+        assert_eq!(DeviceChoice::Cuda(1).to_string(), "cuda:1");
+        assert_eq!(
+            serde_json::to_string(&DeviceChoice::Cpu).unwrap(),
+            "\"cpu\""
+        );
+    }
+}

@@ -1,0 +1,296 @@
+//! `learner export`: a saved policy as a PyTorch `nn.Sequential` `state_dict`
+//! (safetensors) and a JSON file that describes the network, the observation
+//! preprocessing and where the parameters came from, so that anyone can rebuild the
+//! network and play it (`scripts/play_policy.py` does, in Gymnasium).
+//!
+//! The MLP `[obs_dim → hidden… → actions]` is `Sequential(Linear, ReLU, …, Linear)`:
+//! keys `0.weight`, `0.bias`, `2.weight`, … with weights `[out, in]` (millrace keeps
+//! them `[in, out]`, so they are transposed). A convolutional torso comes first,
+//! `Sequential(Conv2d, ReLU, Conv2d, ReLU, Conv2d, ReLU, Flatten, Linear, ReLU, Linear)`,
+//! its filters already in PyTorch's `[out, in, k, k]`.
+
+use std::path::{Path, PathBuf};
+
+use millrace_proto::{DType, NetworkSpec};
+use serde::Serialize;
+use tch::Tensor;
+
+use crate::checkpoint::files::{write_atomic, write_json};
+use crate::checkpoint::{load_policy, CheckpointError, SavedPolicy};
+use crate::cli::Which;
+use crate::evaluation::EvalRecord;
+
+/// Format name in the JSON, bumped on incompatible changes.
+pub const EXPORT_FORMAT: &str = "millrace-policy/1";
+
+/// One module of the `nn.Sequential`, in order.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Layer {
+    Conv2d {
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        stride: usize,
+    },
+    Relu,
+    Flatten,
+    Linear {
+        in_features: usize,
+        out_features: usize,
+    },
+}
+
+/// How an observation from the environment becomes the network's input.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Preprocessing {
+    /// The observation's element type as the environment returns it.
+    pub dtype: &'static str,
+    /// The observation's shape (`[C, H, W]` for images).
+    pub shape: Vec<usize>,
+    /// Multiply by this after converting to float32 (1/255 for `uint8` images).
+    pub scale: f64,
+}
+
+/// Where the exported parameters came from.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Source {
+    pub checkpoint: PathBuf,
+    pub which: String,
+    pub params_version: u64,
+    pub env_steps: u64,
+    pub updates: u64,
+    pub eval: Option<EvalRecord>,
+    pub confirm: Option<EvalRecord>,
+}
+
+/// The JSON beside the safetensors file.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Description {
+    pub format: &'static str,
+    /// The safetensors file holding the `state_dict`.
+    pub weights: String,
+    pub env_id: String,
+    pub num_actions: usize,
+    pub max_episode_steps: u32,
+    pub reward_threshold: Option<f32>,
+    pub preprocessing: Preprocessing,
+    /// `nn.Sequential` modules, in order; parameter keys are `<index>.weight` and
+    /// `<index>.bias` of the `Linear` and `Conv2d` modules.
+    pub layers: Vec<Layer>,
+    /// How to act: the greedy action, `argmax` over the outputs.
+    pub action: &'static str,
+    pub source: Source,
+}
+
+/// The `nn.Sequential` for `spec`, and the index of each parameterised module.
+pub fn sequential(spec: &NetworkSpec) -> (Vec<Layer>, Vec<usize>) {
+    let mut layers = Vec::new();
+    let mut indexed = Vec::new();
+    let mut in_channels = spec.image.first().copied().unwrap_or(0);
+    for c in &spec.conv {
+        indexed.push(layers.len());
+        layers.push(Layer::Conv2d {
+            in_channels,
+            out_channels: c.out_channels,
+            kernel: c.kernel,
+            stride: c.stride,
+        });
+        layers.push(Layer::Relu);
+        in_channels = c.out_channels;
+    }
+    if !spec.conv.is_empty() {
+        layers.push(Layer::Flatten);
+    }
+    let widths = spec.widths();
+    for (i, w) in widths.windows(2).enumerate() {
+        indexed.push(layers.len());
+        layers.push(Layer::Linear {
+            in_features: w[0],
+            out_features: w[1],
+        });
+        if i + 2 < widths.len() {
+            layers.push(Layer::Relu);
+        }
+    }
+    (layers, indexed)
+}
+
+/// The `state_dict` of agent 0's parameters `flat` (millrace's layout).
+pub fn state_dict(spec: &NetworkSpec, flat: &[f32]) -> Vec<(String, Tensor)> {
+    let layout = spec.layout();
+    let (_, indexed) = sequential(spec);
+    let p = layout.len;
+    let agent = &flat[..p.min(flat.len())];
+    let slice = |offset: usize, len: usize| Tensor::from_slice(&agent[offset..offset + len]);
+    let mut out = Vec::new();
+    let convs = layout.conv.chunks(2);
+    let linears = layout.entries.chunks(2);
+    for (pair, index) in convs.chain(linears).zip(indexed) {
+        let (w, b) = (&pair[0], &pair[1]);
+        let shape: Vec<i64> = w.shape.iter().map(|d| *d as i64).collect();
+        let weight = slice(w.offset, w.len).view(shape.as_slice());
+        // Linear weights are [in, out] here and [out, in] in PyTorch.
+        let weight = if shape.len() == 2 {
+            weight.transpose(0, 1).contiguous()
+        } else {
+            weight
+        };
+        out.push((format!("{index}.weight"), weight));
+        out.push((format!("{index}.bias"), slice(b.offset, b.len)));
+    }
+    out
+}
+
+/// What `export` wrote.
+#[derive(Clone, Debug)]
+pub struct Exported {
+    pub weights: PathBuf,
+    pub description: PathBuf,
+    pub policy: SavedPolicy,
+}
+
+/// The JSON path beside a `.safetensors` path.
+pub fn description_path(weights: &Path) -> PathBuf {
+    weights.with_extension("json")
+}
+
+/// Exports the saved policy `which` (default: solved, else best, else latest) of the
+/// checkpoint at `checkpoint` to `out` and its description beside it.
+pub fn export(
+    checkpoint: &Path,
+    which: Option<Which>,
+    out: &Path,
+) -> Result<Exported, CheckpointError> {
+    let policy = load_policy(checkpoint, which)?;
+    let spec = &policy.network;
+    let tensors = state_dict(spec, &policy.online);
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(crate::checkpoint::files::io(dir))?;
+    }
+    write_atomic(out, |tmp| {
+        let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        Tensor::write_safetensors(&named, tmp).map_err(|source| CheckpointError::Tensor {
+            path: tmp.to_path_buf(),
+            source,
+        })
+    })?;
+    let (layers, _) = sequential(spec);
+    let env = &policy.env;
+    let description = Description {
+        format: EXPORT_FORMAT,
+        weights: out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        env_id: env.id.clone(),
+        num_actions: env.num_actions,
+        max_episode_steps: env.max_episode_steps,
+        reward_threshold: env.reward_threshold,
+        preprocessing: Preprocessing {
+            dtype: match env.obs.dtype {
+                DType::F32 => "float32",
+                DType::U8 => "uint8",
+            },
+            shape: env.obs.shape.clone(),
+            scale: match env.obs.dtype {
+                DType::F32 => 1.0,
+                DType::U8 => 1.0 / 255.0,
+            },
+        },
+        layers,
+        action: "argmax",
+        source: Source {
+            checkpoint: checkpoint.to_path_buf(),
+            which: format!("{:?}", policy.which).to_lowercase(),
+            params_version: policy.params_version,
+            env_steps: policy.env_steps,
+            updates: policy.updates,
+            eval: policy.eval.clone(),
+            confirm: policy.confirm.clone(),
+        },
+    };
+    let json = description_path(out);
+    write_json(&json, &description)?;
+    Ok(Exported {
+        weights: out.to_path_buf(),
+        description: json,
+        policy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dqn::{Dqn, DqnConfig};
+    use millrace_proto::ObsSpec;
+    use tch::{Device, Kind};
+
+    /// Runs the exported `state_dict` as PyTorch's `nn.Sequential` would: `x @ W.T + b`
+    /// for a Linear, `conv2d` for a Conv2d.
+    fn sequential_forward(spec: &NetworkSpec, dict: &[(String, Tensor)], x: &Tensor) -> Tensor {
+        let (layers, _) = sequential(spec);
+        let get = |name: String| &dict.iter().find(|(n, _)| *n == name).unwrap().1;
+        let mut h = x.shallow_clone();
+        for (i, layer) in layers.iter().enumerate() {
+            h = match layer {
+                Layer::Linear { .. } => {
+                    h.linear(get(format!("{i}.weight")), Some(get(format!("{i}.bias"))))
+                }
+                Layer::Conv2d { stride, .. } => h.conv2d(
+                    get(format!("{i}.weight")),
+                    Some(get(format!("{i}.bias"))),
+                    [*stride as i64; 2],
+                    [0, 0],
+                    [1, 1],
+                    1,
+                ),
+                Layer::Relu => h.relu(),
+                Layer::Flatten => h.flatten(1, -1),
+            };
+        }
+        h
+    }
+
+    #[test]
+    fn an_mlp_exports_as_a_sequential_with_the_same_outputs() {
+        let obs = ObsSpec {
+            shape: vec![4],
+            dtype: DType::F32,
+        };
+        let spec = NetworkSpec::mlp(&obs, &[8, 6], 3, 1).unwrap();
+        let dqn = Dqn::new(spec.clone(), DqnConfig::default(), Device::Cpu, 3);
+        let dict = state_dict(&spec, &dqn.online_params());
+        let names: Vec<&str> = dict.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+        );
+        assert_eq!(dict[0].1.size(), [8, 4], "PyTorch's [out, in]");
+        let x = Tensor::randn([5, 4], (Kind::Float, Device::Cpu));
+        let ours = dqn.q_values(&x.unsqueeze(0)).squeeze_dim(0);
+        let theirs = sequential_forward(&spec, &dict, &x);
+        assert!(ours.allclose(&theirs, 1e-5, 1e-6, false));
+    }
+
+    #[test]
+    fn a_cnn_exports_with_its_torso_first() {
+        let obs = ObsSpec {
+            shape: vec![4, 36, 36],
+            dtype: DType::U8,
+        };
+        let spec = NetworkSpec::nature_cnn(&obs, 2).unwrap();
+        let (layers, indexed) = sequential(&spec);
+        assert_eq!(indexed, [0, 2, 4, 7, 9]);
+        assert_eq!(layers[6], Layer::Flatten);
+        let dqn = Dqn::new(spec.clone(), DqnConfig::default(), Device::Cpu, 3);
+        let dict = state_dict(&spec, &dqn.online_params());
+        let x = Tensor::randint(256, [3, 4, 36, 36], (Kind::Uint8, Device::Cpu));
+        let ours = dqn.q_values(&x.unsqueeze(0)).squeeze_dim(0);
+        let theirs = sequential_forward(&spec, &dict, &(x.to_kind(Kind::Float) / 255.0));
+        assert!(
+            ours.allclose(&theirs, 1e-4, 1e-5, false),
+            "{ours} vs {theirs}"
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! What a run's memory goes to, so that running out of it is explained in the run's
+//! own terms (networks, batches, staging buffers, replay) with what to change.
+
+use std::path::PathBuf;
+
+use crate::config::DeviceChoice;
+
+/// Bytes the learner's main consumers take.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Footprint {
+    pub device: DeviceChoice,
+    /// Online and target networks plus Adam's two moments, and the gradient.
+    pub params_bytes: usize,
+    /// One batch on the device (observations and next observations, columns).
+    pub batch_bytes: usize,
+    /// Staging buffers (pinned host memory on a GPU host).
+    pub staging_bytes: usize,
+    /// Replay (host memory).
+    pub replay_bytes: usize,
+    pub batch_size: usize,
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / f64::from(1u32 << 20)
+}
+
+impl Footprint {
+    /// The error message for an allocation failure `what` (libtorch's message),
+    /// naming the sizes involved and what to change; `saved` says where the state was
+    /// saved before giving up.
+    pub fn explain(&self, what: &str, saved: Result<PathBuf, String>) -> String {
+        let first_line = what.lines().next().unwrap_or(what).trim();
+        let free = match self.device {
+            DeviceChoice::Cuda(i) => match crate::cuda::memory(i) {
+                Ok((free, total)) => format!(
+                    " ({:.0} MiB free of {:.0} MiB on {})",
+                    mib(free),
+                    mib(total),
+                    self.device
+                ),
+                Err(_) => String::new(),
+            },
+            DeviceChoice::Cpu => String::new(),
+        };
+        let saved = match saved {
+            Ok(path) => format!(
+                "the state before the failed update is saved in {}",
+                path.display()
+            ),
+            Err(e) => format!("saving the state failed too: {e}"),
+        };
+        format!(
+            "out of memory on {}{free}: {first_line}. The networks with their optimizer state \
+             and gradient take {:.1} MiB, a batch of {} takes {:.1} MiB on the device plus its \
+             activations, staging buffers {:.1} MiB of host memory, replay {:.1} MiB. Lower \
+             --batch-size or --hidden, free the device of other processes, or use --cpu; {saved} \
+             (continue with --resume)",
+            self.device,
+            mib(self.params_bytes),
+            self.batch_size,
+            mib(self.batch_bytes),
+            mib(self.staging_bytes),
+            mib(self.replay_bytes),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_explanation_names_sizes_and_what_to_change() {
+        let f = Footprint {
+            device: DeviceChoice::Cpu,
+            params_bytes: 20 << 20,
+            batch_bytes: 3 << 20,
+            staging_bytes: 64 << 20,
+            replay_bytes: 2800 << 20,
+            batch_size: 512,
+        };
+        let msg = f.explain(
+            "CUDA out of memory. Tried to allocate 20.00 MiB\nException raised from malloc",
+            Ok(PathBuf::from("runs/x/checkpoint/latest")),
+        );
+        assert!(
+            msg.contains("CUDA out of memory. Tried to allocate 20.00 MiB."),
+            "{msg}"
+        );
+        assert!(!msg.contains("Exception raised"), "first line only: {msg}");
+        for part in [
+            "20.0 MiB",
+            "a batch of 512 takes 3.0 MiB",
+            "--batch-size",
+            "runs/x/checkpoint/latest",
+            "--resume",
+        ] {
+            assert!(msg.contains(part), "{part:?} missing: {msg}");
+        }
+        let failed = f.explain("out of memory", Err("disk full".into()));
+        assert!(failed.contains("saving the state failed too: disk full"));
+    }
+}

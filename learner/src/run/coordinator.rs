@@ -1,0 +1,466 @@
+//! The run coordinator (the calling thread in the threaded mode): watches progress,
+//! starts evaluations, keeps what they find (`best/`, `solved/`), writes metrics, and
+//! decides when the run ends. Then [`Running::shutdown`], the one shutdown path that
+//! every end goes through: solved, out of steps, a signal, or any component failing.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use millrace_proto::Params;
+use millrace_replay::Table;
+
+use super::setup::Setup;
+use super::wiring::Links;
+use super::RunError;
+use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter, WriterStats};
+use crate::checkpoint::{self, CheckpointError, PolicyMeta, FORMAT_VERSION};
+use crate::config::RunConfig;
+use crate::evaluation::{eval_seed, EvalRecord, EvalRequest, EvalTracker, Evaluator, Purpose};
+use crate::server::ServerHandle;
+use crate::summary::{RunSummary, SolvedBy, StopReason};
+use crate::update_loop::{Command, LearnerReport, LoopOutcome};
+
+/// How often the coordinator looks at everything.
+const TICK: Duration = Duration::from_millis(20);
+
+/// Why the run is ending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    Solved,
+    MaxSteps,
+    Interrupted,
+    /// A component failed (or could not start); shutdown collects why.
+    Failed,
+}
+
+/// Handles to everything the threaded mode started.
+#[derive(Debug)]
+pub struct Running {
+    pub stop_actors: Arc<AtomicBool>,
+    pub table: Arc<Table>,
+    pub commands: Sender<Command>,
+    pub learner: Option<JoinHandle<LoopOutcome>>,
+    pub writer: Arc<CheckpointWriter>,
+    pub ckpt: Arc<CheckpointContext>,
+    pub evaluator: Option<Evaluator>,
+    pub actors: Vec<(u32, JoinHandle<Result<u64, String>>)>,
+    pub server: Option<ServerHandle>,
+}
+
+/// What shutdown found.
+#[derive(Debug)]
+pub struct Ended {
+    pub last: LearnerReport,
+    /// The final checkpoint: written (where), failed, or not attempted (`Ok(None)`).
+    pub checkpoint: Result<Option<PathBuf>, CheckpointError>,
+    /// Components that failed, with why, in the order found.
+    pub failures: Vec<(String, String)>,
+    /// The checkpoint writer's statistics, once it finished.
+    pub writer: Option<WriterStats>,
+}
+
+impl Ended {
+    /// What became of the checkpoint, for an error message.
+    fn checkpoint_note(&self) -> String {
+        match &self.checkpoint {
+            Ok(Some(path)) => format!("a checkpoint was written to {}", path.display()),
+            Ok(None) => "the last good checkpoint was kept".into(),
+            Err(e) => format!("the checkpoint failed too: {e}"),
+        }
+    }
+
+    /// The run's error: the first component failure, or `component` with `message` when
+    /// none was found (a failure outside the components, e.g. during set-up).
+    pub fn into_error(self, component: &str, message: &str) -> RunError {
+        let note = self.checkpoint_note();
+        let (component, message) = self
+            .failures
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| (component.to_string(), message.to_string()));
+        RunError::Failed {
+            component,
+            message,
+            checkpoint: note,
+        }
+    }
+}
+
+/// A thread's panic, as a message.
+fn joined<T>(handle: JoinHandle<T>) -> Result<T, String> {
+    handle
+        .join()
+        .map_err(|p| format!("panicked: {}", crate::panic_message(&*p)))
+}
+
+impl Running {
+    /// The first component that ended by itself, which only a failure does.
+    fn ended_by_itself(&self) -> bool {
+        self.learner.as_ref().is_some_and(JoinHandle::is_finished)
+            || self.evaluator.as_ref().is_some_and(Evaluator::is_finished)
+            || self.actors.iter().any(|(_, h)| h.is_finished())
+    }
+
+    /// The one shutdown path: stop actors, stop the learner (final checkpoint), close
+    /// replay (wakes anything blocked in it), say goodbye to remote actors, join every
+    /// thread and collect every failure.
+    pub fn shutdown(mut self, end: End) -> Ended {
+        self.stop_actors.store(true, Ordering::Relaxed);
+        let run_finished = match end {
+            End::Solved => Some("solved".to_string()),
+            End::MaxSteps => Some("max steps".to_string()),
+            End::Interrupted | End::Failed => None,
+        };
+        let _ = self.commands.try_send(Command::Stop {
+            checkpoint: true,
+            run_finished: run_finished.clone(),
+        });
+        let message = match end {
+            End::Solved => "the run is solved",
+            End::MaxSteps => "the run reached its step budget",
+            End::Interrupted => "the learner was stopped by a signal",
+            End::Failed => "the learner failed",
+        };
+        let goodbye = crate::server::goodbye_for(run_finished.is_some(), message);
+        if let Some(server) = &self.server {
+            server.announce(goodbye.clone());
+        }
+        self.table.close();
+        if let Some(server) = self.server.take() {
+            server.shutdown(goodbye);
+        }
+        let mut failures = Vec::new();
+        let mut last = LearnerReport::default();
+        let mut checkpoint = Ok(None);
+        if let Some(learner) = self.learner.take() {
+            match joined(learner) {
+                Ok(outcome) => {
+                    last = outcome.last;
+                    if let Some(e) = outcome.error {
+                        failures.push(("learner".to_string(), e.to_string()));
+                    }
+                    if let Some(rx) = outcome.final_checkpoint {
+                        checkpoint = match rx.recv() {
+                            Ok(Ok(path)) => Ok(Some(path)),
+                            Ok(Err(e)) => Err(e),
+                            Err(_) => Err(CheckpointError::Missing(
+                                "the checkpoint writer stopped without an answer".into(),
+                            )),
+                        };
+                    }
+                }
+                Err(e) => failures.push(("learner".to_string(), e)),
+            }
+        }
+        for (id, actor) in self.actors.drain(..) {
+            match joined(actor) {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) | Err(e) => failures.push((format!("actor {id}"), e)),
+            }
+        }
+        if let Some(evaluator) = self.evaluator.take() {
+            if let Err(e) = evaluator.join() {
+                failures.push(("evaluator".to_string(), e));
+            }
+        }
+        // The learner thread held the other handle: the writer is ours alone now.
+        let writer = Arc::try_unwrap(self.writer)
+            .ok()
+            .map(CheckpointWriter::finish);
+        Ended {
+            last,
+            checkpoint,
+            failures,
+            writer,
+        }
+    }
+}
+
+/// Saves a snapshot an evaluation played as `best/` or `solved/`.
+fn save_policy(
+    dir: &Path,
+    which: &'static str,
+    setup: &Setup,
+    seed: u64,
+    params: &Params,
+    eval: &EvalRecord,
+    confirm: Option<&EvalRecord>,
+) -> Result<(), RunError> {
+    let meta = PolicyMeta {
+        format: FORMAT_VERSION,
+        which: which.into(),
+        policy_file: String::new(),
+        env: setup.env.clone(),
+        network: setup.network.clone(),
+        seed,
+        params_version: params.version,
+        env_steps: params.env_steps,
+        updates: params.updates,
+        eval: eval.clone(),
+        confirm: confirm.cloned(),
+    };
+    checkpoint::save_policy(dir, &params.data, meta).map_err(|e| RunError::SavePolicy(which, e))
+}
+
+/// Everything the coordinator and the lock-step mode track between evaluations.
+#[derive(Debug)]
+pub struct Progress {
+    pub tracker: EvalTracker,
+    pub window: VecDeque<f32>,
+    pub episodes: u64,
+    pub next_eval: u64,
+}
+
+impl Progress {
+    pub fn new(cfg: &RunConfig, start_steps: u64) -> Self {
+        let every = cfg.eval.every.max(1);
+        Self {
+            tracker: EvalTracker::new(cfg.eval.target_return),
+            window: VecDeque::with_capacity(100),
+            episodes: 0,
+            next_eval: (start_steps / every + 1) * every,
+        }
+    }
+
+    pub fn episode(&mut self, episode_return: f32) {
+        self.episodes += 1;
+        if self.window.len() == 100 {
+            self.window.pop_front();
+        }
+        self.window.push_back(episode_return);
+    }
+
+    pub fn train_return(&self) -> Option<f32> {
+        (!self.window.is_empty())
+            .then(|| self.window.iter().sum::<f32>() / self.window.len() as f32)
+    }
+
+    /// Whether an evaluation is due at `steps`; if so, moves the next one on.
+    pub fn eval_due(&mut self, steps: u64, every: u64) -> bool {
+        if steps < self.next_eval {
+            return false;
+        }
+        let every = every.max(1);
+        self.next_eval = (steps / every + 1) * every;
+        true
+    }
+
+    /// Applies an evaluation's result: logs it, records it, saves `best/` and
+    /// `solved/`; returns a snapshot to confirm, if any.
+    pub fn evaluated(
+        &mut self,
+        done: &crate::evaluation::EvalDone,
+        setup: &mut Setup,
+        cfg: &RunConfig,
+    ) -> Result<Option<Arc<Params>>, RunError> {
+        let rec = &done.record;
+        match done.purpose {
+            Purpose::Regular => tracing::info!("eval: mean return {rec}"),
+            Purpose::Confirm => tracing::info!("confirmation on fresh episodes: {rec}"),
+        }
+        setup.metrics.eval(rec, done.purpose);
+        let d = self.tracker.record(done);
+        if d.new_best {
+            save_policy(
+                &setup.layout.best(),
+                "best",
+                setup,
+                cfg.seed,
+                &done.params,
+                rec,
+                None,
+            )?;
+        }
+        if let Some(s) = &d.solved {
+            save_policy(
+                &setup.layout.solved(),
+                "solved",
+                setup,
+                cfg.seed,
+                &s.params,
+                &s.first,
+                Some(&s.confirm),
+            )?;
+            tracing::info!(
+                "solved by parameters v{}: {:.1} then {:.1} on fresh episodes (target {:.1})",
+                s.params.version,
+                s.first.mean,
+                s.confirm.mean,
+                cfg.eval.target_return.unwrap_or(f32::NAN)
+            );
+        }
+        if let Some(r) = &d.not_confirmed {
+            tracing::info!(
+                "not confirmed: parameters v{} returned {:.1} on fresh episodes; training on",
+                r.params_version,
+                r.mean
+            );
+        }
+        Ok(d.confirm)
+    }
+
+    /// The summary of a run that ended with `reason`.
+    pub fn summary(
+        &self,
+        cfg: &RunConfig,
+        setup: &Setup,
+        reason: StopReason,
+        last: &LearnerReport,
+        nonfinite: u64,
+    ) -> RunSummary {
+        RunSummary {
+            env_id: cfg.env_id.clone(),
+            reason,
+            target: cfg.eval.target_return,
+            max_steps: cfg.max_steps,
+            env_steps: setup.steps.get(),
+            updates: last.updates,
+            wall_s: setup.started.elapsed().as_secs_f64(),
+            solved: self.tracker.solved.as_ref().map(SolvedBy::from),
+            best: self.tracker.best.clone(),
+            last_eval: self.tracker.last.clone(),
+            train_return_100: self.train_return(),
+            episodes: self.episodes,
+            stalls: last.stalls,
+            checkpoint_stall_max: last.checkpoint_stall_max,
+            checkpoint: setup.layout.root.clone(),
+            replay_bytes_per_item: setup.table.bytes_per_item(),
+            replay: setup.table.stats(),
+            obs_row_bytes: setup.table.obs_row_bytes(),
+            nonfinite,
+        }
+    }
+}
+
+/// Runs the threaded mode's coordinator until the run ends, then shuts down.
+pub fn run(
+    cfg: &RunConfig,
+    mut setup: Setup,
+    running: Running,
+    links: Links,
+    interrupt: &AtomicBool,
+) -> Result<RunSummary, RunError> {
+    let mut progress = Progress::new(cfg, setup.steps.get());
+    let mut report = LearnerReport::default();
+    let mut nonfinite = 0;
+    let mut eval_in_flight = false;
+    let mut failure: Option<RunError> = None;
+    let end = loop {
+        std::thread::sleep(TICK);
+        let steps = setup.steps.get();
+        for ep in links.episodes.try_iter() {
+            progress.episode(ep.episode_return);
+        }
+        for r in links.reports.try_iter() {
+            nonfinite += r.stats.nonfinite;
+            report = r;
+        }
+        let evaluator = running.evaluator.as_ref().expect("started by the wiring");
+        let mut confirm = None;
+        for done in evaluator.done.try_iter() {
+            eval_in_flight = false;
+            match progress.evaluated(&done, &mut setup, cfg) {
+                Ok(c) => confirm = confirm.or(c),
+                Err(e) => failure = Some(e),
+            }
+            *running
+                .ckpt
+                .last_eval
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = progress.tracker.last.clone();
+        }
+        if failure.is_some() {
+            break End::Failed;
+        }
+        if progress.tracker.solved.is_some() {
+            break End::Solved;
+        }
+        if let Some(params) = confirm {
+            let seed = eval_seed(cfg.seed, Purpose::Confirm, params.version);
+            eval_in_flight = evaluator.try_request(EvalRequest {
+                params,
+                purpose: Purpose::Confirm,
+                seed,
+            });
+        }
+        // Past the step budget no new evaluation starts; the one in flight may finish.
+        if !eval_in_flight
+            && !progress.tracker.confirming()
+            && steps < cfg.max_steps
+            && progress.eval_due(steps, cfg.eval.every)
+        {
+            eval_in_flight = evaluator.try_request(EvalRequest {
+                params: setup.params.latest(),
+                purpose: Purpose::Regular,
+                seed: eval_seed(cfg.seed, Purpose::Regular, steps),
+            });
+        }
+        let eps = cfg.actors.epsilon.value(steps);
+        let remote = cfg.server.as_ref().map(|_| &*setup.board);
+        setup.metrics.tick(
+            steps,
+            &report,
+            progress.train_return(),
+            eps,
+            &setup.table,
+            remote,
+        );
+        if interrupt.load(Ordering::Relaxed) {
+            break End::Interrupted;
+        }
+        if steps >= cfg.max_steps && !eval_in_flight && !progress.tracker.confirming() {
+            break End::MaxSteps;
+        }
+        if running.ended_by_itself() {
+            break End::Failed;
+        }
+    };
+    let ended = running.shutdown(end);
+    finish(cfg, setup, progress, end, ended, failure, nonfinite)
+}
+
+/// Turns what shutdown found into the run's result.
+fn finish(
+    cfg: &RunConfig,
+    mut setup: Setup,
+    progress: Progress,
+    end: End,
+    ended: Ended,
+    failure: Option<RunError>,
+    nonfinite: u64,
+) -> Result<RunSummary, RunError> {
+    if let Some(e) = failure {
+        tracing::error!("{e}");
+        return Err(e);
+    }
+    if end == End::Failed || !ended.failures.is_empty() {
+        return Err(ended.into_error("run", "a component ended unexpectedly"));
+    }
+    let reason = match end {
+        End::Solved => StopReason::Solved,
+        End::MaxSteps => StopReason::MaxSteps,
+        End::Interrupted | End::Failed => StopReason::Interrupted,
+    };
+    match ended.checkpoint {
+        Ok(Some(path)) => tracing::info!("checkpoint written to {}", path.display()),
+        Ok(None) => {}
+        Err(e) => return Err(RunError::FinalCheckpoint(e)),
+    }
+    if let Some(w) = &ended.writer {
+        tracing::debug!(
+            "checkpoints: {} written, {} failed, {} skipped (writer busy); the last took {:.2} s",
+            w.written,
+            w.failed,
+            w.skipped,
+            w.last_write_s
+        );
+    }
+    let summary = progress.summary(cfg, &setup, reason, &ended.last, nonfinite);
+    setup.metrics.finish(&summary);
+    Ok(summary)
+}

@@ -1,0 +1,287 @@
+//! Lock-step mode (`--deterministic`): the same components as the threaded mode, driven
+//! from one thread in a fixed order, so that the same seed and flags give bit-identical
+//! parameters and results on the same machine.
+//!
+//! Each round, every actor takes one step of all its environments (in actor order) and
+//! hands any full batch to replay; then the learner runs every update the rate limiter
+//! allows, exactly at the replay ratio, sampling with the run's seeded generator;
+//! publishing, evaluation (with its confirmation) and the end of the run happen at fixed
+//! points of that sequence. Nothing depends on thread timing; the CPU runs libtorch with
+//! one intra-op thread. Wall-clock things (metrics, periodic checkpoints) only observe.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use millrace_actor::{make_envs, ActorConfig, ActorLoop, MlpPolicy};
+use millrace_proto::{Params, ParamsCell};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tch::Device;
+
+use super::coordinator::Progress;
+use super::setup::Setup;
+use super::RunError;
+use crate::checkpoint::{self, StateMeta, FORMAT_VERSION};
+use crate::config::RunConfig;
+use crate::dqn::Dqn;
+use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, Purpose};
+use crate::prefetch::StagingBuffer;
+use crate::summary::{RunSummary, StopReason};
+use crate::update_loop::{LearnerReport, StallTimes};
+
+/// Statistics (and the non-finite check) every this many updates: a fixed point of the
+/// sequence, not a time, so the run stops at the same update every time.
+const STATS_EVERY: u64 = 256;
+
+/// Evaluates `params` (as published) and hands the result to `progress`; confirms a
+/// candidate at once. Returns whether the run is solved.
+fn evaluate_now(
+    cfg: &RunConfig,
+    setup: &mut Setup,
+    progress: &mut Progress,
+    params: Arc<Params>,
+) -> Result<bool, RunError> {
+    let mut next = Some((params, Purpose::Regular));
+    while let Some((params, purpose)) = next.take() {
+        let key = match purpose {
+            Purpose::Regular => params.env_steps,
+            Purpose::Confirm => params.version,
+        };
+        let seed = eval_seed(cfg.seed, purpose, key);
+        let result = evaluate(&setup.env, &setup.network, &params, cfg.eval.episodes, seed)
+            .map_err(|e| RunError::Failed {
+                component: "evaluator".into(),
+                message: e,
+                checkpoint: "no checkpoint was written".into(),
+            })?;
+        let done = EvalDone {
+            record: EvalRecord::new(&params, seed, &result),
+            params,
+            purpose,
+        };
+        if let Some(confirm) = progress.evaluated(&done, setup, cfg)? {
+            next = Some((confirm, Purpose::Confirm));
+        }
+    }
+    Ok(progress.tracker.solved.is_some())
+}
+
+fn publish(cell: &ParamsCell, version: u64, steps: u64, dqn: &Dqn) {
+    cell.publish(Params {
+        version,
+        env_steps: steps,
+        updates: dqn.updates(),
+        population: dqn.spec().population,
+        data: dqn.online_params(),
+    });
+}
+
+fn save(
+    cfg: &RunConfig,
+    setup: &Setup,
+    dqn: &Dqn,
+    version: u64,
+    last_eval: Option<EvalRecord>,
+    run_finished: Option<String>,
+) -> Result<PathBuf, checkpoint::CheckpointError> {
+    let state = dqn.state();
+    let meta = StateMeta {
+        format: FORMAT_VERSION,
+        model_file: String::new(),
+        replay_file: None,
+        env: setup.env.clone(),
+        network: setup.network.clone(),
+        seed: cfg.seed,
+        updates: state.updates,
+        adam_step: state.adam_step,
+        env_steps: setup.steps.get(),
+        params_version: version,
+        replay_inserts: 0,
+        replay_samples: 0,
+        last_eval,
+        run_finished,
+    };
+    checkpoint::save_state(&setup.layout.latest(), &state, Some(&setup.table), meta)
+}
+
+pub fn run(
+    cfg: &RunConfig,
+    mut setup: Setup,
+    interrupt: &AtomicBool,
+) -> Result<RunSummary, RunError> {
+    tch::set_num_threads(1);
+    let mut dqn = setup.dqn.take().expect("the networks are set up once");
+    let mut progress = Progress::new(cfg, setup.steps.get());
+    let seed_offset = setup.resumed.as_ref().map_or(0, |m| m.env_steps);
+    let mut actors = Vec::new();
+    for id in 0..cfg.actors.count {
+        let acfg = ActorConfig {
+            actor_id: id as u32,
+            env_id: cfg.env_id.clone(),
+            num_envs: cfg.actors.envs_per_actor,
+            seed: cfg.seed.wrapping_add(seed_offset),
+            n_step: cfg.actors.n_step,
+            gamma: cfg.actors.gamma,
+            batch_rows: cfg.actors.batch_rows,
+            epsilon: cfg.actors.epsilon,
+            env_epsilons: None,
+        };
+        let policy = MlpPolicy::new(setup.network.clone(), 0)
+            .map_err(|e| RunError::Device(e.to_string()))?;
+        actors.push((ActorLoop::new(&acfg, make_envs(&acfg)?), policy));
+    }
+    let mut staging = StagingBuffer::new(&setup.env.obs, cfg.batch_size, None);
+    let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 0x5eed);
+    let mut version = setup.params.version();
+    let mut source = Arc::clone(&setup.params);
+    let mut episodes = Vec::new();
+    let mut stalls = StallTimes::default();
+    let mut report = LearnerReport::default();
+    let mut nonfinite = 0;
+    let started = Instant::now();
+    let mut last_ckpt = Instant::now();
+    let mut failure: Option<(String, String)> = None;
+    let reason = 'run: loop {
+        if interrupt.load(Ordering::Relaxed) {
+            break StopReason::Interrupted;
+        }
+        for (actor, policy) in &mut actors {
+            let batch =
+                match actor.step(policy, &mut source, &setup.steps, &mut |e| episodes.push(e)) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        failure = Some(("actor".into(), e.to_string()));
+                        break 'run StopReason::Interrupted;
+                    }
+                };
+            if let Some(batch) = batch {
+                setup.table.insert_unlimited(&batch)?;
+            }
+        }
+        for e in episodes.drain(..) {
+            progress.episode(e.episode_return);
+        }
+        // Every update the replay ratio allows now, in order.
+        let c0 = Instant::now();
+        while staging
+            .try_fill(&setup.table, &mut rng)
+            .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?
+        {
+            let batch = staging.to_device(Device::Cpu);
+            let _td = dqn.update(&batch);
+            if dqn
+                .updates()
+                .is_multiple_of(cfg.learner.publish_every.max(1))
+            {
+                version += 1;
+                publish(&setup.params, version, setup.steps.get(), &dqn);
+            }
+            if dqn.updates().is_multiple_of(STATS_EVERY) {
+                let stats = dqn.take_stats();
+                nonfinite += stats.nonfinite;
+                report.stats = stats;
+                if stats.nonfinite_streak >= cfg.learner.max_nonfinite {
+                    failure = Some((
+                        "learner".into(),
+                        crate::update_loop::LearnerError::Diverged {
+                            streak: stats.nonfinite_streak,
+                            skipped: nonfinite,
+                            limit: cfg.learner.max_nonfinite,
+                        }
+                        .to_string(),
+                    ));
+                    break 'run StopReason::Interrupted;
+                }
+            }
+        }
+        stalls.compute += c0.elapsed().as_secs_f64();
+        let steps = setup.steps.get();
+        if steps < cfg.max_steps && progress.eval_due(steps, cfg.eval.every) {
+            let snapshot = setup.params.latest();
+            if evaluate_now(cfg, &mut setup, &mut progress, snapshot)? {
+                break StopReason::Solved;
+            }
+        }
+        if steps >= cfg.max_steps {
+            break StopReason::MaxSteps;
+        }
+        if let Some(every) = cfg.learner.checkpoint_every {
+            if last_ckpt.elapsed() >= every {
+                let k0 = Instant::now();
+                if let Err(e) = save(
+                    cfg,
+                    &setup,
+                    &dqn,
+                    version,
+                    progress.tracker.last.clone(),
+                    None,
+                ) {
+                    tracing::warn!("periodic checkpoint failed: {e}");
+                }
+                stalls.checkpoint += k0.elapsed().as_secs_f64();
+                report.checkpoint_stall_max =
+                    report.checkpoint_stall_max.max(k0.elapsed().as_secs_f64());
+                last_ckpt = Instant::now();
+            }
+        }
+        stalls.total = started.elapsed().as_secs_f64();
+        report.updates = dqn.updates();
+        report.params_version = version;
+        report.stalls = stalls;
+        let eps = cfg.actors.epsilon.value(steps);
+        setup.metrics.tick(
+            steps,
+            &report,
+            progress.train_return(),
+            eps,
+            &setup.table,
+            None,
+        );
+    };
+    setup.table.close();
+    // The final checkpoint: not after divergence (the last good one stays).
+    let diverged = failure.as_ref().is_some_and(|(c, _)| c == "learner");
+    let run_finished = match reason {
+        StopReason::Solved if failure.is_none() => Some("solved".to_string()),
+        StopReason::MaxSteps if failure.is_none() => Some("max steps".to_string()),
+        _ => None,
+    };
+    let k0 = Instant::now();
+    let saved = (!diverged).then(|| {
+        save(
+            cfg,
+            &setup,
+            &dqn,
+            version,
+            progress.tracker.last.clone(),
+            run_finished,
+        )
+    });
+    stalls.checkpoint += k0.elapsed().as_secs_f64();
+    stalls.total = started.elapsed().as_secs_f64();
+    if let Some((component, message)) = failure {
+        let checkpoint = match saved {
+            Some(Ok(path)) => format!("a checkpoint was written to {}", path.display()),
+            Some(Err(e)) => format!("the checkpoint failed too: {e}"),
+            None => "the last good checkpoint was kept".into(),
+        };
+        return Err(RunError::Failed {
+            component,
+            message,
+            checkpoint,
+        });
+    }
+    match saved {
+        Some(Ok(path)) => tracing::info!("checkpoint written to {}", path.display()),
+        Some(Err(e)) => return Err(RunError::FinalCheckpoint(e)),
+        None => {}
+    }
+    report.updates = dqn.updates();
+    report.params_version = version;
+    report.stalls = stalls;
+    let summary = progress.summary(cfg, &setup, reason, &report, nonfinite);
+    setup.metrics.finish(&summary);
+    Ok(summary)
+}

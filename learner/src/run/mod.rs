@@ -1,0 +1,71 @@
+//! A training run: set-up shared by both modes ([`setup`]), then either the threaded
+//! mode (components wired in [`wiring`], watched and shut down by [`coordinator`]) or
+//! the lock-step mode ([`lockstep`]) for bit-reproducible runs.
+
+mod coordinator;
+mod lockstep;
+mod setup;
+mod wiring;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+
+use crate::checkpoint::CheckpointError;
+use crate::config::RunConfig;
+use crate::summary::RunSummary;
+
+/// Why a run failed (exit status 1). Outcomes that are not failures (solved, out of
+/// steps, interrupted) are a [`RunSummary`]'s `reason`.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Env(#[from] millrace_actor::EnvError),
+    #[error(transparent)]
+    Spec(#[from] millrace_proto::SpecError),
+    #[error("cannot resume: {0}")]
+    Resume(CheckpointError),
+    #[error(transparent)]
+    RateLimiter(#[from] millrace_replay::RateLimiterError),
+    #[error("replay: {0}")]
+    Replay(#[from] millrace_replay::ReplayError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("--copy-stream: {0}")]
+    CopyStream(#[from] crate::cuda::CopyStreamError),
+    #[error("--copy-stream needs a CUDA device (this run is on {0})")]
+    CopyStreamNeedsCuda(crate::config::DeviceChoice),
+    #[error("{0}")]
+    Device(String),
+    #[error("cannot save the run's configuration: {0}")]
+    Config(CheckpointError),
+    /// A component failed after threads had started; the run went through its shutdown.
+    #[error("the {component} failed: {message}; {checkpoint}")]
+    Failed {
+        component: String,
+        message: String,
+        /// What became of the checkpoint.
+        checkpoint: String,
+    },
+    #[error("final checkpoint failed: {0}")]
+    FinalCheckpoint(CheckpointError),
+    #[error("cannot save the {0} policy: {1}")]
+    SavePolicy(&'static str, CheckpointError),
+}
+
+/// Trains until the target return (confirmed), `max_steps` or `interrupt`; then
+/// checkpoints. `bar` is the progress bar to drive, if any.
+pub fn run(
+    cfg: &RunConfig,
+    interrupt: Arc<AtomicBool>,
+    bar: Option<ProgressBar>,
+) -> Result<RunSummary, RunError> {
+    let mut setup = setup::prepare(cfg, bar)?;
+    if cfg.deterministic {
+        lockstep::run(cfg, setup, &interrupt)
+    } else {
+        let (running, links) = wiring::connect(cfg, &mut setup)?;
+        coordinator::run(cfg, setup, running, links, &interrupt)
+    }
+}

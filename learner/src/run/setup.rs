@@ -1,0 +1,164 @@
+//! What both modes set up before anything runs: the networks (fresh or resumed),
+//! replay (restored), the parameter cell, the step counter, the checkpoint layout with
+//! the saved configuration, and metrics. Everything here can fail without leaving a
+//! thread behind.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use indicatif::ProgressBar;
+use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter};
+use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
+
+use super::RunError;
+use crate::checkpoint::{self, Layout, StateMeta};
+use crate::config::RunConfig;
+use crate::dqn::Dqn;
+use crate::memory::Footprint;
+use crate::metrics::Metrics;
+
+/// The run's state before any thread starts.
+#[derive(Debug)]
+pub struct Setup {
+    pub env: EnvSpec,
+    pub network: NetworkSpec,
+    /// Moved into the learner thread (threaded mode) or driven in place (lock-step).
+    pub dqn: Option<Dqn>,
+    pub resumed: Option<StateMeta>,
+    pub table: Arc<Table>,
+    pub params: Arc<ParamsCell>,
+    pub steps: Arc<StepCounter>,
+    pub layout: Layout,
+    pub metrics: Metrics,
+    /// Remote actors' statistics (service mode).
+    pub board: Arc<crate::server::ActorBoard>,
+    pub started: Instant,
+    pub footprint: Footprint,
+}
+
+/// The replay table for this run (its rate limiter checked so it cannot deadlock).
+pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
+    let batch = cfg.batch_size as u64;
+    // The band must hold one insert plus one sampled batch (see RateLimiterConfig).
+    let tolerance = cfg
+        .replay
+        .tolerance
+        .max(2.0 * (cfg.replay.samples_per_insert + batch as f64));
+    let limiter = RateLimiterConfig::sample_to_insert_ratio(
+        cfg.replay.samples_per_insert,
+        cfg.replay.learning_starts,
+        tolerance,
+        batch,
+    )?;
+    Ok(Table::new(&ReplayConfig {
+        capacity: cfg.replay.capacity,
+        shards: cfg.replay.shards,
+        obs_row_bytes: env.obs.row_bytes(),
+        obs_rows_per_item: ReplayConfig::obs_rows_for(
+            cfg.actors.envs_per_actor,
+            cfg.actors.n_step,
+            cfg.actors.batch_rows,
+        ),
+        limiter,
+    })?)
+}
+
+pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunError> {
+    let started = Instant::now();
+    let env = millrace_actor::env::spec(&cfg.env_id)?;
+    let network = NetworkSpec::mlp(&env.obs, &cfg.hidden, env.num_actions, 1)?;
+    let device = cfg.device.device();
+
+    let layout = Layout::new(cfg.checkpoint_dir());
+
+    // Networks: fresh, or from the checkpoint. Allocating on a device can fail.
+    let (resumed, state_dir) = match &cfg.resume {
+        Some(path) => {
+            let (meta, state, dir) = checkpoint::load_state(path).map_err(RunError::Resume)?;
+            checkpoint::check_fits(&meta, &env, &network).map_err(RunError::Resume)?;
+            tracing::info!(
+                "resuming from {} ({} updates, {} env steps)",
+                dir.display(),
+                meta.updates,
+                meta.env_steps
+            );
+            (Some((meta, state)), Some(dir))
+        }
+        None => (None, None),
+    };
+    let (dqn, resumed) = {
+        let (dqn_cfg, spec) = (cfg.dqn.clone(), network.clone());
+        let made = catch_unwind(AssertUnwindSafe(move || match resumed {
+            Some((meta, state)) => (Dqn::from_state(spec, dqn_cfg, device, state), Some(meta)),
+            None => (Dqn::new(spec, dqn_cfg, device, cfg.seed), None),
+        }));
+        made.map_err(|p| {
+            RunError::Device(format!(
+                "cannot put the networks on {}: {}",
+                cfg.device,
+                crate::panic_message(&*p)
+            ))
+        })?
+    };
+
+    let steps = Arc::new(StepCounter::new(
+        resumed.as_ref().map_or(0, |m| m.env_steps),
+    ));
+    let table = Arc::new(replay_table(cfg, &env)?);
+    if let (Some(dir), Some(meta)) = (&state_dir, &resumed) {
+        let restored = checkpoint::restore_replay(dir, meta, &table, cfg.replay.learning_starts)
+            .map_err(RunError::Resume)?;
+        let stats = table.stats();
+        tracing::info!(
+            "replay: restored {} transitions ({} did not fit this replay); rate limiter at {} inserts, {} samples",
+            restored.items,
+            restored.skipped,
+            stats.inserted,
+            stats.sampled
+        );
+    }
+    let params = Arc::new(ParamsCell::new(Params {
+        version: resumed.as_ref().map_or(0, |m| m.params_version),
+        env_steps: steps.get(),
+        updates: dqn.updates(),
+        population: network.population,
+        data: dqn.online_params(),
+    }));
+    // The configuration once the set-up holds (a refused resume must not overwrite
+    // the configuration of the run it was meant to continue), before any thread starts.
+    std::fs::create_dir_all(&layout.root).map_err(|e| {
+        RunError::Config(checkpoint::CheckpointError::Io {
+            path: layout.root.clone(),
+            source: e,
+        })
+    })?;
+    checkpoint::files::write_json(&layout.config(), cfg).map_err(RunError::Config)?;
+    let metrics = Metrics::new(&cfg.logdir, bar, steps.get())?;
+    let p = network.layout().len * network.population * 4;
+    let pinned = cfg.device != crate::config::DeviceChoice::Cpu;
+    let depth = crate::prefetch::default_depth(&env.obs, cfg.batch_size, pinned);
+    let batch_bytes = cfg.batch_size * (2 * env.obs.row_bytes() + 16);
+    let footprint = Footprint {
+        device: cfg.device,
+        params_bytes: 5 * p,
+        batch_bytes,
+        staging_bytes: depth * batch_bytes,
+        replay_bytes: table.bytes_per_item() as usize * cfg.replay.capacity,
+        batch_size: cfg.batch_size,
+    };
+    Ok(Setup {
+        env,
+        network,
+        dqn: Some(dqn),
+        resumed,
+        table,
+        params,
+        steps,
+        layout,
+        metrics,
+        board: Arc::default(),
+        started,
+        footprint,
+    })
+}

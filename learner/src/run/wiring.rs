@@ -1,0 +1,232 @@
+//! The threaded mode's wiring: every component and every link between them, in one
+//! place (Sample Factory's `connect_components`). Each component gets only its own
+//! configuration. The embedded and service modes differ only in where transitions
+//! come from: actor threads here, or the server's connections (or both).
+//!
+//! Threads start in dependency order: the checkpoint writer, the publisher and the
+//! sampler, the learner, the evaluator, the actors, and the server last. Whatever fails
+//! after the first of them has started goes through the coordinator's one shutdown path
+//! (see [`super::coordinator::Running::shutdown`]), so nothing is left running and a
+//! checkpoint is attempted.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use millrace_actor::runner::SinkClosed;
+use millrace_actor::{run_actor, ActorConfig, ActorSink, EpisodeStats, MlpPolicy};
+use millrace_proto::TransitionBatch;
+use millrace_replay::{ReplayError, Table};
+
+use super::coordinator::{End, Running};
+use super::setup::Setup;
+use super::RunError;
+use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter};
+use crate::config::{DeviceChoice, RunConfig};
+use crate::evaluation::Evaluator;
+use crate::prefetch::{Prefetcher, SamplerConfig};
+use crate::publisher::Publisher;
+use crate::server::ServerContext;
+use crate::update_loop::{self, Command, LearnerParts, LearnerReport};
+
+/// Actor output in the embedded mode: transitions go straight into replay (blocking
+/// when the rate limiter says so), episode ends to the coordinator.
+struct ReplaySink {
+    table: Arc<Table>,
+    episodes: Sender<EpisodeStats>,
+    /// Close after this many batches and report a failure (tests of the shutdown path).
+    fail_after: Option<u64>,
+    batches: u64,
+    failed: bool,
+}
+
+impl ActorSink for ReplaySink {
+    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
+        self.batches += 1;
+        if self.fail_after.is_some_and(|n| self.batches > n) {
+            self.failed = true;
+            return Err(SinkClosed);
+        }
+        match self.table.insert(&batch) {
+            Ok(()) => Ok(()),
+            Err(ReplayError::Closed) => Err(SinkClosed),
+            Err(e) => {
+                // Our own actors built this batch: a malformed one is a bug, not input.
+                tracing::error!("actor {} produced a bad batch: {e}", batch.actor_id);
+                self.failed = true;
+                Err(SinkClosed)
+            }
+        }
+    }
+
+    fn episode(&mut self, stats: EpisodeStats) {
+        // Statistics only: drop rather than block an actor if the coordinator lags.
+        if let Err(TrySendError::Full(_)) = self.episodes.try_send(stats) {
+            tracing::trace!("episode stats dropped");
+        }
+    }
+}
+
+/// What the coordinator reads from the running components.
+#[derive(Debug)]
+pub struct Links {
+    pub episodes: Receiver<EpisodeStats>,
+    pub reports: Receiver<LearnerReport>,
+}
+
+fn spawn<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<JoinHandle<T>> {
+    std::thread::Builder::new().name(name.into()).spawn(f)
+}
+
+/// Starts every component of the threaded mode and connects them.
+pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), RunError> {
+    let dqn = setup.dqn.take().expect("the networks are set up once");
+    let env = setup.env.clone();
+    let device = cfg.device.device();
+    let cuda = cfg.device != DeviceChoice::Cpu && tch::Cuda::is_available();
+    let copy_stream = match (cfg.learner.copy_stream, cfg.device) {
+        (false, _) => None,
+        (true, DeviceChoice::Cuda(i)) if cuda => Some(crate::cuda::CopyStream::new(i)?),
+        (true, other) => return Err(RunError::CopyStreamNeedsCuda(other)),
+    };
+
+    // Threads that end by themselves when dropped, if anything below fails first.
+    let ckpt = Arc::new(CheckpointContext {
+        layout: setup.layout.clone(),
+        env: env.clone(),
+        seed: cfg.seed,
+        steps: Arc::clone(&setup.steps),
+        table: Arc::clone(&setup.table),
+        last_eval: Mutex::new(None),
+    });
+    let writer = Arc::new(CheckpointWriter::spawn(Arc::clone(&ckpt))?);
+    let publisher = Publisher::spawn(Arc::clone(&setup.params))?;
+    let sampler = SamplerConfig {
+        depth: crate::prefetch::default_depth(&env.obs, cfg.batch_size, cuda),
+        seed: cfg.seed ^ 0x5eed,
+        fail_after: cfg.faults.sampler.then_some(1),
+    };
+    let prefetcher = match &copy_stream {
+        Some(stream) => Prefetcher::spawn_on_copy_stream(
+            Arc::clone(&setup.table),
+            &env.obs,
+            cfg.batch_size,
+            device,
+            stream,
+            sampler,
+        )?,
+        None => Prefetcher::spawn(
+            Arc::clone(&setup.table),
+            &env.obs,
+            cfg.batch_size,
+            cuda.then_some(device),
+            sampler,
+        )?,
+    };
+
+    // The learner thread. From here on, failures go through the shutdown path.
+    let (cmd_tx, cmd_rx) = crossbeam_channel::bounded::<Command>(1);
+    let (report_tx, report_rx) = crossbeam_channel::bounded::<LearnerReport>(64);
+    let parts = LearnerParts {
+        dqn,
+        prefetcher,
+        publisher,
+        steps: Arc::clone(&setup.steps),
+        footprint: setup.footprint,
+        panic_after: cfg.faults.learner_panic.then_some(50),
+        oom_after: cfg.faults.learner_oom.then_some(50),
+    };
+    let loop_cfg = cfg.learner.clone();
+    let learner_writer = Arc::clone(&writer);
+    let learner = spawn("learner", move || {
+        // The learner gets one intra-op thread: actors and the sampler need the rest.
+        tch::set_num_threads(1);
+        update_loop::run(parts, &loop_cfg, &cmd_rx, &report_tx, &learner_writer)
+    })?;
+    let (episode_tx, episode_rx) = crossbeam_channel::bounded::<EpisodeStats>(4096);
+    let mut running = Running {
+        stop_actors: Arc::new(AtomicBool::new(false)),
+        table: Arc::clone(&setup.table),
+        commands: cmd_tx,
+        learner: Some(learner),
+        writer,
+        ckpt,
+        evaluator: None,
+        actors: Vec::new(),
+        server: None,
+    };
+    let links = Links {
+        episodes: episode_rx,
+        reports: report_rx,
+    };
+
+    // The rest can fail after threads started: shut down what runs, then report.
+    let rest = (|| -> Result<(), RunError> {
+        running.evaluator = Some(Evaluator::spawn(
+            env.clone(),
+            setup.network.clone(),
+            cfg.eval.episodes,
+            cfg.faults.evaluator,
+        )?);
+        let seed_offset = setup.resumed.as_ref().map_or(0, |m| m.env_steps);
+        for id in 0..cfg.actors.count {
+            let acfg = ActorConfig {
+                actor_id: id as u32,
+                env_id: cfg.env_id.clone(),
+                num_envs: cfg.actors.envs_per_actor,
+                seed: cfg.seed.wrapping_add(seed_offset),
+                n_step: cfg.actors.n_step,
+                gamma: cfg.actors.gamma,
+                batch_rows: cfg.actors.batch_rows,
+                epsilon: cfg.actors.epsilon,
+                env_epsilons: None,
+            };
+            let mut policy = MlpPolicy::new(setup.network.clone(), 0)
+                .map_err(|e| RunError::Device(e.to_string()))?;
+            let mut params = Arc::clone(&setup.params);
+            let mut sink = ReplaySink {
+                table: Arc::clone(&setup.table),
+                episodes: episode_tx.clone(),
+                fail_after: (cfg.faults.actor && id == 0).then_some(20),
+                batches: 0,
+                failed: false,
+            };
+            let (steps, stop) = (Arc::clone(&setup.steps), Arc::clone(&running.stop_actors));
+            let handle = spawn(&format!("actor-{id}"), move || {
+                let taken = run_actor(&acfg, &mut policy, &mut params, &mut sink, &steps, &stop)
+                    .map_err(|e| e.to_string())?;
+                if sink.failed {
+                    return Err(match sink.fail_after {
+                        Some(n) => format!("injected fault after {n} batches"),
+                        None => "produced a malformed batch (see the log)".into(),
+                    });
+                }
+                Ok(taken)
+            })?;
+            running.actors.push((id as u32, handle));
+        }
+        if let Some(scfg) = &cfg.server {
+            let ctx = ServerContext {
+                env: env.clone(),
+                network: setup.network.clone(),
+                run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
+                table: Arc::clone(&setup.table),
+                params: Arc::clone(&setup.params),
+                episodes: episode_tx.clone(),
+                steps: Arc::clone(&setup.steps),
+                board: Arc::clone(&setup.board),
+            };
+            running.server = Some(crate::server::spawn(scfg.clone(), ctx)?);
+        }
+        Ok(())
+    })();
+    if let Err(e) = rest {
+        let ended = running.shutdown(End::Failed);
+        return Err(ended.into_error("set-up", &e.to_string()));
+    }
+    Ok((running, links))
+}

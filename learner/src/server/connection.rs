@@ -1,0 +1,485 @@
+//! One actor connection: the handshake, then transitions into replay and statistics in,
+//! parameters and heartbeats out, until either side ends it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use millrace_actor::{apex_epsilon, EpisodeStats};
+use millrace_proto::codec::tokens_equal;
+use millrace_proto::io::{write_frame, write_msg, FrameReader, ReadError};
+use millrace_proto::wire::{
+    ActorMsg, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal, RefusalCode, Welcome,
+    PROTOCOL_VERSION,
+};
+use millrace_replay::ReplayError;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::{ActorEntry, Shared, StopSignal, HANDSHAKE_MAX_FRAME, MAX_ENVS_PER_ACTOR};
+
+pub(super) struct Connection {
+    pub(super) _permit: tokio::sync::OwnedSemaphorePermit,
+    pub(super) shared: Arc<Shared>,
+    pub(super) frames: watch::Receiver<Option<Arc<Vec<u8>>>>,
+    pub(super) stop: StopSignal,
+    pub(super) peer: SocketAddr,
+}
+
+/// How a session ended.
+enum Outcome {
+    /// The actor left, or the connection broke: nothing to send.
+    Closed(String),
+    /// The actor did something wrong or went quiet: tell it why (and whether to retry).
+    Refused(Refusal),
+    /// The learner is stopping: say goodbye.
+    Goodbye(Goodbye),
+}
+
+/// The longest a closing connection waits to deliver its last word (a refusal or a
+/// goodbye).
+const GOODBYE_WAIT: Duration = Duration::from_secs(5);
+
+fn violation(message: impl Into<String>) -> Refusal {
+    Refusal::new(RefusalCode::ProtocolViolation, message)
+}
+
+impl Connection {
+    pub(super) async fn run(self, stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let (rd, mut wr) = stream.into_split();
+        let mut rd = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
+        let peer = self.peer;
+        let (hello, welcome) = match self.handshake(&mut rd).await {
+            Ok(w) => w,
+            Err(refusal) => {
+                tracing::warn!("{peer}: refused: {refusal}");
+                let _ = self.send(&mut wr, &LearnerMsg::Refused(refusal)).await;
+                return;
+            }
+        };
+        let cfg = &self.shared.cfg;
+        let id = welcome.env_indices[0];
+        let indices = welcome.env_indices.clone();
+        tracing::info!(
+            "{peer}: actor {:?} joined with {} envs (exploration indices {}..={})",
+            hello.actor_name,
+            indices.len(),
+            id,
+            indices.last().copied().unwrap_or(id)
+        );
+        if let Err(e) = write_msg(
+            &mut wr,
+            &LearnerMsg::Welcome(Box::new(welcome)),
+            cfg.max_frame,
+        )
+        .await
+        {
+            tracing::warn!("{peer}: closed during the handshake: {e}");
+            self.shared.indices.give_back(&indices);
+            return;
+        }
+        self.shared.ctx.board.join(
+            id,
+            ActorEntry {
+                name: hello.actor_name.clone(),
+                peer: peer.to_string(),
+                envs: indices.len(),
+                ..ActorEntry::default()
+            },
+        );
+        // Authenticated: the session's frame limit, charged to the shared budget.
+        rd.set_max_frame(cfg.max_frame);
+        let mut rd = rd.with_budget(Arc::clone(&self.shared.budget));
+        // The writer stops when the reader does (the reader also watches shutdown).
+        let (close_tx, close_rx) = watch::channel(false);
+        let writer = tokio::spawn(send_loop(
+            wr,
+            self.frames.clone(),
+            close_rx,
+            cfg.heartbeat_every,
+            cfg.write_timeout,
+        ));
+        let (outcome, received) = self.receive_loop(&mut rd, id, indices.len()).await;
+        self.shared.ctx.board.leave(id);
+        self.shared.indices.give_back(&indices);
+        let _ = close_tx.send(true);
+        // Take the write half back to send the reason, unless the peer stalled it: the
+        // writer finishes the frame in flight first (a goodbye decides whether the actor
+        // exits or retries, so it is worth a few seconds on a loaded machine).
+        let mut writer = writer;
+        let wait = cfg.write_timeout.min(GOODBYE_WAIT);
+        let wr = match tokio::time::timeout(wait, &mut writer).await {
+            Ok(Ok(wr)) => wr,
+            _ => {
+                writer.abort();
+                None
+            }
+        };
+        let name = &hello.actor_name;
+        let msg = match outcome {
+            Outcome::Closed(reason) => {
+                tracing::info!(
+                    "{peer}: actor {name:?} left: {reason} ({received} transitions received)"
+                );
+                return;
+            }
+            Outcome::Refused(refusal) => {
+                tracing::warn!(
+                    "{peer}: closing actor {name:?}: {refusal} ({received} transitions received)"
+                );
+                LearnerMsg::Refused(refusal)
+            }
+            Outcome::Goodbye(goodbye) => LearnerMsg::Goodbye(goodbye),
+        };
+        let sent = match wr {
+            Some(mut wr) => self.send(&mut wr, &msg).await,
+            None => false,
+        };
+        if let LearnerMsg::Goodbye(g) = &msg {
+            if sent {
+                tracing::info!(
+                    "{peer}: actor {name:?} told {:?} ({received} transitions received)",
+                    g.reason
+                );
+            } else {
+                tracing::warn!(
+                    "{peer}: actor {name:?} could not be told {:?}: its link stalled ({received} transitions received)",
+                    g.reason
+                );
+            }
+        }
+    }
+
+    /// Writes `msg`, giving up after a few seconds; whether it went out.
+    async fn send(&self, wr: &mut OwnedWriteHalf, msg: &LearnerMsg) -> bool {
+        matches!(
+            tokio::time::timeout(GOODBYE_WAIT, write_msg(wr, msg, self.shared.cfg.max_frame)).await,
+            Ok(Ok(()))
+        )
+    }
+
+    async fn handshake(
+        &self,
+        rd: &mut FrameReader<OwnedReadHalf>,
+    ) -> Result<(Hello, Welcome), Refusal> {
+        let cfg = &self.shared.cfg;
+        let ctx = &self.shared.ctx;
+        let first = tokio::time::timeout(cfg.handshake_timeout, rd.read_msg::<ActorMsg>())
+            .await
+            .map_err(|_| Refusal::new(RefusalCode::Timeout, "no handshake within the timeout"))?
+            .map_err(|e| violation(format!("bad handshake: {e}")))?;
+        let hello = match first {
+            Some(ActorMsg::Hello(h)) => h,
+            Some(other) => {
+                return Err(violation(format!(
+                    "expected Hello first, got {}",
+                    variant(&other)
+                )))
+            }
+            None => return Err(violation("closed before the handshake")),
+        };
+        if hello.protocol_version != PROTOCOL_VERSION {
+            return Err(Refusal::new(
+                RefusalCode::ProtocolVersion,
+                format!(
+                    "protocol version {} is not supported (this learner speaks {PROTOCOL_VERSION})",
+                    hello.protocol_version
+                ),
+            ));
+        }
+        if let Some(token) = &cfg.token {
+            if !tokens_equal(token.as_bytes(), hello.token.as_bytes()) {
+                return Err(Refusal::new(RefusalCode::WrongToken, "wrong token"));
+            }
+        }
+        if self.stop.borrow().is_some() {
+            return Err(Refusal::new(
+                RefusalCode::NotReady,
+                "the learner is stopping",
+            ));
+        }
+        if !hello
+            .capabilities
+            .env_ids
+            .iter()
+            .any(|id| *id == ctx.env.id)
+        {
+            return Err(Refusal::new(
+                RefusalCode::EnvUnsupported,
+                format!("this run trains {}, which the actor cannot run", ctx.env.id),
+            ));
+        }
+        let population = ctx.network.population as u32;
+        let agent = hello.agent.unwrap_or(0);
+        if agent >= population {
+            return Err(Refusal::new(
+                RefusalCode::BadRequest,
+                format!("agent {agent} asked for, but this run trains {population} agent(s)"),
+            ));
+        }
+        let envs = hello.capabilities.envs;
+        if envs == 0 || envs > MAX_ENVS_PER_ACTOR {
+            return Err(Refusal::new(
+                RefusalCode::BadRequest,
+                format!("{envs} environments requested (1..={MAX_ENVS_PER_ACTOR} allowed)"),
+            ));
+        }
+        let batch_rows = self.batch_rows_for(envs)?;
+        let (indices, total) = self.shared.indices.take(envs).ok_or_else(|| {
+            Refusal::new(
+                RefusalCode::TooManyConnections,
+                "the learner has handed out all its exploration indices",
+            )
+        })?;
+        let epsilons = indices
+            .iter()
+            .map(|&i| apex_epsilon(i, total, cfg.eps_base, cfg.eps_alpha))
+            .collect();
+        let welcome = Welcome {
+            run_id: ctx.run_id.clone(),
+            env: ctx.env.clone(),
+            network: ctx.network.clone(),
+            agent,
+            params_version: ctx.params.version(),
+            env_indices: indices,
+            epsilons,
+            epsilon_decay: cfg.epsilon_decay.filter(|_| !cfg.apex_epsilon),
+            n_step: cfg.n_step,
+            gamma: cfg.gamma,
+            batch_rows,
+            features: Vec::new(),
+        };
+        Ok((hello, welcome))
+    }
+
+    /// Transitions per batch for an actor of `envs` environments (see
+    /// [`super::ServerConfig::batch_rows`]), or why replay cannot take its batches.
+    fn batch_rows_for(&self, envs: u32) -> Result<u32, Refusal> {
+        let cfg = &self.shared.cfg;
+        let envs = u64::from(envs);
+        let (rows, ref_envs) = (
+            u64::from(cfg.batch_rows.max(1)),
+            u64::from(cfg.batch_envs.max(1)),
+        );
+        let wanted = rows.max((envs * rows).div_ceil(ref_envs)).max(envs);
+        // A batch may exceed its target by one n-step flush per env; two must fit a
+        // shard, or replay would hold little else.
+        let shard = self.shared.ctx.table.shard_capacity() as u64;
+        let flush = envs * u64::from(cfg.n_step.max(1));
+        let fits = (shard / 2).saturating_sub(flush);
+        if fits < envs {
+            return Err(Refusal::new(
+                RefusalCode::BatchTooLarge,
+                format!(
+                    "{envs} environments make batches too large for replay's shards of {shard} \
+                     transitions (raise --replay-capacity or lower --replay-shards, or run fewer envs)"
+                ),
+            ));
+        }
+        Ok(wanted.min(fits) as u32)
+    }
+
+    /// Runs the session; returns how it ended and the transitions received.
+    async fn receive_loop(
+        &self,
+        rd: &mut FrameReader<OwnedReadHalf>,
+        id: u32,
+        envs: usize,
+    ) -> (Outcome, u64) {
+        let mut received = 0;
+        let outcome = self.session(rd, id, envs, &mut received).await;
+        (outcome, received)
+    }
+
+    async fn session(
+        &self,
+        rd: &mut FrameReader<OwnedReadHalf>,
+        id: u32,
+        envs: usize,
+        received: &mut u64,
+    ) -> Outcome {
+        let cfg = &self.shared.cfg;
+        let ctx = &self.shared.ctx;
+        let row_bytes = ctx.env.obs.row_bytes();
+        // An actor's batch holds one row per step, one more per truncated episode, and
+        // at most n_step + 1 rows per environment carried over: more rows than that
+        // would let one actor flush replay past the rate limiter (which counts
+        // transitions).
+        let carried = envs * (cfg.n_step as usize + 1);
+        let num_actions = ctx.env.num_actions;
+        let mut stop = self.stop.clone();
+        let (mut steps, mut since) = (0u64, Instant::now());
+        let (mut window_steps, mut window_start) = (0u64, Instant::now());
+        loop {
+            let msg = tokio::select! {
+                m = tokio::time::timeout(cfg.idle_timeout, rd.read_msg_charged::<ActorMsg>()) => m,
+                _ = stop.changed() => {
+                    let goodbye = stop.borrow().clone();
+                    return match goodbye {
+                        Some(g) => Outcome::Goodbye(g),
+                        None => Outcome::Closed("learner shutting down".into()),
+                    };
+                }
+            };
+            let (msg, _budget) = match msg {
+                Err(_) => {
+                    return Outcome::Refused(Refusal::new(
+                        RefusalCode::Timeout,
+                        format!("nothing received for {:?}", cfg.idle_timeout),
+                    ))
+                }
+                Ok(Ok(Some(m))) => m,
+                Ok(Ok(None)) => return Outcome::Closed("actor disconnected".into()),
+                Ok(Err(ReadError::Io(e))) => {
+                    return Outcome::Closed(format!("connection lost: {e}"))
+                }
+                Ok(Err(e @ ReadError::Truncated { .. })) => return Outcome::Closed(e.to_string()),
+                Ok(Err(e)) => return Outcome::Refused(violation(e.to_string())),
+            };
+            match msg {
+                ActorMsg::Transitions(mut batch) => {
+                    if let Err(e) = batch
+                        .validate(row_bytes)
+                        .and_then(|()| batch.check_values(num_actions))
+                    {
+                        return Outcome::Refused(violation(format!(
+                            "transition batch does not match {}: {e}",
+                            ctx.env.id
+                        )));
+                    }
+                    if batch.obs_rows() > 2 * batch.len() + carried {
+                        return Outcome::Refused(violation(format!(
+                            "{} observation rows for {} transitions from {envs} environments",
+                            batch.obs_rows(),
+                            batch.len()
+                        )));
+                    }
+                    // The connection's own identity, whatever the actor claims.
+                    batch.actor_id = id;
+                    batch.agent = 0;
+                    steps += batch.len() as u64;
+                    window_steps += batch.len() as u64;
+                    *received += batch.len() as u64;
+                    ctx.steps.add(batch.len() as u64);
+                    let table = Arc::clone(&ctx.table);
+                    // Blocks while the rate limiter holds inserts back: this connection
+                    // stops reading, and TCP pushes back on this actor alone. The frame's
+                    // budget is held until the batch is stored.
+                    match tokio::task::block_in_place(|| table.insert(&batch)) {
+                        Ok(()) => {}
+                        // Replay closes as the run ends, after the goodbye is announced.
+                        Err(ReplayError::Closed) => {
+                            let goodbye = self.stop.borrow().clone();
+                            return match goodbye {
+                                Some(g) => Outcome::Goodbye(g),
+                                None => Outcome::Closed("learner shutting down".into()),
+                            };
+                        }
+                        Err(e) => return Outcome::Refused(violation(e.to_string())),
+                    }
+                }
+                ActorMsg::Stats(stats) => {
+                    for r in stats
+                        .episode_returns
+                        .iter()
+                        .filter(|r| r.is_finite())
+                        .take(4096)
+                    {
+                        let _ = ctx.episodes.try_send(EpisodeStats {
+                            actor_id: id,
+                            episode_return: *r,
+                            length: 0,
+                            env_steps: stats.env_steps,
+                        });
+                    }
+                    let lag = ctx.params.version().saturating_sub(stats.params_version);
+                    let window = window_start.elapsed().as_secs_f64();
+                    ctx.board
+                        .report(id, window_steps as f64 / window.max(1e-3), lag);
+                    (window_steps, window_start) = (0, Instant::now());
+                    let dt = since.elapsed().as_secs_f64();
+                    if dt >= 10.0 {
+                        tracing::info!(
+                            "{}: {:.0} transitions/s, params version {} (learner at {})",
+                            self.peer,
+                            steps as f64 / dt,
+                            stats.params_version,
+                            ctx.params.version()
+                        );
+                        (steps, since) = (0, Instant::now());
+                    }
+                }
+                ActorMsg::Heartbeat => {}
+                ActorMsg::Goodbye(g) => {
+                    return Outcome::Closed(format!("actor said goodbye: {}", g.message))
+                }
+                ActorMsg::Hello(_) => return Outcome::Refused(violation("a second Hello")),
+            }
+        }
+    }
+}
+
+fn variant(msg: &ActorMsg) -> &'static str {
+    match msg {
+        ActorMsg::Hello(_) => "Hello",
+        ActorMsg::Transitions(_) => "Transitions",
+        ActorMsg::Stats(_) => "Stats",
+        ActorMsg::Heartbeat => "Heartbeat",
+        ActorMsg::Goodbye { .. } => "Goodbye",
+    }
+}
+
+/// Sends the newest parameters whenever they change, and heartbeats. Returns the write
+/// half when it stops for a reason other than a failed or stalled write.
+async fn send_loop(
+    mut wr: OwnedWriteHalf,
+    mut frames: watch::Receiver<Option<Arc<Vec<u8>>>>,
+    mut stop: watch::Receiver<bool>,
+    heartbeat_every: Duration,
+    write_timeout: Duration,
+) -> Option<OwnedWriteHalf> {
+    frames.mark_changed();
+    let mut heartbeat = tokio::time::interval(heartbeat_every);
+    let heartbeat_frame =
+        match millrace_proto::codec::encode(&LearnerMsg::Heartbeat, HANDSHAKE_MAX_FRAME) {
+            Ok(f) => Arc::new(f),
+            Err(_) => return Some(wr),
+        };
+    loop {
+        let frame = tokio::select! {
+            // Stopping first (the session's last word waits for this writer); then
+            // parameters; a heartbeat is only for a quiet link.
+            biased;
+            _ = stop.changed() => return Some(wr),
+            changed = frames.changed() => {
+                if changed.is_err() {
+                    return Some(wr);
+                }
+                match frames.borrow_and_update().clone() {
+                    Some(f) => f,
+                    None => continue,
+                }
+            }
+            _ = heartbeat.tick() => Arc::clone(&heartbeat_frame),
+        };
+        match tokio::time::timeout(write_timeout, write_frame(&mut wr, &frame)).await {
+            Ok(Ok(())) => {}
+            // A stalled or broken peer: stop writing; the reader notices and closes.
+            _ => return None,
+        }
+    }
+}
+
+/// Why the learner ends sessions when a run stops: for good, or for a restart.
+pub fn goodbye_for(finished: bool, message: impl Into<String>) -> Goodbye {
+    Goodbye {
+        reason: if finished {
+            GoodbyeReason::RunFinished
+        } else {
+            GoodbyeReason::LearnerStopping
+        },
+        message: message.into(),
+    }
+}

@@ -1,0 +1,335 @@
+//! The learner's network service: actors connect over TCP, hand-shake, stream transition
+//! batches into replay and receive the newest parameters.
+//!
+//! Each connection is owned by one task ([`connection`]); nothing a connection does can
+//! block another. Inserts that the rate limiter holds back stop that connection's reads
+//! (so TCP pushes back on that actor alone), and every frame being read or handled is
+//! charged to one memory budget shared by all connections. Parameters are encoded once
+//! per version and broadcast latest-only through a `watch` channel: a slow actor gets the
+//! newest version, never a queue. Refusals are typed ([`RefusalCode`]): the actor knows
+//! whether to stop or to retry. When the run ends, every connection gets a typed
+//! [`Goodbye`]: "finished" (actors exit) or "stopping" (actors retry; the learner is
+//! coming back).
+
+mod board;
+mod connection;
+mod exploration;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use millrace_actor::remote::SOCKET_BUFFER_BYTES;
+use millrace_actor::EpisodeStats;
+use millrace_proto::codec;
+use millrace_proto::io::{write_msg, MemoryBudget};
+use millrace_proto::wire::{Goodbye, LearnerMsg, Refusal, RefusalCode};
+use millrace_proto::{EnvSpec, NetworkSpec, ParamsCell, StepCounter};
+use millrace_replay::Table;
+use serde::Serialize;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+pub use board::{ActorBoard, ActorEntry, BoardSummary};
+pub use connection::goodbye_for;
+use connection::Connection;
+pub use exploration::{ExplorationIndices, MAX_INDICES};
+
+use crate::config::secs;
+
+/// The frame limit before a peer has authenticated: a `Hello` is a few hundred bytes.
+pub const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
+/// Default port of `learner --listen`.
+pub const DEFAULT_PORT: u16 = 7787;
+/// Most environments one actor connection may ask for.
+pub const MAX_ENVS_PER_ACTOR: u32 = 4096;
+/// Refusals being written at once to connections over the limit; beyond it, extra
+/// connections are closed without one.
+const MAX_PENDING_REFUSALS: usize = 64;
+
+/// Server settings, all decided by the run's configuration (see `cli`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Required from every actor when set (always set for non-loopback addresses).
+    /// Never written to the saved configuration.
+    #[serde(skip)]
+    pub token: Option<String>,
+    pub max_frame: usize,
+    /// Bytes that frames being received may hold at once, all connections together.
+    pub max_inflight_bytes: usize,
+    #[serde(serialize_with = "secs")]
+    pub handshake_timeout: Duration,
+    /// A connection that sends nothing for this long is closed.
+    #[serde(serialize_with = "secs")]
+    pub idle_timeout: Duration,
+    /// A write (parameters, heartbeat) that takes longer than this closes the connection.
+    #[serde(serialize_with = "secs")]
+    pub write_timeout: Duration,
+    #[serde(serialize_with = "secs")]
+    pub heartbeat_every: Duration,
+    pub n_step: u32,
+    pub gamma: f32,
+    /// Transitions per batch for an actor of `batch_envs` environments; an actor with
+    /// more gets proportionally more (so each batch carries over as few duplicated
+    /// observation rows, per transition, as replay was sized for), up to what fits a
+    /// replay shard.
+    pub batch_rows: u32,
+    pub batch_envs: u32,
+    /// Ape-X exploration: environment index i of N gets `base^(1 + alpha·i/(N−1))`...
+    pub eps_base: f32,
+    pub eps_alpha: f32,
+    /// ...when set (`learner --apex-epsilon`); otherwise remote actors follow
+    /// `epsilon_decay` on the global env steps, as embedded actors do.
+    pub apex_epsilon: bool,
+    pub epsilon_decay: Option<millrace_proto::wire::EpsilonDecay>,
+    /// Connections open at once; more are refused (temporarily) at accept.
+    pub max_connections: usize,
+}
+
+impl ServerConfig {
+    pub fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            token: None,
+            max_frame: codec::DEFAULT_MAX_FRAME,
+            max_inflight_bytes: 256 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
+            heartbeat_every: Duration::from_secs(5),
+            n_step: 3,
+            gamma: 0.99,
+            batch_rows: 64,
+            batch_envs: 8,
+            eps_base: 0.4,
+            eps_alpha: 7.0,
+            apex_epsilon: false,
+            epsilon_decay: None,
+            max_connections: 256,
+        }
+    }
+}
+
+/// What the server shares with the rest of the learner.
+#[derive(Clone, Debug)]
+pub struct ServerContext {
+    pub env: EnvSpec,
+    pub network: NetworkSpec,
+    pub run_id: String,
+    pub table: Arc<Table>,
+    pub params: Arc<ParamsCell>,
+    pub episodes: Sender<EpisodeStats>,
+    /// Remote transitions count as env steps here (one per transition).
+    pub steps: Arc<StepCounter>,
+    pub board: Arc<ActorBoard>,
+}
+
+/// What connections learn when the server stops: nothing yet, or the goodbye to send.
+type StopSignal = watch::Receiver<Option<Goodbye>>;
+
+/// A running server.
+#[derive(Debug)]
+pub struct ServerHandle {
+    pub addr: SocketAddr,
+    stop: watch::Sender<Option<Goodbye>>,
+    thread: JoinHandle<()>,
+}
+
+impl ServerHandle {
+    /// Tells every connection the session is ending with `goodbye`, without waiting.
+    /// Announce before closing replay: a connection whose insert is cut short by the
+    /// closing then still says goodbye instead of just hanging up.
+    pub fn announce(&self, goodbye: Goodbye) {
+        let _ = self.stop.send(Some(goodbye));
+    }
+
+    /// Stops accepting, says `goodbye` on every connection (unless one was announced
+    /// already), closes them and waits for the server thread.
+    pub fn shutdown(self, goodbye: Goodbye) {
+        self.stop.send_if_modified(|current| {
+            if current.is_none() {
+                *current = Some(goodbye);
+                true
+            } else {
+                false
+            }
+        });
+        let _ = self.thread.join();
+    }
+}
+
+/// Binds `cfg.listen` and serves on a thread of its own (a small tokio runtime).
+pub fn spawn(cfg: ServerConfig, ctx: ServerContext) -> std::io::Result<ServerHandle> {
+    // Parameters never change size during a run: refuse to start rather than fail to
+    // send them later.
+    let params_bytes = ctx.params.latest().data.len() * 4 + 64;
+    if params_bytes > cfg.max_frame.min(codec::MAX_FRAME_CEILING) {
+        return Err(std::io::Error::other(format!(
+            "parameters ({params_bytes} bytes) exceed the frame limit ({} bytes)",
+            cfg.max_frame
+        )));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("server")
+        .enable_all()
+        .build()?;
+    let listen = cfg.listen;
+    let listener = runtime
+        .block_on(async {
+            let socket = if listen.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            socket.set_reuseaddr(true)?;
+            // Accepted connections inherit this: a small receive buffer keeps
+            // backpressure prompt (see `millrace_actor::remote::SOCKET_BUFFER_BYTES`).
+            socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES)?;
+            socket.bind(listen)?;
+            socket.listen(1024)
+        })
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {listen}: {e}")))?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = watch::channel(None);
+    let thread = std::thread::Builder::new()
+        .name("server".into())
+        .spawn(move || {
+            runtime.block_on(serve(listener, Arc::new(cfg), Arc::new(ctx), stop_rx));
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        })?;
+    tracing::info!("listening for actors on {addr}");
+    Ok(ServerHandle {
+        addr,
+        stop: stop_tx,
+        thread,
+    })
+}
+
+/// What every connection shares.
+#[derive(Debug)]
+struct Shared {
+    cfg: Arc<ServerConfig>,
+    ctx: Arc<ServerContext>,
+    indices: ExplorationIndices,
+    budget: Arc<MemoryBudget>,
+}
+
+async fn serve(
+    listener: TcpListener,
+    cfg: Arc<ServerConfig>,
+    ctx: Arc<ServerContext>,
+    mut stop: StopSignal,
+) {
+    let (frames_tx, frames_rx) = watch::channel::<Option<Arc<Vec<u8>>>>(None);
+    tokio::spawn(broadcast_params(
+        Arc::clone(&cfg),
+        Arc::clone(&ctx),
+        frames_tx,
+        stop.clone(),
+    ));
+    let shared = Arc::new(Shared {
+        budget: Arc::new(MemoryBudget::new(cfg.max_inflight_bytes)),
+        indices: ExplorationIndices::default(),
+        cfg: Arc::clone(&cfg),
+        ctx,
+    });
+    // Bounds open connections, and with them the threads parked in replay inserts.
+    let permits = Arc::new(Semaphore::new(cfg.max_connections));
+    let refusals = Arc::new(Semaphore::new(MAX_PENDING_REFUSALS));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+                        tracing::warn!("{peer}: refused: {} connections already open", cfg.max_connections);
+                        // Tell it to come back later, without letting refusals pile up.
+                        if let Ok(p) = Arc::clone(&refusals).try_acquire_owned() {
+                            let refusal = Refusal::new(
+                                RefusalCode::TooManyConnections,
+                                format!("the learner has {} connections open", cfg.max_connections),
+                            );
+                            tokio::spawn(async move {
+                                refuse(stream, refusal).await;
+                                drop(p);
+                            });
+                        }
+                        continue;
+                    };
+                    let conn = Connection {
+                        _permit: permit,
+                        shared: Arc::clone(&shared),
+                        frames: frames_rx.clone(),
+                        stop: stop.clone(),
+                        peer,
+                    };
+                    connections.spawn(conn.run(stream));
+                }
+                // Per-connection accept errors (e.g. too many open files) are transient.
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            // Reap finished connection tasks as they end.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    // Every connection watches `stop` too: wait for their goodbyes (each gives up on a
+    // stalled peer after a few seconds).
+    let wait = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(12), wait)
+        .await
+        .is_err()
+    {
+        tracing::warn!("some connections did not close in time");
+    }
+}
+
+/// Sends a refusal on a fresh connection and closes it, never waiting long.
+async fn refuse(mut stream: TcpStream, refusal: Refusal) {
+    let msg = LearnerMsg::Refused(refusal);
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        write_msg(&mut stream, &msg, HANDSHAKE_MAX_FRAME),
+    )
+    .await;
+}
+
+/// Encodes each new parameter version once for all connections.
+async fn broadcast_params(
+    cfg: Arc<ServerConfig>,
+    ctx: Arc<ServerContext>,
+    frames: watch::Sender<Option<Arc<Vec<u8>>>>,
+    mut stop: StopSignal,
+) {
+    let mut sent = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let version = ctx.params.version();
+        if sent == Some(version) {
+            continue;
+        }
+        let params = ctx.params.latest();
+        match codec::encode(&LearnerMsg::Params((*params).clone()), cfg.max_frame) {
+            Ok(frame) => {
+                frames.send_replace(Some(Arc::new(frame)));
+                sent = Some(version);
+            }
+            Err(e) => {
+                tracing::error!("cannot send parameters ({e}); raise the frame limit");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Plays a policy exported by `learner export` in Gymnasium itself.
+
+Rebuilds the network from the JSON description as a `torch.nn.Sequential`, loads the
+safetensors `state_dict` into it (strictly: every key, every shape), and plays N
+episodes greedily (argmax of the outputs) in `gymnasium.make(env_id)`. Prints one JSON
+object: the mean return, its spread and the per-episode returns.
+
+    scripts/play_policy.py policy.safetensors [--episodes 100] [--seed 0]
+
+Needs torch, safetensors, gymnasium and numpy (scripts/setup.sh installs them).
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+import gymnasium as gym
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+FORMAT = "millrace-policy/1"
+
+
+def build(layers):
+    """The nn.Sequential the description lists, in order."""
+    modules = []
+    for layer in layers:
+        kind = layer["type"]
+        if kind == "linear":
+            modules.append(torch.nn.Linear(layer["in_features"], layer["out_features"]))
+        elif kind == "conv2d":
+            modules.append(
+                torch.nn.Conv2d(
+                    layer["in_channels"],
+                    layer["out_channels"],
+                    layer["kernel"],
+                    stride=layer["stride"],
+                )
+            )
+        elif kind == "relu":
+            modules.append(torch.nn.ReLU())
+        elif kind == "flatten":
+            modules.append(torch.nn.Flatten())
+        else:
+            raise SystemExit(f"unknown layer type {kind!r}")
+    return torch.nn.Sequential(*modules)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("weights", type=pathlib.Path, help="the exported .safetensors file")
+    parser.add_argument("--episodes", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first episode")
+    args = parser.parse_args()
+
+    description = json.loads(args.weights.with_suffix(".json").read_text())
+    if description.get("format") != FORMAT:
+        raise SystemExit(f"not a {FORMAT} description: {description.get('format')!r}")
+    net = build(description["layers"])
+    net.load_state_dict(load_file(str(args.weights)), strict=True)
+    net.eval()
+    pre = description["preprocessing"]
+    dtype = {"float32": np.float32, "uint8": np.uint8}[pre["dtype"]]
+    scale = float(pre["scale"])
+
+    env = gym.make(description["env_id"])
+    if tuple(env.observation_space.shape) != tuple(pre["shape"]):
+        raise SystemExit(
+            f"{description['env_id']} observes {env.observation_space.shape}, "
+            f"the policy expects {pre['shape']}"
+        )
+    returns = []
+    with torch.no_grad():
+        for episode in range(args.episodes):
+            obs, _ = env.reset(seed=args.seed + episode)
+            total, done = 0.0, False
+            while not done:
+                x = torch.as_tensor(np.asarray(obs, dtype=dtype)).float().unsqueeze(0) * scale
+                action = int(net(x).argmax(dim=1).item())
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    n = len(returns)
+    mean = sum(returns) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in returns) / (n - 1)) if n > 1 else 0.0
+    json.dump(
+        {
+            "env_id": description["env_id"],
+            "gymnasium": gym.__version__,
+            "episodes": n,
+            "seed": args.seed,
+            "mean": mean,
+            "std": std,
+            "stderr": std / math.sqrt(n),
+            "min": min(returns),
+            "max": max(returns),
+            "returns": returns,
+        },
+        sys.stdout,
+    )
+    print()
+
+
+if __name__ == "__main__":
+    main()

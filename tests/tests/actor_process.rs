@@ -1,0 +1,177 @@
+//! The `actor` process against a scripted learner ([`FakeLearner`]): a permanent
+//! refusal stops it with a clear message and exit status 1 (one test per kind), a
+//! temporary one makes it back off and retry (one test per kind), "the learner is
+//! stopping" makes it reconnect, "the run is finished" makes it exit 0, and SIGTERM or
+//! SIGINT stop it cleanly with a goodbye. `actor doctor` explains a missing libtorch.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use millrace_proto::wire::{Goodbye, GoodbyeReason, Refusal, RefusalCode};
+use millrace_tests::{binary, wait_until, Answer, FakeLearner};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn actor(addr: &std::net::SocketAddr) -> Child {
+    Command::new(binary("actor"))
+        .args(["--n", "4", "--learner", &addr.to_string()])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the actor to exit (failing the test after `LIMIT`).
+fn exit(mut child: Child) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            panic!("the actor did not exit within {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn finished(after_batches: usize) -> Answer {
+    Answer::WelcomeThenGoodbye {
+        after_batches,
+        goodbye: Goodbye {
+            reason: GoodbyeReason::RunFinished,
+            message: "solved".into(),
+        },
+    }
+}
+
+#[test]
+fn a_permanent_refusal_stops_the_actor_with_a_clear_error() {
+    for code in [
+        RefusalCode::WrongToken,
+        RefusalCode::ProtocolVersion,
+        RefusalCode::EnvUnsupported,
+        RefusalCode::BatchTooLarge,
+        RefusalCode::BadRequest,
+        RefusalCode::ProtocolViolation,
+    ] {
+        let message = format!("scripted {code:?}");
+        let fake = FakeLearner::start(vec![Answer::Refuse(Refusal::new(code, message.clone()))]);
+        let out = exit(actor(&fake.addr));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{code:?}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_default();
+        assert!(
+            line.contains("refused this actor for good") && line.contains(&message),
+            "{code:?}: {line}"
+        );
+        assert!(line.contains("permanent"), "{code:?}: {line}");
+        assert_eq!(fake.connections(), 1, "{code:?}: no retry");
+    }
+}
+
+#[test]
+fn a_temporary_refusal_makes_the_actor_back_off_and_retry() {
+    for code in [
+        RefusalCode::TooManyConnections,
+        RefusalCode::NotReady,
+        RefusalCode::Timeout,
+    ] {
+        let refuse = Answer::Refuse(Refusal::new(code, "come back later"));
+        let fake = FakeLearner::start(vec![refuse.clone(), refuse, finished(2)]);
+        let start = Instant::now();
+        let out = exit(actor(&fake.addr));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(0), "{code:?}: {err}");
+        assert_eq!(
+            fake.connections(),
+            3,
+            "{code:?}: retried after each refusal"
+        );
+        assert!(fake.seen.batches.load(Ordering::SeqCst) >= 2, "{code:?}");
+        // Two backoffs of 0.2 s and 0.4 s, each with ±50% jitter.
+        assert!(
+            start.elapsed() >= Duration::from_millis(250),
+            "{code:?}: backed off"
+        );
+        assert!(err.contains("reconnecting in"), "{code:?}: {err}");
+        assert!(
+            err.contains("the run is finished: solved"),
+            "{code:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_learner_that_is_stopping_is_waited_for() {
+    let stopping = Answer::WelcomeThenGoodbye {
+        after_batches: 1,
+        goodbye: Goodbye {
+            reason: GoodbyeReason::LearnerStopping,
+            message: "SIGTERM".into(),
+        },
+    };
+    let fake = FakeLearner::start(vec![stopping, finished(1)]);
+    let out = exit(actor(&fake.addr));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        fake.connections(),
+        2,
+        "reconnected after the learner stopped"
+    );
+}
+
+#[test]
+fn sigterm_and_sigint_stop_the_actor_cleanly_with_a_goodbye() {
+    for signal in ["-TERM", "-INT"] {
+        let fake = FakeLearner::start(vec![Answer::WelcomeAndServe]);
+        let child = actor(&fake.addr);
+        wait_until("the actor streams", LIMIT, || {
+            fake.seen.batches.load(Ordering::SeqCst) > 0
+        });
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let out = exit(child);
+        assert_eq!(out.status.code(), Some(0), "{signal}: {}", stderr(&out));
+        wait_until("the goodbye arrives", LIMIT, || {
+            !fake.seen.goodbyes.lock().unwrap().is_empty()
+        });
+        let g = fake.seen.goodbyes.lock().unwrap()[0].clone();
+        assert_eq!(g.reason, GoodbyeReason::ActorStopping, "{signal}");
+    }
+}
+
+#[test]
+fn actor_doctor_explains_a_missing_libtorch() {
+    let out = Command::new(binary("actor"))
+        .args(["doctor", "--libtorch", "/nonexistent/torch/lib"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("libtorch_cpu.so not found"), "{text}");
+    assert!(text.contains("scripts/setup.sh"), "{text}");
+    // The project's own libtorch (its virtualenv) loads.
+    let out = Command::new(binary("actor"))
+        .arg("doctor")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert!(text.contains("PyTorch 2.11.0"), "{text}");
+    assert!(
+        text.contains("libtorch_cpu.so") && text.contains("loads"),
+        "{text}"
+    );
+}
