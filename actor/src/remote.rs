@@ -71,6 +71,10 @@ impl RemoteConfig {
 pub enum RemoteError {
     #[error("the learner refused this actor for good: {0}")]
     Refused(Refusal),
+    /// The actor loop itself failed (an environment, or parameters that do not fit the
+    /// network): reconnecting would fail the same way.
+    #[error("the actor loop failed: {0}")]
+    Actor(String),
 }
 
 /// How a remote actor ended without an error.
@@ -94,6 +98,8 @@ enum End {
     /// Connection lost or never made, a temporary refusal, or the learner stopping for
     /// a restart: worth retrying.
     Lost(String),
+    /// The actor loop failed: not worth retrying.
+    Failed(String),
 }
 
 impl End {
@@ -165,6 +171,7 @@ pub async fn run(
             End::Shutdown => return Ok(Finished::Stopped),
             End::RunFinished(message) => return Ok(Finished::RunFinished(message)),
             End::Refused(refusal) => return Err(RemoteError::Refused(refusal)),
+            End::Failed(reason) => return Err(RemoteError::Actor(reason)),
             End::Lost(reason) => {
                 if started.elapsed() > Duration::from_secs(10) {
                     backoff = cfg.backoff_initial;
@@ -301,6 +308,9 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         String::new()
     });
 
+    // From here the learner heartbeats: a link with no progress for `read_timeout` is
+    // dead (progress, not whole frames: a large parameter frame may take a while).
+    let mut rd = rd.with_idle_timeout(cfg.read_timeout);
     let mut actor_result = None;
     let end = loop {
         tokio::select! {
@@ -308,18 +318,17 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             // writer fails too, and the goodbye (already read off the socket) must win.
             biased;
             // The learner sends a heartbeat every few seconds: silence means a dead link.
-            msg = tokio::time::timeout(cfg.read_timeout, rd.read_msg::<LearnerMsg>()) => match msg {
-                Err(_) => break End::Lost(format!("nothing from the learner for {:?}", cfg.read_timeout)),
-                Ok(msg) => match msg {
-                    Ok(Some(LearnerMsg::Params(p))) => latest.publish(p),
-                    Ok(Some(LearnerMsg::Heartbeat)) => {}
-                    Ok(Some(LearnerMsg::Welcome(_))) => break End::Lost("protocol error: a second welcome".into()),
-                    Ok(Some(LearnerMsg::Refused(r))) => break End::refused(r),
-                    Ok(Some(LearnerMsg::Goodbye(g))) => break End::goodbye(g),
-                    Ok(None) => break End::Lost("the learner closed the connection".into()),
-                    Err(ReadError::Io(e)) => break End::Lost(format!("connection to the learner lost: {e}")),
-                    Err(e) => break End::Lost(format!("bad data from the learner: {e}")),
-                },
+            // Cancel-safe: another branch winning mid-frame ends the session anyway.
+            msg = rd.read_msg::<LearnerMsg>() => match msg {
+                Ok(Some(LearnerMsg::Params(p))) => latest.publish(p),
+                Ok(Some(LearnerMsg::Heartbeat)) => {}
+                Ok(Some(LearnerMsg::Welcome(_))) => break End::Lost("protocol error: a second welcome".into()),
+                Ok(Some(LearnerMsg::Refused(r))) => break End::refused(r),
+                Ok(Some(LearnerMsg::Goodbye(g))) => break End::goodbye(g),
+                Ok(None) => break End::Lost("the learner closed the connection".into()),
+                Err(e @ ReadError::Idle(_)) => break End::Lost(format!("the learner went quiet: {e}")),
+                Err(ReadError::Io(e)) => break End::Lost(format!("connection to the learner lost: {e}")),
+                Err(e) => break End::Lost(format!("bad data from the learner: {e}")),
             },
             // The write side failed (or the actor loop ended): this session is over.
             w = &mut writer => break End::Lost(match w {
@@ -356,11 +365,10 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         None => actor.await,
     };
     match result {
-        Ok(Err(e)) => tracing::error!("actor loop failed: {e}"),
-        Err(e) => tracing::error!("actor thread panicked: {e}"),
-        Ok(Ok(_)) => {}
+        Ok(Err(e)) => End::Failed(e),
+        Err(e) => End::Failed(format!("the actor thread panicked: {e}")),
+        Ok(Ok(_)) => end,
     }
-    end
 }
 
 /// Bytes of socket send buffer. Kept small on purpose: the kernel's autotuned buffers

@@ -185,9 +185,10 @@ impl Framer {
         Some(&self.payload[..len])
     }
 
-    /// Frees a large payload buffer once its frame was handled.
+    /// Frees a large payload buffer once its frame was handled (never mid-frame: a
+    /// caller interrupted while reading keeps what it has).
     pub fn shrink(&mut self) {
-        if self.payload.capacity() > KEEP_BUFFER_BYTES {
+        if self.pending() == 0 && self.payload.capacity() > KEEP_BUFFER_BYTES {
             self.payload = Vec::new();
         }
     }
@@ -200,6 +201,8 @@ pub enum ReadError {
     Io(#[from] std::io::Error),
     #[error("stream ended mid-frame ({got} bytes of the frame received)")]
     Truncated { got: usize },
+    #[error("nothing received for {0:?}")]
+    Idle(std::time::Duration),
     #[error(transparent)]
     Codec(#[from] CodecError),
 }

@@ -6,6 +6,7 @@
 //! together hold in frames being read or handled.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -78,11 +79,19 @@ impl MemoryBudget {
 }
 
 /// Reads whole messages from an async stream, reusing one buffer.
+///
+/// Cancel-safe: a read interrupted at an `.await` (a `select!` taking another branch)
+/// keeps the bytes and the budget it has, and the next call carries on with the same
+/// frame.
 #[derive(Debug)]
 pub struct FrameReader<R> {
     inner: R,
     framer: Framer,
     budget: Option<Arc<MemoryBudget>>,
+    /// The budget the frame being read holds, until it is handed out with the message.
+    permit: Option<BudgetPermit>,
+    /// A read that makes no progress for this long fails with [`ReadError::Idle`].
+    idle: Option<Duration>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -91,12 +100,21 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             inner,
             framer: Framer::new(max_frame),
             budget: None,
+            permit: None,
+            idle: None,
         }
     }
 
     /// Charges every frame's payload to `budget` while it is read and handled.
     pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// Fails a read when no byte arrives for `idle` (waiting for the memory budget is
+    /// the reader's own backpressure, not the peer's silence, and does not count).
+    pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle = Some(idle);
         self
     }
 
@@ -112,22 +130,28 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         &mut self,
     ) -> Result<Option<(M, BudgetPermit)>, ReadError> {
         self.framer.shrink();
-        let mut permit = None;
         loop {
             if let Some(len) = self.framer.payload_len() {
                 // The header passed the limit: charge the payload before allocating it.
-                if permit.is_none() {
-                    permit = Some(match &self.budget {
+                if self.permit.is_none() {
+                    self.permit = Some(match &self.budget {
                         Some(b) => b.take(len).await?,
                         None => BudgetPermit::none(),
                     });
                 }
                 if let Some(payload) = self.framer.frame() {
+                    let permit = self.permit.take().unwrap_or_else(BudgetPermit::none);
                     let msg = codec::decode(payload)?;
-                    return Ok(Some((msg, permit.unwrap_or_else(BudgetPermit::none))));
+                    return Ok(Some((msg, permit)));
                 }
             }
-            let n = self.inner.read(self.framer.space()?).await?;
+            let space = self.framer.space()?;
+            let n = match self.idle {
+                Some(idle) => tokio::time::timeout(idle, self.inner.read(space))
+                    .await
+                    .map_err(|_| ReadError::Idle(idle))??,
+                None => self.inner.read(space).await?,
+            };
             if n == 0 {
                 return match self.framer.pending() {
                     0 => Ok(None),
@@ -170,6 +194,56 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> std:
 mod tests {
     use super::*;
     use crate::wire::ActorMsg;
+
+    #[tokio::test]
+    async fn an_interrupted_read_carries_on_with_the_same_frame() {
+        use tokio::io::AsyncWriteExt;
+        // A frame larger than the kept buffer, sent in two parts with a pause between.
+        let msg = ActorMsg::Stats(crate::wire::ActorStats {
+            episode_returns: (0..40_000).map(|i| i as f32).collect(),
+            ..Default::default()
+        });
+        let frame = codec::encode(&msg, 1 << 20).unwrap();
+        assert!(frame.len() > 100 << 10);
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let budget = Arc::new(MemoryBudget::new(1 << 20));
+        let mut reader = FrameReader::new(rx, 1 << 20).with_budget(Arc::clone(&budget));
+        tx.write_all(&frame[..frame.len() / 2]).await.unwrap();
+        // Interrupted mid-frame, as a select! taking another branch does.
+        let cut = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            reader.read_msg_charged::<ActorMsg>(),
+        )
+        .await;
+        assert!(cut.is_err(), "half a frame is not a message");
+        assert!(
+            budget.available() < 1 << 20,
+            "the frame keeps its budget meanwhile"
+        );
+        tx.write_all(&frame[frame.len() / 2..]).await.unwrap();
+        let (got, permit) = reader
+            .read_msg_charged::<ActorMsg>()
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, msg, "nothing lost or zeroed across the interruption");
+        drop(permit);
+        assert_eq!(budget.available(), 1 << 20);
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_stops_mid_frame_is_idle() {
+        use tokio::io::AsyncWriteExt;
+        let frame = codec::encode(&ActorMsg::Heartbeat, 1024).unwrap();
+        let (mut tx, rx) = tokio::io::duplex(1024);
+        tx.write_all(&frame[..2]).await.unwrap();
+        let mut reader =
+            FrameReader::new(rx, 1024).with_idle_timeout(std::time::Duration::from_millis(30));
+        assert!(matches!(
+            reader.read_msg::<ActorMsg>().await,
+            Err(ReadError::Idle(_))
+        ));
+    }
 
     #[tokio::test]
     async fn frames_wait_for_the_shared_budget() {

@@ -205,6 +205,8 @@ pub enum Answer {
     },
     /// Welcome the actor and keep reading until it leaves (its goodbye is recorded).
     WelcomeAndServe,
+    /// Welcome the actor, then send parameters that do not fit its network.
+    WelcomeWithBadParams,
 }
 
 /// What the fake learner saw.
@@ -260,6 +262,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
     else {
         return;
     };
+    let bad_params = matches!(answer, Answer::WelcomeWithBadParams);
     let (after, goodbye) = match answer {
         Answer::Refuse(r) => {
             send(&mut stream, &LearnerMsg::Refused(r));
@@ -269,7 +272,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
             after_batches,
             goodbye,
         } => (Some(after_batches), Some(goodbye)),
-        Answer::WelcomeAndServe => (None, None),
+        Answer::WelcomeAndServe | Answer::WelcomeWithBadParams => (None, None),
     };
     let env = millrace_actor::env::spec("CartPole-v1").expect("a known env");
     let network = NetworkSpec::mlp(&env.obs, &[8], env.num_actions, 1).expect("a valid network");
@@ -296,7 +299,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
             env_steps: 0,
             updates: 0,
             population: 1,
-            data: vec![0.0; network.layout().len],
+            data: vec![0.0; network.layout().len + usize::from(bad_params)],
         }),
     );
     let mut batches = 0;

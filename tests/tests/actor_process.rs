@@ -111,6 +111,23 @@ fn a_temporary_refusal_makes_the_actor_back_off_and_retry() {
 }
 
 #[test]
+fn an_actor_that_cannot_act_exits_instead_of_reconnecting() {
+    let fake = FakeLearner::start(vec![Answer::WelcomeWithBadParams]);
+    let out = exit(actor(&fake.addr));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("the actor loop failed: bad parameters"),
+        "{line}"
+    );
+    assert_eq!(fake.connections(), 1, "no retry");
+}
+
+#[test]
 fn a_learner_that_is_stopping_is_waited_for() {
     let stopping = Answer::WelcomeThenGoodbye {
         after_batches: 1,

@@ -89,9 +89,12 @@ impl Connection {
                 ..ActorEntry::default()
             },
         );
-        // Authenticated: the session's frame limit, charged to the shared budget.
+        // Authenticated: the session's frame limit, charged to the shared budget, and a
+        // peer that sends nothing for the idle timeout is closed.
         rd.set_max_frame(cfg.max_frame);
-        let mut rd = rd.with_budget(Arc::clone(&self.shared.budget));
+        let mut rd = rd
+            .with_budget(Arc::clone(&self.shared.budget))
+            .with_idle_timeout(cfg.idle_timeout);
         // The writer stops when the reader does (the reader also watches shutdown).
         let (close_tx, close_rx) = watch::channel(false);
         let writer = tokio::spawn(send_loop(
@@ -313,8 +316,9 @@ impl Connection {
         let (mut steps, mut since) = (0u64, Instant::now());
         let (mut window_steps, mut window_start) = (0u64, Instant::now());
         loop {
+            // Cancel-safe: stopping mid-frame loses nothing that matters (the session ends).
             let msg = tokio::select! {
-                m = tokio::time::timeout(cfg.idle_timeout, rd.read_msg_charged::<ActorMsg>()) => m,
+                m = rd.read_msg_charged::<ActorMsg>() => m,
                 _ = stop.changed() => {
                     let goodbye = stop.borrow().clone();
                     return match goodbye {
@@ -324,19 +328,14 @@ impl Connection {
                 }
             };
             let (msg, _budget) = match msg {
-                Err(_) => {
-                    return Outcome::Refused(Refusal::new(
-                        RefusalCode::Timeout,
-                        format!("nothing received for {:?}", cfg.idle_timeout),
-                    ))
+                Ok(Some(m)) => m,
+                Ok(None) => return Outcome::Closed("actor disconnected".into()),
+                Err(e @ ReadError::Idle(_)) => {
+                    return Outcome::Refused(Refusal::new(RefusalCode::Timeout, e.to_string()))
                 }
-                Ok(Ok(Some(m))) => m,
-                Ok(Ok(None)) => return Outcome::Closed("actor disconnected".into()),
-                Ok(Err(ReadError::Io(e))) => {
-                    return Outcome::Closed(format!("connection lost: {e}"))
-                }
-                Ok(Err(e @ ReadError::Truncated { .. })) => return Outcome::Closed(e.to_string()),
-                Ok(Err(e)) => return Outcome::Refused(violation(e.to_string())),
+                Err(ReadError::Io(e)) => return Outcome::Closed(format!("connection lost: {e}")),
+                Err(e @ ReadError::Truncated { .. }) => return Outcome::Closed(e.to_string()),
+                Err(e) => return Outcome::Refused(violation(e.to_string())),
             };
             match msg {
                 ActorMsg::Transitions(mut batch) => {
