@@ -1,8 +1,6 @@
 //! What a run's memory goes to, so that running out of it is explained in the run's
 //! own terms (networks, batches, staging buffers, replay) with what to change.
 
-use std::path::PathBuf;
-
 use crate::config::DeviceChoice;
 
 /// Bytes the learner's main consumers take.
@@ -26,9 +24,9 @@ fn mib(bytes: usize) -> f64 {
 
 impl Footprint {
     /// The error message for an allocation failure `what` (libtorch's message),
-    /// naming the sizes involved and what to change; `saved` says where the state was
-    /// saved before giving up.
-    pub fn explain(&self, what: &str, saved: Result<PathBuf, String>) -> String {
+    /// naming the sizes involved and what to change. (Where the state was saved, the
+    /// run's shutdown adds.)
+    pub fn explain(&self, what: &str) -> String {
         let first_line = what.lines().next().unwrap_or(what).trim();
         let free = match self.device {
             DeviceChoice::Cuda(i) => match crate::cuda::memory(i) {
@@ -42,19 +40,12 @@ impl Footprint {
             },
             DeviceChoice::Cpu => String::new(),
         };
-        let saved = match saved {
-            Ok(path) => format!(
-                "the state before the failed update is saved in {}",
-                path.display()
-            ),
-            Err(e) => format!("saving the state failed too: {e}"),
-        };
         format!(
             "out of memory on {}{free}: {first_line}. The networks with their optimizer state \
              and gradient take {:.1} MiB, a batch of {} takes {:.1} MiB on the device plus its \
              activations, staging buffers {:.1} MiB of host memory, replay {:.1} MiB. Lower \
-             --batch-size or --hidden, free the device of other processes, or use --cpu; {saved} \
-             (continue with --resume)",
+             --batch-size or --hidden, free the device of other processes, or use --cpu, and \
+             continue with --resume",
             self.device,
             mib(self.params_bytes),
             self.batch_size,
@@ -81,7 +72,6 @@ mod tests {
         };
         let msg = f.explain(
             "CUDA out of memory. Tried to allocate 20.00 MiB\nException raised from malloc",
-            Ok(PathBuf::from("runs/x/checkpoint/latest")),
         );
         assert!(
             msg.contains("CUDA out of memory. Tried to allocate 20.00 MiB."),
@@ -92,12 +82,9 @@ mod tests {
             "20.0 MiB",
             "a batch of 512 takes 3.0 MiB",
             "--batch-size",
-            "runs/x/checkpoint/latest",
             "--resume",
         ] {
             assert!(msg.contains(part), "{part:?} missing: {msg}");
         }
-        let failed = f.explain("out of memory", Err("disk full".into()));
-        assert!(failed.contains("saving the state failed too: disk full"));
     }
 }

@@ -9,7 +9,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam_channel::{select, Receiver, Sender};
 use millrace_proto::StepCounter;
@@ -78,6 +78,8 @@ pub struct LearnerReport {
     /// The longest the learner thread spent handing over one checkpoint (seconds).
     pub checkpoint_stall_max: f64,
     pub checkpoints_submitted: u64,
+    /// Updates skipped for a non-finite loss since the thread started.
+    pub nonfinite_total: u64,
 }
 
 /// Why the learner thread failed.
@@ -108,6 +110,18 @@ pub struct LoopOutcome {
     /// Where the final checkpoint's result arrives, if one was submitted.
     pub final_checkpoint: Option<Receiver<Result<PathBuf, CheckpointError>>>,
     pub error: Option<LearnerError>,
+    /// The prefetcher, when its sampler may still be waiting in replay: join it once
+    /// replay is closed (the learner thread does not wait for that, so that a failure
+    /// here is seen at once).
+    pub prefetcher: Option<Prefetcher>,
+}
+
+/// How the loop ended without an error.
+enum LoopEnd {
+    /// A command stopped it.
+    Stopped(Command),
+    /// The sampler's ring ended (replay closed, or the sampler failed).
+    RingEnded,
 }
 
 /// The learner thread's parts, moved into it.
@@ -227,51 +241,61 @@ pub fn run(
         )
     }));
     let (stop, mut error) = match ended {
-        Ok(Ok(stop)) => (stop, None),
+        Ok(Ok(end)) => (Some(end), None),
         Ok(Err(e)) => (None, Some(e)),
         Err(panic) => (
             None,
             Some(LearnerError::Panicked(crate::panic_message(&*panic))),
         ),
     };
-    // The sampler's own error explains an early end of the ring.
-    let sampler = prefetcher.join();
-    if error.is_none() {
-        if let Err(e) = sampler {
-            error = Some(LearnerError::Sampler(e));
+    // When the ring ended, the sampler has stopped: its own error explains why. Else it
+    // may be waiting in replay, which only the coordinator closes: hand it back.
+    let prefetcher = match stop {
+        Some(LoopEnd::RingEnded) => {
+            if let Err(e) = prefetcher.join() {
+                error = Some(LearnerError::Sampler(e));
+            }
+            None
         }
-    }
+        _ => Some(prefetcher),
+    };
     drop(publisher);
-    // A final checkpoint wherever the state is good: asked for, or after the sampler
-    // failed. Not after divergence (the last good one stays), a panic (the state may be
-    // half-updated) or running out of memory (saved already, before the error).
-    let (checkpoint, run_finished) = match (&stop, &error) {
+    // A final checkpoint wherever the state is good: asked for, after the sampler failed,
+    // or after running out of memory (the state is the one before the failed update, or
+    // at worst one half-applied optimizer step: far better than nothing). Not after
+    // divergence (the last good one stays) or a panic (the state may be half-updated).
+    let (checkpoint, run_finished) = match (stop, &error) {
         (
-            Some(Command::Stop {
+            Some(LoopEnd::Stopped(Command::Stop {
                 checkpoint,
                 run_finished,
-            }),
+            })),
             None,
-        ) => (*checkpoint, run_finished.clone()),
-        (None, None) => (true, None),
-        (_, Some(LearnerError::Sampler(_))) => (true, None),
+        ) => (checkpoint, run_finished),
+        (Some(LoopEnd::RingEnded), None) => (true, None),
+        (_, Some(LearnerError::Sampler(_) | LearnerError::OutOfMemory(_))) => (true, None),
         _ => (false, None),
     };
-    let final_checkpoint = checkpoint.then(|| {
-        let c0 = Instant::now();
-        let job = state.job(&dqn, run_finished);
-        let rx = writer.submit_final(job);
-        state.t.checkpoint += c0.elapsed().as_secs_f64();
-        rx
-    });
+    let final_checkpoint = checkpoint
+        .then(|| {
+            let c0 = Instant::now();
+            // Copying the state to the host can itself fail (the device being gone).
+            let job = catch_unwind(AssertUnwindSafe(|| state.job(&dqn, &steps, run_finished)));
+            let rx = job.ok().map(|job| writer.submit_final(job));
+            state.t.checkpoint += c0.elapsed().as_secs_f64();
+            rx
+        })
+        .flatten();
     state.t.total = state.start.elapsed().as_secs_f64();
     state.last.updates = dqn.updates();
     state.last.params_version = state.version;
     state.last.stalls = state.t;
+    state.last.nonfinite_total = state.nonfinite_total;
     LoopOutcome {
         last: state.last,
         final_checkpoint,
         error,
+        prefetcher,
     }
 }
 
@@ -285,6 +309,7 @@ struct LoopState {
     batches: u64,
     checkpoint_stall_max: f64,
     checkpoints_submitted: u64,
+    nonfinite_total: u64,
 }
 
 impl LoopState {
@@ -298,22 +323,23 @@ impl LoopState {
             batches: 0,
             checkpoint_stall_max: 0.0,
             checkpoints_submitted: 0,
+            nonfinite_total: 0,
         }
     }
 
     /// A checkpoint of `dqn` as it is now: one copy of its tensors to the host.
-    fn job(&self, dqn: &Dqn, run_finished: Option<String>) -> SaveJob {
+    fn job(&self, dqn: &Dqn, steps: &StepCounter, run_finished: Option<String>) -> SaveJob {
         SaveJob {
             state: dqn.state(),
             network: dqn.spec().clone(),
             params_version: self.version,
+            env_steps: steps.get(),
             run_finished,
             done: None,
         }
     }
 
-    /// The loop proper; returns the stop command that ended it (`None` when the
-    /// sampler's ring ended).
+    /// The loop proper; returns what ended it.
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
@@ -327,7 +353,7 @@ impl LoopState {
         steps: &StepCounter,
         footprint: &Footprint,
         (panic_after, oom_after): (Option<u64>, Option<u64>),
-    ) -> Result<Option<Command>, LearnerError> {
+    ) -> Result<LoopEnd, LearnerError> {
         let device = dqn.device();
         let mut last_report = Instant::now();
         let mut last_ckpt = Instant::now();
@@ -338,9 +364,19 @@ impl LoopState {
             let buf = select! {
                 recv(prefetcher.ready) -> buf => match buf {
                     Ok(buf) => buf,
-                    Err(_) => return Ok(commands.try_recv().ok()),
+                    Err(_) => {
+                        return Ok(match commands.try_recv() {
+                            Ok(cmd) => LoopEnd::Stopped(cmd),
+                            Err(_) => LoopEnd::RingEnded,
+                        })
+                    }
                 },
-                recv(commands) -> cmd => return Ok(cmd.ok()),
+                recv(commands) -> cmd => {
+                    return Ok(match cmd {
+                        Ok(cmd) => LoopEnd::Stopped(cmd),
+                        Err(_) => LoopEnd::RingEnded,
+                    })
+                }
             };
             let t1 = Instant::now();
             let watch = timer.as_mut().and_then(CopyTimer::start);
@@ -366,14 +402,8 @@ impl LoopState {
                 if !is_out_of_memory(&msg) {
                     std::panic::resume_unwind(panic);
                 }
-                // Keep what was learned: the state is the one before this update (or
-                // at worst one half-applied optimizer step), far better than nothing.
-                let saved = writer
-                    .submit_final(self.job(dqn, None))
-                    .recv()
-                    .map_err(|_| "the checkpoint writer is gone".to_string())
-                    .and_then(|r| r.map_err(|e| e.to_string()));
-                return Err(LearnerError::OutOfMemory(footprint.explain(&msg, saved)));
+                // The caller saves the state before reporting this.
+                return Err(LearnerError::OutOfMemory(footprint.explain(&msg)));
             }
             let t3 = Instant::now();
             drop(batch);
@@ -402,6 +432,7 @@ impl LoopState {
                 // A report's split must add up: total as of now, like its parts.
                 self.t.total = self.start.elapsed().as_secs_f64();
                 let stats = dqn.take_stats();
+                self.nonfinite_total += stats.nonfinite;
                 self.last = LearnerReport {
                     updates: dqn.updates(),
                     params_version: self.version,
@@ -410,6 +441,7 @@ impl LoopState {
                     staleness: self.staleness_sum / self.batches.max(1) as f64,
                     checkpoint_stall_max: self.checkpoint_stall_max,
                     checkpoints_submitted: self.checkpoints_submitted,
+                    nonfinite_total: self.nonfinite_total,
                 };
                 (self.staleness_sum, self.batches) = (0.0, 0);
                 let _ = reports.try_send(self.last);
@@ -426,7 +458,7 @@ impl LoopState {
             if let Some(every) = cfg.checkpoint_every {
                 if last_ckpt.elapsed() >= every {
                     let c0 = Instant::now();
-                    if writer.try_submit(self.job(dqn, None)) {
+                    if writer.try_submit(self.job(dqn, steps, None)) {
                         self.checkpoints_submitted += 1;
                     }
                     last_ckpt = Instant::now();
@@ -439,10 +471,6 @@ impl LoopState {
         }
     }
 }
-
-/// How long the learner waits for a stop to take effect before the coordinator gives
-/// up on a clean final checkpoint.
-pub const STOP_GRACE: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {

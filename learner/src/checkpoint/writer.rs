@@ -34,6 +34,8 @@ pub struct SaveJob {
     pub state: DqnState,
     pub network: millrace_proto::NetworkSpec,
     pub params_version: u64,
+    /// The run's env steps when the state was copied.
+    pub env_steps: u64,
     /// Set on the run's last checkpoint when the run is over for good.
     pub run_finished: Option<String>,
     /// Where to report the result (the final checkpoint); periodic ones are logged.
@@ -141,7 +143,7 @@ fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<SaveJob>, stats: &Mutex<W
             seed: ctx.seed,
             updates: job.state.updates,
             adam_step: job.state.adam_step,
-            env_steps: ctx.steps.get(),
+            env_steps: job.env_steps,
             params_version: job.params_version,
             replay_inserts: 0,
             replay_samples: 0,

@@ -104,6 +104,7 @@ impl Running {
         self.learner.as_ref().is_some_and(JoinHandle::is_finished)
             || self.evaluator.as_ref().is_some_and(Evaluator::is_finished)
             || self.actors.iter().any(|(_, h)| h.is_finished())
+            || self.server.as_ref().is_some_and(ServerHandle::is_finished)
     }
 
     /// The one shutdown path: stop actors, stop the learner (final checkpoint), close
@@ -143,6 +144,11 @@ impl Running {
                     last = outcome.last;
                     if let Some(e) = outcome.error {
                         failures.push(("learner".to_string(), e.to_string()));
+                    }
+                    // Replay is closed: a sampler still waiting in it has ended.
+                    if let Some(Err(e)) = outcome.prefetcher.map(crate::prefetch::Prefetcher::join)
+                    {
+                        failures.push(("sampler".to_string(), e.to_string()));
                     }
                     if let Some(rx) = outcome.final_checkpoint {
                         checkpoint = match rx.recv() {
@@ -311,7 +317,6 @@ impl Progress {
         setup: &Setup,
         reason: StopReason,
         last: &LearnerReport,
-        nonfinite: u64,
     ) -> RunSummary {
         RunSummary {
             env_id: cfg.env_id.clone(),
@@ -332,7 +337,7 @@ impl Progress {
             replay_bytes_per_item: setup.table.bytes_per_item(),
             replay: setup.table.stats(),
             obs_row_bytes: setup.table.obs_row_bytes(),
-            nonfinite,
+            nonfinite: last.nonfinite_total,
         }
     }
 }
@@ -347,7 +352,6 @@ pub fn run(
 ) -> Result<RunSummary, RunError> {
     let mut progress = Progress::new(cfg, setup.steps.get());
     let mut report = LearnerReport::default();
-    let mut nonfinite = 0;
     let mut eval_in_flight = false;
     let mut failure: Option<RunError> = None;
     let end = loop {
@@ -357,7 +361,6 @@ pub fn run(
             progress.episode(ep.episode_return);
         }
         for r in links.reports.try_iter() {
-            nonfinite += r.stats.nonfinite;
             report = r;
         }
         let evaluator = running.evaluator.as_ref().expect("started by the wiring");
@@ -421,7 +424,7 @@ pub fn run(
         }
     };
     let ended = running.shutdown(end);
-    finish(cfg, setup, progress, end, ended, failure, nonfinite)
+    finish(cfg, setup, progress, end, ended, failure)
 }
 
 /// Turns what shutdown found into the run's result.
@@ -432,7 +435,6 @@ fn finish(
     end: End,
     ended: Ended,
     failure: Option<RunError>,
-    nonfinite: u64,
 ) -> Result<RunSummary, RunError> {
     if let Some(e) = failure {
         tracing::error!("{e}");
@@ -460,7 +462,7 @@ fn finish(
             w.last_write_s
         );
     }
-    let summary = progress.summary(cfg, &setup, reason, &ended.last, nonfinite);
+    let summary = progress.summary(cfg, &setup, reason, &ended.last);
     setup.metrics.finish(&summary);
     Ok(summary)
 }

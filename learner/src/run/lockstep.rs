@@ -51,11 +51,7 @@ fn evaluate_now(
         };
         let seed = eval_seed(cfg.seed, purpose, key);
         let result = evaluate(&setup.env, &setup.network, &params, cfg.eval.episodes, seed)
-            .map_err(|e| RunError::Failed {
-                component: "evaluator".into(),
-                message: e,
-                checkpoint: "no checkpoint was written".into(),
-            })?;
+            .map_err(RunError::Device)?;
         let done = EvalDone {
             record: EvalRecord::new(&params, seed, &result),
             params,
@@ -140,6 +136,7 @@ pub fn run(
     let mut stalls = StallTimes::default();
     let mut report = LearnerReport::default();
     let mut nonfinite = 0;
+    report.nonfinite_total = 0;
     let started = Instant::now();
     let mut last_ckpt = Instant::now();
     let mut failure: Option<(String, String)> = None;
@@ -157,7 +154,10 @@ pub fn run(
                     }
                 };
             if let Some(batch) = batch {
-                setup.table.insert_unlimited(&batch)?;
+                if let Err(e) = setup.table.insert_unlimited(&batch) {
+                    failure = Some(("replay".into(), e.to_string()));
+                    break 'run StopReason::Interrupted;
+                }
             }
         }
         for e in episodes.drain(..) {
@@ -182,6 +182,7 @@ pub fn run(
                 let stats = dqn.take_stats();
                 nonfinite += stats.nonfinite;
                 report.stats = stats;
+                report.nonfinite_total = nonfinite;
                 if stats.nonfinite_streak >= cfg.learner.max_nonfinite {
                     failure = Some((
                         "learner".into(),
@@ -200,8 +201,13 @@ pub fn run(
         let steps = setup.steps.get();
         if steps < cfg.max_steps && progress.eval_due(steps, cfg.eval.every) {
             let snapshot = setup.params.latest();
-            if evaluate_now(cfg, &mut setup, &mut progress, snapshot)? {
-                break StopReason::Solved;
+            match evaluate_now(cfg, &mut setup, &mut progress, snapshot) {
+                Ok(true) => break StopReason::Solved,
+                Ok(false) => {}
+                Err(e) => {
+                    failure = Some(("evaluation".into(), e.to_string()));
+                    break StopReason::Interrupted;
+                }
             }
         }
         if steps >= cfg.max_steps {
@@ -281,7 +287,8 @@ pub fn run(
     report.updates = dqn.updates();
     report.params_version = version;
     report.stalls = stalls;
-    let summary = progress.summary(cfg, &setup, reason, &report, nonfinite);
+    report.nonfinite_total = nonfinite;
+    let summary = progress.summary(cfg, &setup, reason, &report);
     setup.metrics.finish(&summary);
     Ok(summary)
 }

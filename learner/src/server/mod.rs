@@ -146,6 +146,11 @@ impl ServerHandle {
         let _ = self.stop.send(Some(goodbye));
     }
 
+    /// Whether the server thread has ended (by itself, only a failure does).
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
     /// Stops accepting, says `goodbye` on every connection (unless one was announced
     /// already), closes them and waits for the server thread.
     pub fn shutdown(self, goodbye: Goodbye) {
