@@ -159,10 +159,12 @@ pub struct TrainArgs {
     pub target_return: Option<f32>,
 
     /// Directory for TensorBoard event files and the checkpoint (`checkpoint/`).
-    #[arg(long, default_value = "runs/millrace")]
-    pub logdir: PathBuf,
+    /// Default: a new one per run, runs/<env>__<seed>__<unix time>. A directory that
+    /// already holds a run's checkpoint is refused unless --resume continues that run.
+    #[arg(long)]
+    pub logdir: Option<PathBuf>,
 
-    /// Continue from a checkpoint directory (e.g. runs/millrace/checkpoint).
+    /// Continue from a checkpoint directory (e.g. runs/CartPole-v1__0__1796082432/checkpoint).
     #[arg(long)]
     pub resume: Option<PathBuf>,
 
@@ -273,6 +275,34 @@ fn available_memory() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// A run writes its checkpoint into `<logdir>/checkpoint`: refuse a directory that
+/// already holds one, unless the run continues it (`--resume` of that same checkpoint).
+fn refuse_to_overwrite(
+    logdir: &std::path::Path,
+    resume: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let root = logdir.join("checkpoint");
+    if !root.join("latest").join("meta.json").exists() {
+        return Ok(());
+    }
+    let same = |p: &std::path::Path| {
+        crate::checkpoint::Layout::find(p)
+            .ok()
+            .and_then(|l| std::fs::canonicalize(l.root).ok())
+            == std::fs::canonicalize(&root).ok()
+    };
+    if resume.is_some_and(same) {
+        return Ok(());
+    }
+    bail!(
+        "--logdir {}: it already holds a run's checkpoint ({}); continue that run with \
+         --resume {}, or choose another --logdir",
+        logdir.display(),
+        root.display(),
+        root.display()
+    );
 }
 
 /// The device to train on: `--cpu`, `--gpu N` (checked against the devices that
@@ -428,6 +458,16 @@ impl TrainArgs {
                 bail!("--resume {}: no such checkpoint", path.display());
             }
         }
+        let logdir = match &args.logdir {
+            Some(dir) => dir.clone(),
+            None => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                PathBuf::from("runs").join(format!("{}__{}__{now}", args.env, args.seed))
+            }
+        };
+        refuse_to_overwrite(&logdir, args.resume.as_deref())?;
         let epsilon = EpsilonSchedule::Linear {
             start: args.eps_start,
             end: args.eps_end,
@@ -510,7 +550,7 @@ impl TrainArgs {
                 copy_stream: args.copy_stream,
             },
             max_steps: args.max_steps,
-            logdir: args.logdir,
+            logdir,
             resume: args.resume,
             server,
             faults,
