@@ -5,8 +5,11 @@
 # and run, e.g.:
 #
 #   TL=$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib
-#   LD_LIBRARY_PATH=$TL .gpu/learner-tests copy_stream       # side-stream copies correct?
+#   LD_LIBRARY_PATH=$TL .gpu/learner doctor                     # the set-up, checked
+#   LD_LIBRARY_PATH=$TL .gpu/learner-tests --include-ignored     # every unit test, the
+#                                                 # GPU-only ones (#[ignore] here) included
 #   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --actors 64 [--copy-stream]
+#   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --only cnn --checkpoint-every 2
 #   LD_LIBRARY_PATH=$TL .gpu/ceiling --hidden 64,64 --batch 32,512
 #   LD_LIBRARY_PATH=$TL .gpu/learner --logdir /tmp/run [--copy-stream]
 #

@@ -26,7 +26,8 @@ common=(--env CartPole-v1 --max-steps "$steps" --target-return 1e9 --eval-every 
 csv="$out/learning_curves.csv"
 echo "mode,seed,env_steps,mean_return" >"$csv"
 extract() { # mode seed log
-  sed -n 's/.*eval at \([0-9]*\) env steps: mean return \([-0-9.]*\).*/\1 \2/p' "$3" |
+  # "eval: mean return 227.9 ± 7.9 (...; parameters v64 at 3912 env steps)"
+  sed -n 's/.*eval: mean return \([-0-9.]*\) ± .* at \([0-9]*\) env steps).*/\2 \1/p' "$3" |
     while read -r s r; do echo "$1,$2,$s,$r"; done >>"$csv"
 }
 for seed in "${seeds[@]}"; do
