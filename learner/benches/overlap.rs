@@ -13,11 +13,12 @@
 //! (actors, sampler) to the other cores, with one intra-op thread; `--actors N` runs N
 //! actor threads (one by default, for a 2-core machine; e.g. 14 on a 16-core GPU host).
 //!
-//! With `--checkpoint-every S`, (b) also checkpoints every S seconds once replay is
-//! full, and a second table shows what that costs the learner thread: its longest
+//! With `--checkpoint-every S`, (b) starts from a full replay and checkpoints every S
+//! seconds, and a second table shows what that costs the learner thread: its longest
 //! stall per checkpoint (copying the networks to the host and handing them to the
 //! writer thread, which snapshots replay batch by batch while actors keep inserting),
-//! against the writer's time per checkpoint.
+//! against the writer's time per checkpoint, and updates/s against the same run (full
+//! replay too) without checkpoints.
 //!
 //! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--copy-stream] [--cpu] [--checkpoint-every S]`
 
@@ -232,6 +233,33 @@ impl ActorSink for ReplaySink {
     fn episode(&mut self, _: EpisodeStats) {}
 }
 
+/// Puts batches straight into replay, outside the rate limiter, until it is full (the
+/// first eviction: shards fill in turn, so replay then holds all but about one batch
+/// per shard).
+struct RestoreSink {
+    table: Arc<Table>,
+    batches: usize,
+    stop: Arc<Control>,
+    capacity: usize,
+}
+
+impl ActorSink for RestoreSink {
+    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
+        let before = self.table.len();
+        self.table
+            .restore(self.batches, &batch)
+            .map_err(|_| SinkClosed)?;
+        self.batches += 1;
+        // Full once batches start being evicted (shards hold whole batches, so this
+        // can be a batch short of the capacity).
+        if self.table.len() < before + batch.len() || self.table.len() >= self.capacity {
+            self.stop.stop.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+    fn episode(&mut self, _: EpisodeStats) {}
+}
+
 /// Counts and drops.
 struct Discard(Arc<AtomicU64>);
 
@@ -390,6 +418,7 @@ fn table(net: Net, batch: usize) -> Arc<Table> {
 }
 
 /// (b) the learner thread of a real run, fed by actor threads through replay.
+#[allow(clippy::too_many_arguments)] // a benchmark's knobs, each set by one flag
 fn end_to_end(
     net: Net,
     b: usize,
@@ -398,6 +427,7 @@ fn end_to_end(
     actors: usize,
     copy_stream: bool,
     checkpoint_every: Option<f64>,
+    prefill: bool,
 ) -> EndToEnd {
     let env = net.env();
     let table = table(net, b);
@@ -446,11 +476,17 @@ fn end_to_end(
         (true, _) => panic!("--copy-stream needs a CUDA device"),
         (false, _) => Prefetcher::spawn(Arc::clone(&table), &env.obs, b, pin_for, sampler).unwrap(),
     };
-    // Checkpoints measure a full replay: wait for it to fill before the learner starts.
-    if checkpoint_every.is_some() {
-        while table.len() + 2 * net.actor_batch() < net.capacity() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    // Checkpoints measure a full replay: fill it first, outside the rate limiter (which
+    // would hold actors back long before), with real actor batches.
+    if prefill {
+        let filler = Arc::new(Control::default());
+        let mut sink = RestoreSink {
+            table: Arc::clone(&table),
+            batches: 0,
+            stop: Arc::clone(&filler),
+            capacity: net.capacity(),
+        };
+        run_one_actor(net, 99, &params, &mut sink, &filler);
     }
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded(1);
     let (rep_tx, rep_rx) = crossbeam_channel::bounded(64);
@@ -656,6 +692,7 @@ fn main() {
         for &b in &o.batches {
             let a = ceiling(net, b, o.device, o.seconds, false);
             let a_busy = ceiling(net, b, o.device, o.seconds, true);
+            let prefill = o.checkpoint_every.is_some();
             let e = end_to_end(
                 net,
                 b,
@@ -664,7 +701,22 @@ fn main() {
                 o.actors,
                 o.copy_stream,
                 o.checkpoint_every,
+                prefill,
             );
+            // With checkpoints, the same run without them, for what they cost.
+            let baseline = o.checkpoint_every.map(|_| {
+                end_to_end(
+                    net,
+                    b,
+                    o.device,
+                    o.seconds,
+                    o.actors,
+                    o.copy_stream,
+                    None,
+                    true,
+                )
+                .updates_per_s
+            });
             let (ins, smp) = replay_throughput(net, b, o.seconds.min(2.0));
             println!(
                 "{} b{b}: ceiling {a:.1}/s ({a_busy:.1}/s with the other core busy), end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%, metrics {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",
@@ -682,7 +734,7 @@ fn main() {
                 e.obs_rows_per_item,
                 e.bytes_per_obs_byte,
             );
-            rows.push((net, b, a, a_busy, e, ins, smp, memcpy, steps));
+            rows.push((net, b, a, a_busy, e, ins, smp, memcpy, steps, baseline));
         }
     }
     println!();
@@ -690,7 +742,7 @@ fn main() {
         "| network | batch | (a) ceiling upd/s | ceiling, other core busy | (b) end-to-end upd/s | b/a | duty | wait data | h2d | publish | (c) insert / memcpy | sample+collate / memcpy | replay bytes per obs byte | (d) actor steps/s/core |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (net, b, a, a_busy, e, ins, smp, memcpy, steps) in &rows {
+    for (net, b, a, a_busy, e, ins, smp, memcpy, steps, _) in &rows {
         let (a, e) = (*a, e);
         println!(
             "| {} | {b} | {a:.1} | {a_busy:.1} | {:.1} | **{:.2}** | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {:.2} | {:.3} | {steps:.0} |",
@@ -709,13 +761,13 @@ fn main() {
     if o.checkpoint_every.is_some() {
         println!();
         println!(
-            "| network | batch | replay (items, MiB) | checkpoints written | writer s per checkpoint | learner stall, longest (ms) | learner time in checkpoints | end-to-end upd/s |"
+            "| network | batch | replay (items, MiB) | checkpoints written | writer s per checkpoint | learner stall, longest (ms) | learner time in checkpoints | end-to-end upd/s with checkpoints | without |"
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-        for (net, b, _, _, e, ..) in &rows {
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (net, b, _, _, e, .., baseline) in &rows {
             if let Some(c) = &e.checkpoint {
                 println!(
-                    "| {} | {b} | {}, {:.0} | {} | {:.2} | {:.2} | {:.3}% | {:.1} |",
+                    "| {} | {b} | {}, {:.0} | {} | {:.2} | {:.2} | {:.3}% | {:.1} | {:.1} |",
                     net.name(),
                     c.replay_items,
                     c.replay_bytes / f64::from(1u32 << 20),
@@ -724,6 +776,7 @@ fn main() {
                     1e3 * c.stall_max_s,
                     100.0 * c.stall_frac,
                     e.updates_per_s,
+                    baseline.unwrap_or(f64::NAN),
                 );
             }
         }

@@ -182,6 +182,22 @@ impl RunConfig {
         self.logdir.join("checkpoint")
     }
 
+    /// The configuration of local actor `id`; `seed_offset` moves its seed stream on
+    /// (a resumed run's env steps, so it does not replay the same episodes).
+    pub fn actor(&self, id: u32, seed_offset: u64) -> millrace_actor::ActorConfig {
+        millrace_actor::ActorConfig {
+            actor_id: id,
+            env_id: self.env_id.clone(),
+            num_envs: self.actors.envs_per_actor,
+            seed: self.seed.wrapping_add(seed_offset),
+            n_step: self.actors.n_step,
+            gamma: self.actors.gamma,
+            batch_rows: self.actors.batch_rows,
+            epsilon: self.actors.epsilon,
+            env_epsilons: None,
+        }
+    }
+
     /// The configuration as pretty JSON (what `config.json` holds).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use millrace_actor::{make_envs, ActorConfig, ActorLoop, MlpPolicy};
+use millrace_actor::{make_envs, ActorLoop, MlpPolicy};
 use millrace_proto::{Params, ParamsCell};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -113,17 +113,7 @@ pub fn run(
     let seed_offset = setup.resumed.as_ref().map_or(0, |m| m.env_steps);
     let mut actors = Vec::new();
     for id in 0..cfg.actors.count {
-        let acfg = ActorConfig {
-            actor_id: id as u32,
-            env_id: cfg.env_id.clone(),
-            num_envs: cfg.actors.envs_per_actor,
-            seed: cfg.seed.wrapping_add(seed_offset),
-            n_step: cfg.actors.n_step,
-            gamma: cfg.actors.gamma,
-            batch_rows: cfg.actors.batch_rows,
-            epsilon: cfg.actors.epsilon,
-            env_epsilons: None,
-        };
+        let acfg = cfg.actor(id as u32, seed_offset);
         let policy = MlpPolicy::new(setup.network.clone(), 0)
             .map_err(|e| RunError::Device(e.to_string()))?;
         actors.push((ActorLoop::new(&acfg, make_envs(&acfg)?), policy));

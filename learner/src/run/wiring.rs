@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use millrace_actor::runner::SinkClosed;
-use millrace_actor::{run_actor, ActorConfig, ActorSink, EpisodeStats, MlpPolicy};
+use millrace_actor::{run_actor, ActorSink, EpisodeStats, MlpPolicy};
 use millrace_proto::TransitionBatch;
 use millrace_replay::{ReplayError, Table};
 
@@ -174,17 +174,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         )?);
         let seed_offset = setup.resumed.as_ref().map_or(0, |m| m.env_steps);
         for id in 0..cfg.actors.count {
-            let acfg = ActorConfig {
-                actor_id: id as u32,
-                env_id: cfg.env_id.clone(),
-                num_envs: cfg.actors.envs_per_actor,
-                seed: cfg.seed.wrapping_add(seed_offset),
-                n_step: cfg.actors.n_step,
-                gamma: cfg.actors.gamma,
-                batch_rows: cfg.actors.batch_rows,
-                epsilon: cfg.actors.epsilon,
-                env_epsilons: None,
-            };
+            let acfg = cfg.actor(id as u32, seed_offset);
             let mut policy = MlpPolicy::new(setup.network.clone(), 0)
                 .map_err(|e| RunError::Device(e.to_string()))?;
             let mut params = Arc::clone(&setup.params);
