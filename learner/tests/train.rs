@@ -142,43 +142,32 @@ fn the_solved_policy_replays_at_the_target_in_gymnasium() {
     );
     assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
     let ckpt = dir.path().join("checkpoint");
-    let weights = dir.path().join("export/policy.safetensors");
-    let exported = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args(["export", "--checkpoint"])
-        .arg(&ckpt)
-        .args(["--which", "solved", "--out"])
-        .arg(&weights)
-        .output()
-        .unwrap();
-    assert!(exported.status.success(), "{}", text(&exported));
-    let description = meta(&weights.with_extension("json"));
+    let gym = play_in_gymnasium(&ckpt, "solved", dir.path());
+    let description = meta(&dir.path().join("solved.json"));
     assert_eq!(description["env_id"], "CartPole-v1");
     assert_eq!(description["source"]["which"], "solved");
-
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/play_policy.py");
-    let played = Command::new(python())
-        .arg(script)
-        .arg(&weights)
-        .args(["--episodes", "100", "--seed", "1000"])
-        .output()
-        .unwrap();
-    assert!(played.status.success(), "{}", text(&played));
-    let gym = json_line(&played);
-    let gym_mean = gym["mean"].as_f64().unwrap();
-    let gym_se = gym["stderr"].as_f64().unwrap();
+    let (gym_mean, gym_se) = (
+        gym["mean"].as_f64().unwrap(),
+        gym["stderr"].as_f64().unwrap(),
+    );
     assert_eq!(gym["episodes"], 100);
     assert!(
         gym_mean >= 475.0,
         "Gymnasium {} plays the saved solving policy at {gym_mean:.1} ± {gym_se:.1}",
         gym["gymnasium"]
     );
+    let ours = eval_json(&ckpt, "solved");
+    assert_agree(&gym, &ours);
+}
 
+/// `learner eval --json` of a saved policy, 100 episodes.
+fn eval_json(ckpt: &Path, which: &str) -> serde_json::Value {
     let evaluated = Command::new(env!("CARGO_BIN_EXE_learner"))
         .args(["eval", "--checkpoint"])
-        .arg(&ckpt)
+        .arg(ckpt)
         .args([
             "--which",
-            "solved",
+            which,
             "--episodes",
             "100",
             "--seed",
@@ -188,19 +177,78 @@ fn the_solved_policy_replays_at_the_target_in_gymnasium() {
         .output()
         .unwrap();
     assert!(evaluated.status.success(), "{}", text(&evaluated));
-    let ours = json_line(&evaluated);
+    json_line(&evaluated)
+}
+
+/// Gymnasium's and millrace's means of one policy agree within three standard errors
+/// of their difference; prints both.
+fn assert_agree(gym: &serde_json::Value, ours: &serde_json::Value) {
+    let (gym_mean, gym_se) = (
+        gym["mean"].as_f64().unwrap(),
+        gym["stderr"].as_f64().unwrap(),
+    );
     let (ours_mean, ours_se) = (
         ours["mean"].as_f64().unwrap(),
         ours["stderr"].as_f64().unwrap(),
     );
     let bound = 3.0 * (gym_se.powi(2) + ours_se.powi(2)).sqrt();
     eprintln!(
-        "solved policy over 100 episodes: Gymnasium {gym_mean:.2} ± {gym_se:.2}, \
-         millrace {ours_mean:.2} ± {ours_se:.2}; difference {:.2} (3 standard errors: {bound:.2})",
+        "over 100 episodes each: Gymnasium {gym_mean:.2} ± {gym_se:.2}, millrace \
+         {ours_mean:.2} ± {ours_se:.2}; difference {:.2} (3 standard errors: {bound:.2})",
         (gym_mean - ours_mean).abs()
     );
     assert!(
         (gym_mean - ours_mean).abs() <= bound + 1e-6,
         "millrace's eval ({ours_mean:.2} ± {ours_se:.2}) and Gymnasium's ({gym_mean:.2} ± {gym_se:.2}) disagree"
     );
+}
+
+/// Exports `which` of a checkpoint and plays it in Gymnasium (100 episodes).
+fn play_in_gymnasium(ckpt: &Path, which: &str, out: &Path) -> serde_json::Value {
+    let weights = out.join(format!("{which}.safetensors"));
+    let exported = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(["export", "--checkpoint"])
+        .arg(ckpt)
+        .args(["--which", which, "--out"])
+        .arg(&weights)
+        .output()
+        .unwrap();
+    assert!(exported.status.success(), "{}", text(&exported));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/play_policy.py");
+    let played = Command::new(python())
+        .arg(script)
+        .arg(&weights)
+        .args(["--episodes", "100", "--seed", "1000"])
+        .output()
+        .unwrap();
+    assert!(played.status.success(), "{}", text(&played));
+    json_line(&played)
+}
+
+#[test]
+fn eval_agrees_with_gymnasium_on_a_policy_with_spread() {
+    // A policy half-way through training (lock-step: the same policy every run), whose
+    // returns vary from episode to episode, so the comparison can fail.
+    let dir = tempfile::tempdir().unwrap();
+    let out = learner(
+        &[
+            "--deterministic",
+            "--seed",
+            "2",
+            "--max-steps",
+            "4000",
+            "--target-return",
+            "1000",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let ckpt = dir.path().join("checkpoint");
+    let gym = play_in_gymnasium(&ckpt, "best", dir.path());
+    let ours = eval_json(&ckpt, "best");
+    assert!(
+        gym["stderr"].as_f64().unwrap() > 0.5 && ours["stderr"].as_f64().unwrap() > 0.5,
+        "the policy's returns must vary for the test to mean something: {gym} {ours}"
+    );
+    assert_agree(&gym, &ours);
 }
