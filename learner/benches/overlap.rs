@@ -574,7 +574,9 @@ fn end_to_end(
     for a in actor_threads {
         a.join().unwrap();
     }
-    let written = Arc::try_unwrap(writer).map(CheckpointWriter::finish);
+    let written = Arc::try_unwrap(writer)
+        .map_err(|_| ())
+        .and_then(|w| w.finish().map_err(|_| ()));
     pin(LEARNER);
     let (f, l) = (first.expect("learning started"), last.expect("two reports"));
     let dt = (l.0 - f.0).as_secs_f64();

@@ -157,7 +157,7 @@ fn throughput(seconds: f64, connections: usize, rows: usize) {
     let remote_rows = (t.stats().inserted - rows0) as f64 / t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     t.close();
-    srv.shutdown(goodbye_for(true, "benchmark over"));
+    srv.shutdown(goodbye_for(true, "benchmark over")).unwrap();
     clients.into_iter().for_each(|h| {
         let _ = h.join();
     });
@@ -250,7 +250,7 @@ fn broadcast(actors: usize, repeats: usize) {
         }
     }
     t.close();
-    srv.shutdown(goodbye_for(true, "benchmark over"));
+    srv.shutdown(goodbye_for(true, "benchmark over")).unwrap();
     drop(readers);
     latencies.sort_by(f64::total_cmp);
     println!(

@@ -100,8 +100,12 @@ fn export_policy(
     let e = export::export(checkpoint, which, out)?;
     let p = &e.policy;
     println!(
-        "exported the {:?} policy of {} (parameters v{}, {} env steps, {} updates)",
-        p.which, p.env.id, p.params_version, p.env_steps, p.updates
+        "exported the {} policy of {} (parameters v{}, {} env steps, {} updates)",
+        format!("{:?}", p.which).to_lowercase(),
+        p.env.id,
+        p.params_version,
+        p.env_steps,
+        p.updates
     );
     println!("  weights:     {}", e.weights.display());
     println!("  description: {}", e.description.display());
@@ -147,8 +151,8 @@ fn eval_policy(
         println!("{out}");
     } else {
         println!(
-            "{:?} policy of {} from {} (parameters v{}, {} env steps, {} updates)",
-            p.which,
+            "the {} policy of {} from {} (parameters v{}, {} env steps, {} updates)",
+            format!("{:?}", p.which).to_lowercase(),
             p.env.id,
             p.dir.display(),
             p.params_version,

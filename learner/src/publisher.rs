@@ -106,6 +106,21 @@ impl Publisher {
         self.params.version()
     }
 
+    /// `Err` with its panic message if the publisher thread has died (it only ends by
+    /// itself on a panic: actors would then never see new parameters).
+    pub fn check(&mut self) -> Result<(), String> {
+        if !self.handle.as_ref().is_some_and(JoinHandle::is_finished) {
+            return Ok(());
+        }
+        match self.handle.take().map(JoinHandle::join) {
+            Some(Err(p)) => Err(format!(
+                "the publisher thread panicked: {}",
+                crate::panic_message(&*p)
+            )),
+            _ => Err("the publisher thread ended".into()),
+        }
+    }
+
     /// Publishes `dqn`'s online parameters as `version`: on the CPU directly, from a GPU
     /// through the publisher thread.
     pub fn offer(&self, version: u64, env_steps: u64, dqn: &Dqn) {

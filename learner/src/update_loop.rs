@@ -101,6 +101,8 @@ pub enum LearnerError {
     OutOfMemory(String),
     #[error("panicked: {0}")]
     Panicked(String),
+    #[error("{0}")]
+    Publisher(String),
 }
 
 /// What the learner thread hands back.
@@ -219,7 +221,7 @@ pub fn run(
     let LearnerParts {
         mut dqn,
         prefetcher,
-        publisher,
+        mut publisher,
         steps,
         footprint,
         panic_after,
@@ -231,7 +233,7 @@ pub fn run(
             &mut dqn,
             cfg,
             &prefetcher,
-            &publisher,
+            &mut publisher,
             commands,
             reports,
             writer,
@@ -273,7 +275,14 @@ pub fn run(
             None,
         ) => (checkpoint, run_finished),
         (Some(LoopEnd::RingEnded), None) => (true, None),
-        (_, Some(LearnerError::Sampler(_) | LearnerError::OutOfMemory(_))) => (true, None),
+        (
+            _,
+            Some(
+                LearnerError::Sampler(_)
+                | LearnerError::OutOfMemory(_)
+                | LearnerError::Publisher(_),
+            ),
+        ) => (true, None),
         _ => (false, None),
     };
     let final_checkpoint = checkpoint
@@ -346,7 +355,7 @@ impl LoopState {
         dqn: &mut Dqn,
         cfg: &LoopConfig,
         prefetcher: &Prefetcher,
-        publisher: &Publisher,
+        publisher: &mut Publisher,
         commands: &Receiver<Command>,
         reports: &Sender<LearnerReport>,
         writer: &CheckpointWriter,
@@ -447,6 +456,7 @@ impl LoopState {
                 let _ = reports.try_send(self.last);
                 last_report = Instant::now();
                 self.t.metrics += m0.elapsed().as_secs_f64();
+                publisher.check().map_err(LearnerError::Publisher)?;
                 if stats.nonfinite_streak >= cfg.max_nonfinite {
                     return Err(LearnerError::Diverged {
                         streak: stats.nonfinite_streak,

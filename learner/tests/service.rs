@@ -34,7 +34,7 @@ impl Drop for Fixture {
     fn drop(&mut self) {
         self.table.close();
         if let Some(s) = self.server.take() {
-            s.shutdown(goodbye_for(false, "test over"));
+            s.shutdown(goodbye_for(false, "test over")).unwrap();
         }
     }
 }
@@ -430,7 +430,8 @@ fn the_end_of_a_run_is_a_typed_goodbye() {
         f.server
             .take()
             .unwrap()
-            .shutdown(goodbye_for(finished, "end of the test"));
+            .shutdown(goodbye_for(finished, "end of the test"))
+            .unwrap();
         let g = c.goodbye().expect("a goodbye before the close");
         assert_eq!(g.reason, reason);
         assert_eq!(g.message, "end of the test");

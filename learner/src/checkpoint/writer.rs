@@ -112,13 +112,20 @@ impl CheckpointWriter {
         *self.lock()
     }
 
-    /// Waits for the checkpoints submitted so far to be written, then stops.
-    pub fn finish(mut self) -> WriterStats {
+    /// Whether the writer thread has ended (by itself, only a panic does).
+    pub fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_some_and(JoinHandle::is_finished)
+    }
+
+    /// Waits for the checkpoints submitted so far to be written, then stops; `Err` with
+    /// the message if the thread panicked.
+    pub fn finish(mut self) -> Result<WriterStats, String> {
         drop(self.jobs.take());
         if let Some(h) = self.handle.take() {
-            let _ = h.join();
+            h.join()
+                .map_err(|p| format!("panicked: {}", crate::panic_message(&*p)))?;
         }
-        self.stats()
+        Ok(self.stats())
     }
 }
 

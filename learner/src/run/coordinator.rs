@@ -105,6 +105,7 @@ impl Running {
             || self.evaluator.as_ref().is_some_and(Evaluator::is_finished)
             || self.actors.iter().any(|(_, h)| h.is_finished())
             || self.server.as_ref().is_some_and(ServerHandle::is_finished)
+            || self.writer.is_finished()
     }
 
     /// The one shutdown path: stop actors, stop the learner (final checkpoint), close
@@ -132,10 +133,12 @@ impl Running {
             server.announce(goodbye.clone());
         }
         self.table.close();
-        if let Some(server) = self.server.take() {
-            server.shutdown(goodbye);
-        }
         let mut failures = Vec::new();
+        if let Some(server) = self.server.take() {
+            if let Err(e) = server.shutdown(goodbye) {
+                failures.push(("server".to_string(), e));
+            }
+        }
         let mut last = LearnerReport::default();
         let mut checkpoint = Ok(None);
         if let Some(learner) = self.learner.take() {
@@ -175,9 +178,14 @@ impl Running {
             }
         }
         // The learner thread held the other handle: the writer is ours alone now.
-        let writer = Arc::try_unwrap(self.writer)
-            .ok()
-            .map(CheckpointWriter::finish);
+        let writer = match Arc::try_unwrap(self.writer).map(CheckpointWriter::finish) {
+            Ok(Ok(stats)) => Some(stats),
+            Ok(Err(e)) => {
+                failures.push(("checkpoint writer".to_string(), e));
+                None
+            }
+            Err(_) => None,
+        };
         Ended {
             last,
             checkpoint,

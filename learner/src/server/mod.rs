@@ -152,8 +152,8 @@ impl ServerHandle {
     }
 
     /// Stops accepting, says `goodbye` on every connection (unless one was announced
-    /// already), closes them and waits for the server thread.
-    pub fn shutdown(self, goodbye: Goodbye) {
+    /// already), closes them and waits for the server thread; `Err` if it panicked.
+    pub fn shutdown(self, goodbye: Goodbye) -> Result<(), String> {
         self.stop.send_if_modified(|current| {
             if current.is_none() {
                 *current = Some(goodbye);
@@ -162,7 +162,9 @@ impl ServerHandle {
                 false
             }
         });
-        let _ = self.thread.join();
+        self.thread
+            .join()
+            .map_err(|p| format!("panicked: {}", crate::panic_message(&*p)))
     }
 }
 
