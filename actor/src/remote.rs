@@ -305,6 +305,8 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
                 return format!("sending to the learner failed: {e}");
             }
         }
+        // Everything is sent (a goodbye last): the learner sees the end of the stream.
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
         String::new()
     });
 
@@ -359,6 +361,12 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             .is_err()
     {
         writer.abort();
+    }
+    if matches!(end, End::Shutdown) {
+        // Leaving: read what the learner still sends until it closes after our goodbye,
+        // so that closing with unread data does not reset the connection under it.
+        let drain = async { while let Ok(Some(_)) = rd.read_msg::<LearnerMsg>().await {} };
+        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
     }
     let result = match actor_result {
         Some(r) => r,

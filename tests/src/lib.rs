@@ -255,6 +255,17 @@ fn send(stream: &mut TcpStream, msg: &LearnerMsg) {
     }
 }
 
+/// Says a last word and closes as the learner does: write side first, then whatever the
+/// actor still sends is read and dropped until it closes (closing with unread data would
+/// reset the connection and could discard the last word).
+fn last_word(mut stream: TcpStream, msg: &LearnerMsg) {
+    send(&mut stream, msg);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut sink = [0u8; 4096];
+    while matches!(std::io::Read::read(&mut stream, &mut sink), Ok(n) if n > 0) {}
+}
+
 fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
     let mut framer = Framer::new(DEFAULT_MAX_FRAME);
     let mut read = stream.try_clone().expect("a second handle");
@@ -265,7 +276,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
     let bad_params = matches!(answer, Answer::WelcomeWithBadParams);
     let (after, goodbye) = match answer {
         Answer::Refuse(r) => {
-            send(&mut stream, &LearnerMsg::Refused(r));
+            last_word(stream, &LearnerMsg::Refused(r));
             return;
         }
         Answer::WelcomeThenGoodbye {
@@ -310,7 +321,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
                 seen.batches.fetch_add(1, Ordering::SeqCst);
                 if after.is_some_and(|a| batches >= a) {
                     if let Some(g) = goodbye.clone() {
-                        send(&mut stream, &LearnerMsg::Goodbye(g));
+                        last_word(stream, &LearnerMsg::Goodbye(g));
                     }
                     return;
                 }

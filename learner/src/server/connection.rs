@@ -41,6 +41,22 @@ enum Outcome {
 /// goodbye).
 const GOODBYE_WAIT: Duration = Duration::from_secs(5);
 
+/// Ends a connection after its last word without losing that word: closing a socket
+/// that still has unread data from the peer makes the kernel send a reset, and a reset
+/// can discard our last message before the peer reads it (an actor that misses "the run
+/// is finished" would retry forever). So: shut the write side (the peer sees the end
+/// after the message), then read and drop what the peer still sends until it closes
+/// too, for a few seconds at most.
+async fn close_gracefully(mut wr: OwnedWriteHalf, mut rd: OwnedReadHalf) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = wr.shutdown().await;
+    let drain = async {
+        let mut sink = vec![0u8; 64 << 10];
+        while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
+    };
+    let _ = tokio::time::timeout(GOODBYE_WAIT, drain).await;
+}
+
 fn violation(message: impl Into<String>) -> Refusal {
     Refusal::new(RefusalCode::ProtocolViolation, message)
 }
@@ -55,7 +71,9 @@ impl Connection {
             Ok(w) => w,
             Err(refusal) => {
                 tracing::warn!("{peer}: refused: {refusal}");
-                let _ = self.send(&mut wr, &LearnerMsg::Refused(refusal)).await;
+                if self.send(&mut wr, &LearnerMsg::Refused(refusal)).await {
+                    close_gracefully(wr, rd.into_inner()).await;
+                }
                 return;
             }
         };
@@ -69,17 +87,7 @@ impl Connection {
             id,
             indices.last().copied().unwrap_or(id)
         );
-        if let Err(e) = write_msg(
-            &mut wr,
-            &LearnerMsg::Welcome(Box::new(welcome)),
-            cfg.max_frame,
-        )
-        .await
-        {
-            tracing::warn!("{peer}: closed during the handshake: {e}");
-            self.shared.indices.give_back(&indices);
-            return;
-        }
+        // Counted as connected from the welcome on (before the actor can see it).
         self.shared.ctx.board.join(
             id,
             ActorEntry {
@@ -89,6 +97,18 @@ impl Connection {
                 ..ActorEntry::default()
             },
         );
+        if let Err(e) = write_msg(
+            &mut wr,
+            &LearnerMsg::Welcome(Box::new(welcome)),
+            cfg.max_frame,
+        )
+        .await
+        {
+            tracing::warn!("{peer}: closed during the handshake: {e}");
+            self.shared.ctx.board.leave(id);
+            self.shared.indices.give_back(&indices);
+            return;
+        }
         // Authenticated: the session's frame limit, charged to the shared budget, and a
         // peer that sends nothing for the idle timeout is closed.
         rd.set_max_frame(cfg.max_frame);
@@ -137,7 +157,13 @@ impl Connection {
             Outcome::Goodbye(goodbye) => LearnerMsg::Goodbye(goodbye),
         };
         let sent = match wr {
-            Some(mut wr) => self.send(&mut wr, &msg).await,
+            Some(mut wr) => {
+                let sent = self.send(&mut wr, &msg).await;
+                if sent {
+                    close_gracefully(wr, rd.into_inner()).await;
+                }
+                sent
+            }
             None => false,
         };
         if let LearnerMsg::Goodbye(g) = &msg {
