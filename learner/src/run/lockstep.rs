@@ -126,7 +126,6 @@ pub fn run(
     let mut stalls = StallTimes::default();
     let mut report = LearnerReport::default();
     let mut nonfinite = 0;
-    report.nonfinite_total = 0;
     let started = Instant::now();
     let mut last_ckpt = Instant::now();
     let mut failure: Option<(String, String)> = None;
