@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
 use millrace_actor::EpsilonSchedule;
-use millrace_replay::ReplayConfig;
 
 use crate::config::{
     ActorsConfig, DeviceChoice, EvalConfig, Faults, LoopConfig, ReplayOptions, RunConfig,
@@ -269,14 +268,6 @@ fn positive(name: &str, value: f64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Memory this machine can still give (`MemAvailable`), if it says.
-fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// A run writes its checkpoint into `<logdir>/checkpoint`: refuse a directory that
 /// already holds one, unless the run continues it (`--resume` of that same checkpoint).
 fn refuse_to_overwrite(
@@ -321,7 +312,7 @@ pub fn resolve_device(cpu: bool, gpu: Option<usize>) -> anyhow::Result<DeviceCho
                      train on the CPU, or run `learner doctor`"
                 );
             }
-            let devices = crate::doctor::cuda_devices();
+            let devices = millrace_actor::doctor::cuda_devices();
             if i >= devices.len() {
                 let list: Vec<String> = devices.iter().map(ToString::to_string).collect();
                 bail!(
@@ -417,36 +408,6 @@ impl TrainArgs {
         }
         if args.replay_capacity < args.learning_starts as usize {
             bail!("--replay-capacity must hold at least --learning-starts transitions");
-        }
-        // Replay is allocated up front: refuse what this machine cannot hold, before
-        // anything starts, rather than be killed for it later.
-        let replay_bytes = ReplayConfig {
-            capacity: args.replay_capacity,
-            shards: args.replay_shards,
-            obs_row_bytes: spec.obs.row_bytes(),
-            obs_rows_per_item: ReplayConfig::obs_rows_for(
-                args.envs_per_actor,
-                args.n_step,
-                batch_rows,
-            ),
-            limiter: millrace_replay::RateLimiterConfig {
-                samples_per_insert: 1.0,
-                min_size_to_sample: 0,
-                min_diff: 0.0,
-                max_diff: 0.0,
-            },
-        }
-        .bytes();
-        if let Some(available) = available_memory() {
-            if replay_bytes as u64 > available {
-                bail!(
-                    "--replay-capacity {}: replay needs {:.1} GiB but this machine has {:.1} GiB \
-                     available; lower --replay-capacity",
-                    args.replay_capacity,
-                    replay_bytes as f64 / f64::from(1u32 << 30),
-                    available as f64 / f64::from(1u32 << 30)
-                );
-            }
         }
         let device = if args.deterministic {
             DeviceChoice::Cpu

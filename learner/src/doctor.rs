@@ -8,17 +8,12 @@
 use std::path::{Path, PathBuf};
 
 use millrace_actor::doctor::{
-    cuda_of_torch, driver_check, driver_cuda_version, torch_version, Check, DeviceInfo, Report,
+    cuda_devices, cuda_of_torch, driver_check, driver_cuda_version, torch_version, Check, Report,
     EXPECTED_TORCH,
 };
 
 /// The `tch` release this build uses (pinned in the workspace's Cargo.toml).
 pub const TCH_VERSION: &str = "0.24.0";
-
-/// The CUDA devices the NVIDIA driver sees.
-pub fn cuda_devices() -> Vec<DeviceInfo> {
-    millrace_actor::doctor::cuda_devices()
-}
 
 /// The path of a loaded shared library whose file name starts with `name`, from this
 /// process's memory map.
@@ -201,10 +196,16 @@ pub fn report() -> Report {
 mod tests {
     use super::*;
 
+    /// This crate's directory, as cargo gives it when running the test (not the path
+    /// baked in at build time, which may be another clone's).
+    fn crate_dir() -> PathBuf {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+    }
+
     #[test]
     fn the_tch_version_matches_the_workspace_pin() {
-        let cargo =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml")).unwrap();
+        let cargo = std::fs::read_to_string(crate_dir().join("../Cargo.toml")).unwrap();
         assert!(
             cargo.contains(&format!("tch = \"={TCH_VERSION}\"")),
             "update TCH_VERSION"

@@ -82,7 +82,7 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
         cfg.hidden
     );
     tracing::info!(
-        "effective configuration (saved as {}):\n{}",
+        "effective configuration (the run saves it as {}):\n{}",
         cfg.checkpoint_dir().join("config.json").display(),
         cfg.to_json()
     );

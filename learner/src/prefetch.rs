@@ -273,17 +273,6 @@ impl StagingBuffer {
             discounts: mv(&self.discounts),
         }
     }
-
-    /// A CPU batch for tests: the rows as host vectors (`obs2` as f32).
-    pub fn host_columns(&self) -> (Vec<f32>, Vec<i64>, Vec<f32>, Vec<f32>) {
-        let v = |t: &Tensor| t.to_kind(Kind::Float).view([-1]);
-        (
-            Vec::<f32>::try_from(v(&self.obs2)).unwrap_or_default(),
-            Vec::<i64>::try_from(self.actions.view([-1])).unwrap_or_default(),
-            Vec::<f32>::try_from(self.rewards.view([-1])).unwrap_or_default(),
-            Vec::<f32>::try_from(self.discounts.view([-1])).unwrap_or_default(),
-        )
-    }
 }
 
 /// Reinterprets aligned bytes from a tensor as typed elements.

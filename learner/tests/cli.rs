@@ -84,7 +84,13 @@ fn bad_flag_values_are_rejected_before_training() {
             "lower --replay-capacity",
         ),
     ] {
+        // Refused before anything starts: the run's directory is never created.
+        let dir = tempfile::tempdir().unwrap();
+        let logdir = dir.path().join("run");
+        let mut args = args;
+        args.extend(["--logdir", logdir.to_str().unwrap()]);
         assert_clear_error(&learner(&args), needle);
+        assert!(!logdir.exists(), "{needle}: wrote {}", logdir.display());
     }
     // Malformed values are clap's to report (exit status 2, usage shown).
     let out = learner(&["--max-steps", "many"]);

@@ -214,7 +214,11 @@ fn play_in_gymnasium(ckpt: &Path, which: &str, out: &Path) -> serde_json::Value 
         .output()
         .unwrap();
     assert!(exported.status.success(), "{}", text(&exported));
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/play_policy.py");
+    // The crate's directory as cargo gives it now (a path baked in at build time may be
+    // another clone's, with a shared target dir).
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    let script = crate_dir.join("../scripts/play_policy.py");
     let played = Command::new(python())
         .arg(script)
         .arg(&weights)

@@ -23,15 +23,6 @@ impl ItemKey {
     pub fn seq(self) -> u64 {
         self.0 & ((1 << SEQ_BITS) - 1)
     }
-
-    /// The packed value (for the wire and logs).
-    pub fn to_bits(self) -> u64 {
-        self.0
-    }
-
-    pub fn from_bits(bits: u64) -> Self {
-        Self(bits)
-    }
 }
 
 #[cfg(test)]
@@ -42,7 +33,6 @@ mod tests {
     fn keys_pack_shard_and_sequence() {
         let k = ItemKey::new(7, 123_456_789);
         assert_eq!((k.shard(), k.seq()), (7, 123_456_789));
-        assert_eq!(ItemKey::from_bits(k.to_bits()), k);
         assert!(ItemKey::new(0, 5) < ItemKey::new(1, 0));
     }
 }

@@ -34,9 +34,14 @@ struct GoldenStep {
 }
 
 fn golden_dir() -> PathBuf {
+    // Cargo sets CARGO_MANIFEST_DIR when it runs a test: read it then, not at build
+    // time, since a test binary built in another clone (a shared target dir, sources
+    // unchanged) would carry that clone's path.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
     match std::env::var_os("GOLDEN_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden"),
+        None => manifest.join("../../shared/golden"),
     }
 }
 

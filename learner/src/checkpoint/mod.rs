@@ -386,7 +386,7 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
             layout.root.display()
         )));
     }
-    let (env, network, version, steps, updates, eval, confirm, file, tensor) = match which {
+    let (env, network, version, steps, updates, eval, confirm, file) = match which {
         Which::Latest => {
             let m: StateMeta = read_json(&meta_path)?;
             let file = plain_name(&meta_path, &m.model_file)?.to_string();
@@ -399,7 +399,6 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
                 m.last_eval,
                 None,
                 file,
-                "online",
             )
         }
         Which::Best | Which::Solved => {
@@ -414,11 +413,11 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
                 Some(m.eval),
                 m.confirm,
                 file,
-                "online",
             )
         }
     };
-    let online = read_tensors(&meta_path, &dir.join(file), &network, &[tensor])?
+    // Both file kinds hold the online network as `online`.
+    let online = read_tensors(&meta_path, &dir.join(file), &network, &["online"])?
         .remove(0)
         .contiguous()
         .view([-1]);

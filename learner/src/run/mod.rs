@@ -38,6 +38,16 @@ pub enum RunError {
     CopyStreamNeedsCuda(crate::config::DeviceChoice),
     #[error("{0}")]
     Device(String),
+    #[error(
+        "--replay-capacity {capacity}: replay needs {:.1} GiB but this machine has {:.1} GiB \
+         available; lower --replay-capacity",
+        gib(*needed), gib(*available)
+    )]
+    ReplayTooLarge {
+        capacity: usize,
+        needed: u64,
+        available: u64,
+    },
     #[error("cannot save the run's configuration: {0}")]
     Config(CheckpointError),
     /// A component failed after threads had started; the run went through its shutdown.
@@ -52,6 +62,11 @@ pub enum RunError {
     FinalCheckpoint(CheckpointError),
     #[error("cannot save the {0} policy: {1}")]
     SavePolicy(&'static str, CheckpointError),
+}
+
+/// Bytes as GiB, for messages.
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
 }
 
 /// Trains until the target return (confirmed), `max_steps` or `interrupt`; then

@@ -51,7 +51,7 @@ pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
         tolerance,
         batch,
     )?;
-    Ok(Table::new(&ReplayConfig {
+    let config = ReplayConfig {
         capacity: cfg.replay.capacity,
         shards: cfg.replay.shards,
         obs_row_bytes: env.obs.row_bytes(),
@@ -61,7 +61,26 @@ pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
             cfg.actors.batch_rows,
         ),
         limiter,
-    })?)
+    };
+    // Replay is allocated up front: refuse what this machine cannot hold, before
+    // anything starts, rather than be killed for it later.
+    let needed = config.bytes() as u64;
+    if let Some(available) = available_memory().filter(|a| needed > *a) {
+        return Err(RunError::ReplayTooLarge {
+            capacity: cfg.replay.capacity,
+            needed,
+            available,
+        });
+    }
+    Ok(Table::new(&config)?)
+}
+
+/// Memory this machine can still give (`MemAvailable`), if it says.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunError> {
