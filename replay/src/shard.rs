@@ -35,6 +35,9 @@ struct Extent {
     rows: usize,
     items: usize,
     first_seq: u64,
+    /// Where its first observation row is in the ring (valid while it is live:
+    /// batches are evicted whole, oldest first).
+    obs_start: usize,
 }
 
 /// Two preallocated FIFO rings: observation rows, and transitions (struct-of-arrays)
@@ -102,13 +105,19 @@ pub struct OutOfMemory {
 }
 
 /// A zeroed vector of `len` elements, or `OutOfMemory` instead of aborting.
+///
+/// A fallible reservation first (an allocation the allocator refuses is an error, not
+/// an abort), released at once; then `vec!` of zeros, which takes zeroed pages from the
+/// allocator (calloc) instead of writing every byte: a replay of gigabytes starts in
+/// no time and its memory is committed as it fills.
 fn zeroed<T: Clone + Default>(len: usize) -> Result<Vec<T>, OutOfMemory> {
     let bytes = len.saturating_mul(std::mem::size_of::<T>());
-    let mut v = Vec::new();
-    v.try_reserve_exact(len)
+    let mut probe = Vec::<T>::new();
+    probe
+        .try_reserve_exact(len)
         .map_err(|_| OutOfMemory { bytes })?;
-    v.resize(len, T::default());
-    Ok(v)
+    drop(probe);
+    Ok(vec![T::default(); len])
 }
 
 impl Shard {
@@ -273,6 +282,7 @@ impl Shard {
             rows,
             items,
             first_seq,
+            obs_start: base,
         });
         Ok(())
     }
@@ -300,19 +310,11 @@ impl Shard {
     /// the sequence number after it. For checkpoints, one batch per lock.
     pub fn batch_from(&self, from: u64, end: u64) -> Option<(TransitionBatch, u64)> {
         let rb = self.row_bytes;
-        // Observation rows of the live batches before the one wanted.
-        let mut row = (self.obs_cursor + self.obs_capacity - self.obs_len) % self.obs_capacity;
-        let mut found = None;
-        for e in &self.extents {
-            if e.first_seq >= from {
-                found = Some(*e);
-                break;
-            }
-            row = (row + e.rows) % self.obs_capacity;
-        }
-        let e = found.filter(|e| e.first_seq < end)?;
+        // Extents are in sequence order: a binary search, not a walk from the oldest.
+        let i = self.extents.partition_point(|e| e.first_seq < from);
+        let e = self.extents.get(i).filter(|e| e.first_seq < end)?;
         let mut b = TransitionBatch::with_capacity(rb, e.items, e.rows);
-        let base = row;
+        let base = e.obs_start;
         for r in 0..e.rows {
             let p = (base + r) % self.obs_capacity;
             b.push_obs_bytes(&self.obs[p * rb..(p + 1) * rb]);
@@ -336,7 +338,8 @@ impl Shard {
     }
 
     /// The live batches, oldest first (see [`Shard::batch_from`]).
-    pub fn batches(&self) -> impl Iterator<Item = TransitionBatch> + '_ {
+    #[cfg(test)]
+    fn batches(&self) -> impl Iterator<Item = TransitionBatch> + '_ {
         let end = self.next_seq;
         let mut from = 0;
         std::iter::from_fn(move || {

@@ -105,9 +105,10 @@ struct ShardGauge {
 }
 
 impl ShardGauge {
+    /// The weight first: a reader that sees the new length sees its weight too.
     fn set(&self, shard: &Shard) {
-        self.len.store(shard.len(), Ordering::Release);
         self.total.store(shard.total().to_bits(), Ordering::Release);
+        self.len.store(shard.len(), Ordering::Release);
     }
 
     fn total(&self) -> f64 {
@@ -434,6 +435,9 @@ impl Table {
             return Ok(());
         }
         self.store(shard % self.shards.len(), batch)?;
+        // Under the gate, like every other wake-up: a sampler between its check and its
+        // wait holds it, so it cannot miss this one.
+        let _gate = self.gate();
         self.changed.notify_all();
         Ok(())
     }
