@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use millrace_actor::remote::{self, Finished, RemoteConfig};
+use millrace_proto::wire::MAX_ENVS_PER_ACTOR;
 
 /// Run N environments with batched CPU inference and stream transitions to a learner.
 ///
@@ -95,8 +96,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    if args.n == 0 || args.n > 4096 {
-        bail!("--n must be between 1 and 4096, got {}", args.n);
+    if args.n == 0 || args.n > MAX_ENVS_PER_ACTOR as usize {
+        bail!(
+            "--n must be between 1 and {MAX_ENVS_PER_ACTOR}, got {}",
+            args.n
+        );
     }
     let mut cfg = RemoteConfig::new(args.learner.clone(), args.n);
     cfg.token = remote::read_token(args.token_file.as_deref())

@@ -16,7 +16,7 @@ use millrace_proto::codec::DEFAULT_MAX_FRAME;
 use millrace_proto::io::{write_msg, FrameReader, ReadError};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, Capabilities, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal,
-    RefusalCode, Welcome, PROTOCOL_VERSION,
+    Welcome, MAX_RETURNS_PER_STATS, PROTOCOL_VERSION,
 };
 use millrace_proto::{ParamsCell, StepCounter, TransitionBatch};
 use rand::Rng;
@@ -75,6 +75,10 @@ pub enum RemoteError {
     /// network): reconnecting would fail the same way.
     #[error("the actor loop failed: {0}")]
     Actor(String),
+    /// The learner's welcome asks for what this actor cannot do (its environment port
+    /// differs): reconnecting would not change that.
+    #[error("this actor cannot work for this learner: {0}")]
+    Incompatible(String),
 }
 
 /// How a remote actor ended without an error.
@@ -100,6 +104,8 @@ enum End {
     Lost(String),
     /// The actor loop failed: not worth retrying.
     Failed(String),
+    /// The welcome asks for what this actor cannot do: not worth retrying.
+    Incompatible(String),
 }
 
 impl End {
@@ -151,7 +157,7 @@ impl ActorSink for ChannelSink {
     fn episode(&mut self, stats: EpisodeStats) {
         self.stats.episodes += 1;
         // Bounded: at most this many returns per report.
-        if self.stats.episode_returns.len() < 4096 {
+        if self.stats.episode_returns.len() < MAX_RETURNS_PER_STATS {
             self.stats.episode_returns.push(stats.episode_return);
         }
     }
@@ -172,6 +178,7 @@ pub async fn run(
             End::RunFinished(message) => return Ok(Finished::RunFinished(message)),
             End::Refused(refusal) => return Err(RemoteError::Refused(refusal)),
             End::Failed(reason) => return Err(RemoteError::Actor(reason)),
+            End::Incompatible(reason) => return Err(RemoteError::Incompatible(reason)),
             End::Lost(reason) => {
                 if started.elapsed() > Duration::from_secs(10) {
                     backoff = cfg.backoff_initial;
@@ -248,7 +255,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     };
     let acfg = match actor_config(cfg, &welcome) {
         Ok(c) => c,
-        Err(reason) => return End::Refused(Refusal::new(RefusalCode::EnvUnsupported, reason)),
+        Err(reason) => return End::Incompatible(reason),
     };
     tracing::info!(
         "connected to {} (run {}): {} envs, exploration indices {}..={}, params version {}",

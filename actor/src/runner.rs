@@ -296,12 +296,8 @@ pub fn run_actor_with<O: Pod + Default>(
         return Ok(0);
     }
     let mut actor = ActorLoop::new(cfg, envs);
-    let mut episodes = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let batch = actor.step(policy, params, steps, &mut |e| episodes.push(e))?;
-        for e in episodes.drain(..) {
-            sink.episode(e);
-        }
+        let batch = actor.step(policy, params, steps, &mut |e| sink.episode(e))?;
         if let Some(batch) = batch {
             if sink.transitions(batch).is_err() {
                 break;

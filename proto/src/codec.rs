@@ -86,7 +86,8 @@ fn decode_limited<M: DeserializeOwned, const LIMIT: usize>(
 /// bincode checks every length it reads against a byte limit before allocating for it
 /// (a `Vec<u8>` claiming 60 MB is refused, not allocated); the limit is the payload's
 /// size class (64 KiB, 1 MiB, 16 MiB, 64 MiB: the smallest that holds it), so whatever
-/// a frame claims, decoding allocates at most about 4× its size at once for bytes.
+/// a frame claims, decoding allocates at most 16× its size (and 64 KiB for a small
+/// one) at once for bytes, never over the 64 MiB ceiling.
 pub fn decode<M: DeserializeOwned>(payload: &[u8]) -> Result<M, CodecError> {
     match payload.len() {
         n if n <= 64 << 10 => decode_limited::<M, { 64 << 10 }>(payload),
@@ -213,7 +214,7 @@ pub fn read_frame<'f, R: Read>(
     reader: &mut R,
     framer: &'f mut Framer,
 ) -> Result<Option<&'f [u8]>, ReadError> {
-    framer.shrink();
+    // No `shrink`: a blocking reader (a file, a test's client) reuses one buffer.
     loop {
         if framer.payload_len().is_some_and(|len| framer.filled >= len) {
             return Ok(framer.frame());

@@ -48,13 +48,9 @@ impl MemoryBudget {
         }
     }
 
-    /// The budget's size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
     /// Bytes not taken right now.
-    pub fn available(&self) -> usize {
+    #[cfg(test)]
+    fn available(&self) -> usize {
         self.permits.available_permits()
     }
 
@@ -129,7 +125,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub async fn read_msg_charged<M: DeserializeOwned>(
         &mut self,
     ) -> Result<Option<(M, BudgetPermit)>, ReadError> {
-        self.framer.shrink();
         loop {
             if let Some(len) = self.framer.payload_len() {
                 // The header passed the limit: charge the payload before allocating it.
@@ -141,8 +136,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 }
                 if let Some(payload) = self.framer.frame() {
                     let permit = self.permit.take().unwrap_or_else(BudgetPermit::none);
-                    let msg = codec::decode(payload)?;
-                    return Ok(Some((msg, permit)));
+                    let msg = codec::decode(payload);
+                    // Decoded: a large payload buffer goes now, so that the permit
+                    // covers the message alone while the caller handles it (an idle
+                    // connection keeps no large buffer either).
+                    self.framer.shrink();
+                    return Ok(Some((msg?, permit)));
                 }
             }
             let space = self.framer.space()?;

@@ -20,6 +20,13 @@ use crate::spec::{EnvSpec, NetworkSpec};
 /// Bumped on any incompatible change to these messages or the framing.
 pub const PROTOCOL_VERSION: u32 = 3;
 
+/// Most environments one actor connection may ask for (a learner refuses more; an
+/// actor checks its `--n` against it).
+pub const MAX_ENVS_PER_ACTOR: u32 = 4096;
+
+/// Most episode returns one [`ActorStats`] carries (a learner reads no more).
+pub const MAX_RETURNS_PER_STATS: usize = 4096;
+
 /// What an actor can do, announced in its [`Hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
@@ -86,7 +93,8 @@ pub struct EpsilonDecay {
 pub struct ActorStats {
     pub env_steps: u64,
     pub episodes: u64,
-    /// Returns of episodes finished since the previous report.
+    /// Returns of episodes finished since the previous report (at most
+    /// [`MAX_RETURNS_PER_STATS`]).
     pub episode_returns: Vec<f32>,
     pub params_version: u64,
 }

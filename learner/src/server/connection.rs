@@ -10,7 +10,7 @@ use millrace_proto::codec::tokens_equal;
 use millrace_proto::io::{write_frame, write_msg, FrameReader, ReadError};
 use millrace_proto::wire::{
     ActorMsg, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal, RefusalCode, Welcome,
-    PROTOCOL_VERSION,
+    MAX_RETURNS_PER_STATS, PROTOCOL_VERSION,
 };
 use millrace_replay::ReplayError;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -47,7 +47,7 @@ const GOODBYE_WAIT: Duration = Duration::from_secs(5);
 /// is finished" would retry forever). So: shut the write side (the peer sees the end
 /// after the message), then read and drop what the peer still sends until it closes
 /// too, for a few seconds at most.
-async fn close_gracefully(mut wr: OwnedWriteHalf, mut rd: OwnedReadHalf) {
+pub(super) async fn close_gracefully(mut wr: OwnedWriteHalf, mut rd: OwnedReadHalf) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _ = wr.shutdown().await;
     let drain = async {
@@ -59,6 +59,15 @@ async fn close_gracefully(mut wr: OwnedWriteHalf, mut rd: OwnedReadHalf) {
 
 fn violation(message: impl Into<String>) -> Refusal {
     Refusal::new(RefusalCode::ProtocolViolation, message)
+}
+
+/// Who a session's transitions come from, as the handshake settled it.
+#[derive(Clone, Copy, Debug)]
+struct Session {
+    /// The actor's id (its first exploration index).
+    id: u32,
+    agent: u32,
+    envs: usize,
 }
 
 impl Connection {
@@ -78,7 +87,7 @@ impl Connection {
             }
         };
         let cfg = &self.shared.cfg;
-        let id = welcome.env_indices[0];
+        let (id, agent) = (welcome.env_indices[0], welcome.agent);
         let indices = welcome.env_indices.clone();
         tracing::info!(
             "{peer}: actor {:?} joined with {} envs (exploration indices {}..={})",
@@ -124,7 +133,13 @@ impl Connection {
             cfg.heartbeat_every,
             cfg.write_timeout,
         ));
-        let (outcome, received) = self.receive_loop(&mut rd, id, indices.len()).await;
+        let mut received = 0;
+        let session = Session {
+            id,
+            agent,
+            envs: indices.len(),
+        };
+        let outcome = self.session(&mut rd, session, &mut received).await;
         self.shared.ctx.board.leave(id);
         self.shared.indices.give_back(&indices);
         let _ = close_tx.send(true);
@@ -310,23 +325,11 @@ impl Connection {
         Ok(wanted.min(fits) as u32)
     }
 
-    /// Runs the session; returns how it ended and the transitions received.
-    async fn receive_loop(
-        &self,
-        rd: &mut FrameReader<OwnedReadHalf>,
-        id: u32,
-        envs: usize,
-    ) -> (Outcome, u64) {
-        let mut received = 0;
-        let outcome = self.session(rd, id, envs, &mut received).await;
-        (outcome, received)
-    }
-
+    /// Runs the session until it ends; counts the transitions received.
     async fn session(
         &self,
         rd: &mut FrameReader<OwnedReadHalf>,
-        id: u32,
-        envs: usize,
+        Session { id, agent, envs }: Session,
         received: &mut u64,
     ) -> Outcome {
         let cfg = &self.shared.cfg;
@@ -339,8 +342,9 @@ impl Connection {
         let carried = envs * (cfg.n_step as usize + 1);
         let num_actions = ctx.env.num_actions;
         let mut stop = self.stop.clone();
-        let (mut steps, mut since) = (0u64, Instant::now());
-        let (mut window_steps, mut window_start) = (0u64, Instant::now());
+        // Transitions received as of the last log line and the last stats report.
+        let (mut log_mark, mut since) = (*received, Instant::now());
+        let (mut window_mark, mut window_start) = (*received, Instant::now());
         loop {
             // Cancel-safe: stopping mid-frame loses nothing that matters (the session ends).
             let msg = tokio::select! {
@@ -381,11 +385,10 @@ impl Connection {
                             batch.len()
                         )));
                     }
-                    // The connection's own identity, whatever the actor claims.
+                    // The connection's own identity (the agent it was welcomed as),
+                    // whatever the actor claims.
                     batch.actor_id = id;
-                    batch.agent = 0;
-                    steps += batch.len() as u64;
-                    window_steps += batch.len() as u64;
+                    batch.agent = agent;
                     *received += batch.len() as u64;
                     ctx.steps.add(batch.len() as u64);
                     let table = Arc::clone(&ctx.table);
@@ -410,7 +413,7 @@ impl Connection {
                         .episode_returns
                         .iter()
                         .filter(|r| r.is_finite())
-                        .take(4096)
+                        .take(MAX_RETURNS_PER_STATS)
                     {
                         let _ = ctx.episodes.try_send(EpisodeStats {
                             actor_id: id,
@@ -421,19 +424,19 @@ impl Connection {
                     }
                     let lag = ctx.params.version().saturating_sub(stats.params_version);
                     let window = window_start.elapsed().as_secs_f64();
-                    ctx.board
-                        .report(id, window_steps as f64 / window.max(1e-3), lag);
-                    (window_steps, window_start) = (0, Instant::now());
+                    let rate = (*received - window_mark) as f64 / window.max(1e-3);
+                    ctx.board.report(id, rate, lag);
+                    (window_mark, window_start) = (*received, Instant::now());
                     let dt = since.elapsed().as_secs_f64();
                     if dt >= 10.0 {
                         tracing::info!(
                             "{}: {:.0} transitions/s, params version {} (learner at {})",
                             self.peer,
-                            steps as f64 / dt,
+                            (*received - log_mark) as f64 / dt,
                             stats.params_version,
                             ctx.params.version()
                         );
-                        (steps, since) = (0, Instant::now());
+                        (log_mark, since) = (*received, Instant::now());
                     }
                 }
                 ActorMsg::Heartbeat => {}

@@ -43,8 +43,7 @@ use crate::config::secs;
 pub const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
 /// Default port of `learner --listen`.
 pub const DEFAULT_PORT: u16 = 7787;
-/// Most environments one actor connection may ask for.
-pub const MAX_ENVS_PER_ACTOR: u32 = 4096;
+pub use millrace_proto::wire::MAX_ENVS_PER_ACTOR;
 /// Refusals being written at once to connections over the limit; beyond it, extra
 /// connections are closed without one.
 const MAX_PENDING_REFUSALS: usize = 64;
@@ -162,9 +161,7 @@ impl ServerHandle {
                 false
             }
         });
-        self.thread
-            .join()
-            .map_err(|p| format!("panicked: {}", crate::panic_message(&*p)))
+        crate::joined(self.thread)
     }
 }
 
@@ -299,14 +296,19 @@ async fn serve(
     }
 }
 
-/// Sends a refusal on a fresh connection and closes it, never waiting long.
-async fn refuse(mut stream: TcpStream, refusal: Refusal) {
+/// Sends a refusal on a fresh connection and closes it without losing it to a reset
+/// (the actor's `Hello` is still unread), never waiting long.
+async fn refuse(stream: TcpStream, refusal: Refusal) {
+    let (rd, mut wr) = stream.into_split();
     let msg = LearnerMsg::Refused(refusal);
-    let _ = tokio::time::timeout(
+    let sent = tokio::time::timeout(
         Duration::from_secs(1),
-        write_msg(&mut stream, &msg, HANDSHAKE_MAX_FRAME),
+        write_msg(&mut wr, &msg, HANDSHAKE_MAX_FRAME),
     )
     .await;
+    if matches!(sent, Ok(Ok(()))) {
+        connection::close_gracefully(wr, rd).await;
+    }
 }
 
 /// Encodes each new parameter version once for all connections.
