@@ -9,7 +9,11 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 
-/// The PyTorch release `tch` 0.24.0 is built against (see README, "libtorch").
+/// The `tch` release the learner uses (pinned in the workspace's Cargo.toml; the
+/// learner's tests check the two agree).
+pub const TCH_VERSION: &str = "0.24.0";
+
+/// The PyTorch release `tch` [`TCH_VERSION`] is built against (see README, "libtorch").
 pub const EXPECTED_TORCH: &str = "2.11.0";
 
 /// How a check came out.
@@ -234,7 +238,10 @@ pub fn libtorch_checks(candidates: &[PathBuf]) -> Report {
         }
         Some(v) => report.0.push(Check::fail(
             "libtorch",
-            format!("{} is PyTorch {v}; tch 0.24.0 was built for {EXPECTED_TORCH}", dir.display()),
+            format!(
+                "{} is PyTorch {v}; tch {TCH_VERSION} was built for {EXPECTED_TORCH}",
+                dir.display()
+            ),
             format!(
                 "install torch=={EXPECTED_TORCH} (scripts/setup.sh); a learner built against another \
                  libtorch fails with undefined symbols or crashes"

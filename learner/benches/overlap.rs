@@ -495,8 +495,8 @@ fn end_to_end(
     let ckpt = Arc::new(CheckpointContext {
         layout: Layout::new(dir.path()),
         env: env.clone(),
+        network: net.network(),
         seed: 0,
-        steps: Arc::new(StepCounter::default()),
         table: Arc::clone(&table),
         last_eval: Mutex::new(None),
     });

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use millrace_actor::EpsilonSchedule;
 
+pub use crate::checkpoint::Which;
 use crate::config::{
     ActorsConfig, DeviceChoice, EvalConfig, Faults, LoopConfig, ReplayOptions, RunConfig,
 };
@@ -70,14 +71,6 @@ pub enum Command {
     /// Check libtorch, CUDA, the GPUs and pinned memory, and explain any mismatch.
     /// Exit status 0 when training can run (no GPU is a warning), 1 when broken.
     Doctor,
-}
-
-/// A saved policy in a checkpoint directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Which {
-    Latest,
-    Best,
-    Solved,
 }
 
 /// Training flags (plain `learner`).
@@ -269,30 +262,37 @@ fn positive(name: &str, value: f64) -> anyhow::Result<()> {
 }
 
 /// A run writes its checkpoint into `<logdir>/checkpoint`: refuse a directory that
-/// already holds one, unless the run continues it (`--resume` of that same checkpoint).
+/// already holds anything of another run's (its configuration or a saved policy count,
+/// with or without a `latest/` state), unless this run continues it (`--resume` of that
+/// same checkpoint).
 fn refuse_to_overwrite(
     logdir: &std::path::Path,
     resume: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let root = logdir.join("checkpoint");
-    if !root.join("latest").join("meta.json").exists() {
+    let layout = crate::checkpoint::Layout::new(logdir.join("checkpoint"));
+    let root = &layout.root;
+    let holds_something = std::fs::read_dir(root).is_ok_and(|mut d| d.next().is_some());
+    if !holds_something {
         return Ok(());
     }
     let same = |p: &std::path::Path| {
         crate::checkpoint::Layout::find(p)
             .ok()
             .and_then(|l| std::fs::canonicalize(l.root).ok())
-            == std::fs::canonicalize(&root).ok()
+            == std::fs::canonicalize(root).ok()
     };
     if resume.is_some_and(same) {
         return Ok(());
     }
+    let how = if layout.latest().join("meta.json").exists() {
+        format!("continue that run with --resume {}, or ", root.display())
+    } else {
+        String::new()
+    };
     bail!(
-        "--logdir {}: it already holds a run's checkpoint ({}); continue that run with \
-         --resume {}, or choose another --logdir",
+        "--logdir {}: it already holds a run's checkpoint ({}); {how}choose another --logdir",
         logdir.display(),
         root.display(),
-        root.display()
     );
 }
 

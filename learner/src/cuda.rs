@@ -36,8 +36,6 @@ const EVENT_BLOCKING_SYNC: u32 = 0x1;
 const MEMCPY_HOST_TO_DEVICE: i32 = 1;
 /// PyTorch's default stream: the legacy default stream.
 const LEGACY_STREAM: Stream = std::ptr::null_mut();
-/// `cudaErrorNotReady`: an event's work has not completed yet.
-const NOT_READY: Status = 600;
 
 type SetDevice = unsafe extern "C" fn(i32) -> Status;
 type GetDevice = unsafe extern "C" fn(*mut i32) -> Status;
@@ -283,16 +281,11 @@ impl Stopwatch {
         let rt = Runtime::get().ok()?;
         rt.on(self.start.device, || {
             let mut ms = 0.0f32;
-            // SAFETY: live events and a valid out-pointer.
-            let status =
-                unsafe { (rt.event_elapsed_time)(&mut ms, self.start.event, self.end.event) };
-            if status == NOT_READY {
-                return Err(CopyStreamError::Cuda {
-                    what: "cudaEventElapsedTime",
-                    status,
-                });
-            }
-            check("cudaEventElapsedTime", status)?;
+            // SAFETY: live events and a valid out-pointer. Not ready yet is an error
+            // status like any other: `None` either way.
+            check("cudaEventElapsedTime", unsafe {
+                (rt.event_elapsed_time)(&mut ms, self.start.event, self.end.event)
+            })?;
             Ok(f64::from(ms) * 1e-3)
         })
         .ok()

@@ -7,13 +7,11 @@
 
 use std::path::{Path, PathBuf};
 
+pub use millrace_actor::doctor::TCH_VERSION;
 use millrace_actor::doctor::{
     cuda_devices, cuda_of_torch, driver_check, driver_cuda_version, torch_version, Check, Report,
     EXPECTED_TORCH,
 };
-
-/// The `tch` release this build uses (pinned in the workspace's Cargo.toml).
-pub const TCH_VERSION: &str = "0.24.0";
 
 /// The path of a loaded shared library whose file name starts with `name`, from this
 /// process's memory map.

@@ -150,7 +150,8 @@ pub struct UpdateStats {
     /// Updates skipped since the previous read because their loss or gradient was not
     /// finite (summed over agents).
     pub nonfinite: u64,
-    /// The longest run of consecutive skipped updates among agents, up to now.
+    /// The current run of consecutive skipped updates (the longest among agents); a
+    /// finite update ends it.
     pub nonfinite_streak: u64,
 }
 
@@ -580,6 +581,17 @@ impl Dqn {
             .contiguous()
             .view([-1]);
         Vec::<f32>::try_from(&host).unwrap_or_default()
+    }
+
+    /// The online parameters as `version`, taken after `env_steps` (for actors).
+    pub fn params(&self, version: u64, env_steps: u64) -> millrace_proto::Params {
+        millrace_proto::Params {
+            version,
+            env_steps,
+            updates: self.updates(),
+            population: self.spec.population,
+            data: self.online_params(),
+        }
     }
 
     /// A copy of the online parameters `[K, P]` on the device (queued, no host sync).

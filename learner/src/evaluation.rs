@@ -189,9 +189,8 @@ impl Evaluator {
     /// Stops the thread after the evaluation in progress; returns its error, if any.
     pub fn join(mut self) -> Result<(), String> {
         drop(self.requests.take());
-        match self.handle.take().map(JoinHandle::join) {
-            Some(Ok(result)) => result,
-            Some(Err(panic)) => Err(format!("panicked: {}", crate::panic_message(&*panic))),
+        match self.handle.take().map(crate::joined) {
+            Some(joined) => joined.and_then(|result| result),
             None => Ok(()),
         }
     }
@@ -231,9 +230,12 @@ pub struct EvalTracker {
 }
 
 impl EvalTracker {
-    pub fn new(target: Option<f32>) -> Self {
+    /// `best`: the best evaluation so far, if the run continues one; only a better one
+    /// replaces it.
+    pub fn new(target: Option<f32>, best: Option<EvalRecord>) -> Self {
         Self {
             target,
+            best,
             ..Self::default()
         }
     }
@@ -306,7 +308,7 @@ mod tests {
 
     #[test]
     fn the_best_is_the_highest_mean_and_the_earliest_on_ties() {
-        let mut t = EvalTracker::new(None);
+        let mut t = EvalTracker::new(None, None);
         assert!(t.record(&done(1, 100.0, Purpose::Regular)).new_best);
         assert!(!t.record(&done(2, 90.0, Purpose::Regular)).new_best);
         assert!(t.record(&done(3, 150.0, Purpose::Regular)).new_best);
@@ -320,8 +322,17 @@ mod tests {
     }
 
     #[test]
+    fn a_continued_run_keeps_its_best_until_beaten() {
+        let before = done(3, 150.0, Purpose::Regular).record;
+        let mut t = EvalTracker::new(None, Some(before));
+        assert!(!t.record(&done(8, 120.0, Purpose::Regular)).new_best);
+        assert_eq!(t.best.as_ref().unwrap().params_version, 3);
+        assert!(t.record(&done(9, 160.0, Purpose::Regular)).new_best);
+    }
+
+    #[test]
     fn a_candidate_at_the_target_is_solved_only_once_confirmed() {
-        let mut t = EvalTracker::new(Some(475.0));
+        let mut t = EvalTracker::new(Some(475.0), None);
         let first = t.record(&done(5, 480.0, Purpose::Regular));
         let again = first.confirm.expect("a confirmation is asked for");
         assert_eq!(again.version, 5, "the same snapshot, not a newer one");

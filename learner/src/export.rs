@@ -15,9 +15,8 @@ use millrace_proto::{DType, NetworkSpec};
 use serde::Serialize;
 use tch::Tensor;
 
-use crate::checkpoint::files::{write_atomic, write_json};
-use crate::checkpoint::{load_policy, CheckpointError, SavedPolicy};
-use crate::cli::Which;
+use crate::checkpoint::files::{tensor_err, write_atomic, write_json};
+use crate::checkpoint::{load_policy, CheckpointError, SavedPolicy, Which};
 use crate::evaluation::EvalRecord;
 
 /// Format name in the JSON, bumped on incompatible changes.
@@ -56,7 +55,7 @@ pub struct Preprocessing {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Source {
     pub checkpoint: PathBuf,
-    pub which: String,
+    pub which: Which,
     pub params_version: u64,
     pub env_steps: u64,
     pub updates: u64,
@@ -170,10 +169,7 @@ pub fn export(
     }
     write_atomic(out, |tmp| {
         let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        Tensor::write_safetensors(&named, tmp).map_err(|source| CheckpointError::Tensor {
-            path: tmp.to_path_buf(),
-            source,
-        })
+        Tensor::write_safetensors(&named, tmp).map_err(tensor_err(tmp))
     })?;
     let (layers, _) = sequential(spec);
     let env = &policy.env;
@@ -202,7 +198,7 @@ pub fn export(
         action: "argmax",
         source: Source {
             checkpoint: checkpoint.to_path_buf(),
-            which: format!("{:?}", policy.which).to_lowercase(),
+            which: policy.which,
             params_version: policy.params_version,
             env_steps: policy.env_steps,
             updates: policy.updates,

@@ -46,3 +46,10 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         "a panic without a message".to_string()
     }
 }
+
+/// Joins a thread; its panic, if it had one, as a message.
+pub fn joined<T>(handle: std::thread::JoinHandle<T>) -> Result<T, String> {
+    handle
+        .join()
+        .map_err(|p| format!("panicked: {}", panic_message(&*p)))
+}

@@ -101,7 +101,7 @@ fn export_policy(
     let p = &e.policy;
     println!(
         "exported the {} policy of {} (parameters v{}, {} env steps, {} updates)",
-        format!("{:?}", p.which).to_lowercase(),
+        p.which.name(),
         p.env.id,
         p.params_version,
         p.env_steps,
@@ -137,7 +137,7 @@ fn eval_policy(
     if json {
         let out = serde_json::json!({
             "env": p.env.id,
-            "which": format!("{:?}", p.which).to_lowercase(),
+            "which": p.which.name(),
             "params_version": p.params_version,
             "episodes": rec.episodes,
             "seed": seed,
@@ -152,7 +152,7 @@ fn eval_policy(
     } else {
         println!(
             "the {} policy of {} from {} (parameters v{}, {} env steps, {} updates)",
-            format!("{:?}", p.which).to_lowercase(),
+            p.which.name(),
             p.env.id,
             p.dir.display(),
             p.params_version,

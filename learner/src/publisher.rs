@@ -124,22 +124,14 @@ impl Publisher {
     /// Publishes `dqn`'s online parameters as `version`: on the CPU directly, from a GPU
     /// through the publisher thread.
     pub fn offer(&self, version: u64, env_steps: u64, dqn: &Dqn) {
-        let population = dqn.spec().population;
-        let updates = dqn.updates();
         if dqn.device() == tch::Device::Cpu && !self.always_via_thread {
-            self.params.publish(Params {
-                version,
-                env_steps,
-                updates,
-                population,
-                data: dqn.online_params(),
-            });
+            self.params.publish(dqn.params(version, env_steps));
         } else if let Some(tx) = &self.snapshots {
             tx.offer(Snapshot {
                 version,
                 env_steps,
-                updates,
-                population,
+                updates: dqn.updates(),
+                population: dqn.spec().population,
                 online: dqn.online_snapshot(),
             });
         }

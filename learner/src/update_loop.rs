@@ -285,20 +285,32 @@ pub fn run(
         ) => (true, None),
         _ => (false, None),
     };
-    let final_checkpoint = checkpoint
-        .then(|| {
-            let c0 = Instant::now();
-            // Copying the state to the host can itself fail (the device being gone).
-            let job = catch_unwind(AssertUnwindSafe(|| state.job(&dqn, &steps, run_finished)));
-            let rx = job.ok().map(|job| writer.submit_final(job));
-            state.t.checkpoint += c0.elapsed().as_secs_f64();
-            rx
-        })
-        .flatten();
+    let final_checkpoint = checkpoint.then(|| {
+        let c0 = Instant::now();
+        // Copying the state to the host can itself fail (the device being gone): that
+        // is the checkpoint's result, as a failed write would be.
+        let job = catch_unwind(AssertUnwindSafe(|| state.job(&dqn, &steps, run_finished)));
+        let rx = match job {
+            Ok(job) => writer.submit_final(job),
+            Err(panic) => {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                let _ = tx.send(Err(CheckpointError::Missing(format!(
+                    "copying the state off the device failed: {}",
+                    crate::panic_message(&*panic)
+                ))));
+                rx
+            }
+        };
+        state.t.checkpoint += c0.elapsed().as_secs_f64();
+        rx
+    });
     state.t.total = state.start.elapsed().as_secs_f64();
     state.last.updates = dqn.updates();
     state.last.params_version = state.version;
     state.last.stalls = state.t;
+    // Checkpoints and skipped updates since the last report count too.
+    state.last.checkpoint_stall_max = state.checkpoint_stall_max;
+    state.last.checkpoints_submitted = state.checkpoints_submitted;
     state.last.nonfinite_total = state.nonfinite_total;
     LoopOutcome {
         last: state.last,
@@ -340,7 +352,6 @@ impl LoopState {
     fn job(&self, dqn: &Dqn, steps: &StepCounter, run_finished: Option<String>) -> SaveJob {
         SaveJob {
             state: dqn.state(),
-            network: dqn.spec().clone(),
             params_version: self.version,
             env_steps: steps.get(),
             run_finished,
@@ -477,7 +488,6 @@ impl LoopState {
                     self.checkpoint_stall_max = self.checkpoint_stall_max.max(stall);
                 }
             }
-            self.t.total = self.start.elapsed().as_secs_f64();
         }
     }
 }

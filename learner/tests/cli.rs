@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::CommandFactory;
 use millrace_learner::cli::Args;
+use millrace_tests::read_json;
 
 fn learner_cmd(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_learner"));
@@ -153,10 +154,6 @@ fn short_run(logdir: &Path, max_steps: &str, extra: &[&str]) -> Output {
     learner(&args)
 }
 
-fn meta(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
 #[test]
 fn a_run_checkpoints_and_resume_continues_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -169,18 +166,18 @@ fn a_run_checkpoints_and_resume_continues_it() {
         "{text}"
     );
     let ckpt = dir.path().join("checkpoint");
-    let latest = meta(&ckpt.join("latest/meta.json"));
+    let latest = read_json(&ckpt.join("latest/meta.json"));
     let steps = latest["env_steps"].as_u64().unwrap();
     let updates = latest["updates"].as_u64().unwrap();
     assert!(steps >= 3000 && updates > 0, "{latest}");
     assert_eq!(latest["run_finished"], "max steps");
     // Every evaluation's parameters are kept: best/ holds the best one's exactly.
-    let best = meta(&ckpt.join("best/meta.json"));
+    let best = read_json(&ckpt.join("best/meta.json"));
     assert_eq!(best["which"], "best");
     assert!(best["eval"]["mean"].as_f64().is_some() && best["eval"]["std"].as_f64().is_some());
     assert!(!ckpt.join("solved").exists(), "not solved");
     // The effective configuration, every setting, beside the checkpoints.
-    let config = meta(&ckpt.join("config.json"));
+    let config = read_json(&ckpt.join("config.json"));
     assert_eq!(config["max_steps"], 3000);
     assert_eq!(config["dqn"]["lr"], 2.3e-3, "defaults included");
     assert_eq!(config["replay"]["learning_starts"], 500);
@@ -199,9 +196,42 @@ fn a_run_checkpoints_and_resume_continues_it() {
     // A new run there is refused: it would overwrite the first one's checkpoint.
     let out = short_run(dir.path(), "5000", &[]);
     assert_clear_error(&out, "already holds a run's checkpoint");
-    let second = short_run(dir.path(), "5000", &["--resume", ckpt.to_str().unwrap()]);
+    // So is one that left only its configuration and best/ (killed before any latest/).
+    let partial = tempfile::tempdir().unwrap();
+    let kept = partial.path().join("checkpoint");
+    std::fs::create_dir_all(kept.join("best")).unwrap();
+    std::fs::copy(ckpt.join("best/meta.json"), kept.join("best/meta.json")).unwrap();
+    std::fs::copy(ckpt.join("config.json"), kept.join("config.json")).unwrap();
+    let out = short_run(partial.path(), "5000", &[]);
+    assert_clear_error(&out, "already holds a run's checkpoint");
+    assert!(
+        !stderr(&out).contains("--resume"),
+        "nothing to resume: {}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read(kept.join("best/meta.json")).unwrap(),
+        std::fs::read(ckpt.join("best/meta.json")).unwrap()
+    );
+    // The continued run keeps best/ unless it beats it: mark the saved best as
+    // unbeatable, and let the continuation evaluate often.
+    let best_meta = ckpt.join("best/meta.json");
+    let mut best = read_json(&best_meta);
+    best["eval"]["mean"] = 99_999.0.into();
+    std::fs::write(&best_meta, best.to_string()).unwrap();
+    let second = short_run(
+        dir.path(),
+        "5000",
+        &["--resume", ckpt.to_str().unwrap(), "--eval-every", "500"],
+    );
     assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
-    let latest = meta(&ckpt.join("latest/meta.json"));
+    let text = stdout(&second);
+    assert!(
+        !text.contains("last eval:       n/a"),
+        "it evaluated: {text}"
+    );
+    assert_eq!(read_json(&best_meta), best, "best/ kept: nothing beat it");
+    let latest = read_json(&ckpt.join("latest/meta.json"));
     assert!(latest["env_steps"].as_u64().unwrap() >= 5000, "{latest}");
     assert!(
         latest["updates"].as_u64().unwrap() > updates,
@@ -264,16 +294,12 @@ fn sigterm_stops_cleanly_with_a_checkpoint() {
         .spawn()
         .unwrap();
     wait_for_training(dir.path());
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    millrace_tests::signal(&child, "-TERM");
     let out = child.wait_with_output().unwrap();
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(130), "{text}\n{}", stderr(&out));
     assert!(text.contains("interrupted (checkpoint written)"), "{text}");
-    let latest = meta(&dir.path().join("checkpoint/latest/meta.json"));
+    let latest = read_json(&dir.path().join("checkpoint/latest/meta.json"));
     assert!(
         latest["run_finished"].is_null(),
         "a stopped run is not finished"

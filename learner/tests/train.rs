@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use millrace_tests::read_json;
+
 fn learner(args: &[&str], logdir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_learner"))
         .args(args)
@@ -26,10 +28,6 @@ fn text(out: &Output) -> String {
     )
 }
 
-fn meta(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
 #[test]
 fn defaults_solve_cartpole_and_keep_the_solving_parameters() {
     let dir = tempfile::tempdir().unwrap();
@@ -41,7 +39,7 @@ fn defaults_solve_cartpole_and_keep_the_solving_parameters() {
     assert_eq!(out.status.code(), Some(0), "not solved:\n{all}");
     let summary = String::from_utf8_lossy(&out.stdout);
     assert!(summary.contains("solved at"), "{summary}");
-    let solved = meta(&dir.path().join("checkpoint/solved/meta.json"));
+    let solved = read_json(&dir.path().join("checkpoint/solved/meta.json"));
     let version = solved["params_version"].as_u64().unwrap();
     assert!(
         summary.contains(&format!("by parameters v{version} ")),
@@ -53,7 +51,7 @@ fn defaults_solve_cartpole_and_keep_the_solving_parameters() {
     assert!(confirm["mean"].as_f64().unwrap() >= 475.0, "{solved}");
     assert_ne!(first["seed"], confirm["seed"], "fresh episodes");
     assert_eq!(first["params_version"], confirm["params_version"]);
-    let best = meta(&dir.path().join("checkpoint/best/meta.json"));
+    let best = read_json(&dir.path().join("checkpoint/best/meta.json"));
     assert!(best["eval"]["mean"].as_f64().unwrap() >= first["mean"].as_f64().unwrap());
 }
 
@@ -72,7 +70,7 @@ fn timeless(out: &Output) -> Vec<String> {
 
 fn model_bytes(logdir: &Path) -> Vec<u8> {
     let dir = logdir.join("checkpoint/latest");
-    let m = meta(&dir.join("meta.json"));
+    let m = read_json(&dir.join("meta.json"));
     std::fs::read(dir.join(m["model_file"].as_str().unwrap())).unwrap()
 }
 
@@ -143,7 +141,7 @@ fn the_solved_policy_replays_at_the_target_in_gymnasium() {
     assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
     let ckpt = dir.path().join("checkpoint");
     let gym = play_in_gymnasium(&ckpt, "solved", dir.path());
-    let description = meta(&dir.path().join("solved.json"));
+    let description = read_json(&dir.path().join("solved.json"));
     assert_eq!(description["env_id"], "CartPole-v1");
     assert_eq!(description["source"]["which"], "solved");
     let (gym_mean, gym_se) = (

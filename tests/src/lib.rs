@@ -71,6 +71,22 @@ pub fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Sends `signal` (`-TERM`, `-INT`) to a child process, as a container runtime or a
+/// terminal would.
+pub fn signal(child: &std::process::Child, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {signal} {}", child.id());
+}
+
+/// A JSON file (a checkpoint's metadata, a saved configuration).
+pub fn read_json(path: &std::path::Path) -> serde_json::Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// A binary of this workspace, built beside the test executable (`cargo build --bins`
 /// first; `scripts/test.sh` does).
 pub fn binary(name: &str) -> PathBuf {
@@ -151,13 +167,28 @@ impl WireClient {
             .flatten()
     }
 
-    /// Reads until a refusal arrives (then checks the connection closes) or the
-    /// connection closes; returns the refusal.
+    /// Reads until the learner closes the connection cleanly, returning what came
+    /// before; panics on a reset or a read timeout (a close must be a close, not a
+    /// lost connection or a hang).
+    pub fn expect_closed(&mut self) -> Vec<LearnerMsg> {
+        let mut seen = Vec::new();
+        loop {
+            match codec::read_msg(&mut self.stream, &mut self.framer) {
+                Ok(Some(msg)) => seen.push(msg),
+                Ok(None) => return seen,
+                Err(e) => panic!("the connection did not close cleanly: {e}"),
+            }
+        }
+    }
+
+    /// Reads until a refusal arrives (then checks the connection closes cleanly, with
+    /// nothing after it) or the connection closes; returns the refusal.
     pub fn refused(&mut self) -> Option<Refusal> {
         loop {
             match self.recv() {
                 Some(LearnerMsg::Refused(r)) => {
-                    assert!(self.recv().is_none(), "closed after the refusal");
+                    let after = self.expect_closed();
+                    assert!(after.is_empty(), "closed after the refusal: {after:?}");
                     return Some(r);
                 }
                 Some(_) => continue,

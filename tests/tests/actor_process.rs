@@ -154,11 +154,7 @@ fn sigterm_and_sigint_stop_the_actor_cleanly_with_a_goodbye() {
         wait_until("the actor streams", LIMIT, || {
             fake.seen.batches.load(Ordering::SeqCst) > 0
         });
-        let status = Command::new("kill")
-            .args([signal, &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        millrace_tests::signal(&child, signal);
         let out = exit(child);
         assert_eq!(out.status.code(), Some(0), "{signal}: {}", stderr(&out));
         wait_until("the goodbye arrives", LIMIT, || {

@@ -38,6 +38,13 @@ pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     }
 }
 
+pub fn tensor_err(path: &Path) -> impl FnOnce(tch::TchError) -> CheckpointError + '_ {
+    move |source| CheckpointError::Tensor {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 pub fn invalid(path: &Path, reason: impl Into<String>) -> CheckpointError {
     CheckpointError::Invalid {
         path: path.to_path_buf(),
@@ -109,8 +116,10 @@ pub fn plain_name<'a>(meta: &Path, name: &'a str) -> Result<&'a str, CheckpointE
 }
 
 /// Removes files in `dir` that start with one of `prefixes` and are not in `keep`
-/// (older generations, unreferenced once the new metadata is in place). Failing to
-/// remove one is harmless.
+/// (older generations, unreferenced once the new metadata is in place), temporaries
+/// included: one thread writes a directory, so once its write is done any temporary
+/// left there is a crashed process's (gigabytes, for a replay). Failing to remove one
+/// is harmless.
 pub fn remove_unreferenced(dir: &Path, prefixes: &[&str], keep: &[&str]) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
@@ -118,8 +127,7 @@ pub fn remove_unreferenced(dir: &Path, prefixes: &[&str], keep: &[&str]) {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let ours = prefixes.iter().any(|p| name.starts_with(p));
-        let temporary = name.contains(".tmp.");
-        if ours && !temporary && !keep.contains(&name.as_str()) {
+        if ours && !keep.contains(&name.as_str()) {
             let _ = fs::remove_file(entry.path());
         }
     }
@@ -142,6 +150,30 @@ mod tests {
         let v: serde_json::Value = read_json(&path).unwrap();
         assert_eq!(v["v"], 1);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn older_generations_and_a_crashed_writes_temporaries_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "model-000000000001.safetensors",
+            "model-000000000002.safetensors",
+            "replay-000000000001.tmp.4242",
+            "meta.json",
+        ] {
+            fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        remove_unreferenced(
+            dir.path(),
+            &["model-", "replay-"],
+            &["model-000000000002.safetensors"],
+        );
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["meta.json", "model-000000000002.safetensors"]);
     }
 
     #[test]

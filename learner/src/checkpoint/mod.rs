@@ -30,9 +30,10 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 pub use files::CheckpointError;
-use files::{invalid, io, plain_name, read_json, remove_unreferenced, write_atomic, write_json};
+use files::{
+    invalid, io, plain_name, read_json, remove_unreferenced, tensor_err, write_atomic, write_json,
+};
 
-use crate::cli::Which;
 use crate::dqn::DqnState;
 use crate::evaluation::EvalRecord;
 
@@ -41,6 +42,34 @@ use crate::evaluation::EvalRecord;
 pub const FORMAT_VERSION: u32 = 2;
 const META: &str = "meta.json";
 const TENSORS: [&str; 4] = ["online", "target", "adam_m", "adam_v"];
+
+/// A saved policy in a checkpoint directory, named as its directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Which {
+    Latest,
+    Best,
+    Solved,
+}
+
+impl Which {
+    pub const ALL: [Which; 3] = [Which::Latest, Which::Best, Which::Solved];
+
+    /// Its directory's name, and how users spell it (`--which`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Which::Latest => "latest",
+            Which::Best => "best",
+            Which::Solved => "solved",
+        }
+    }
+}
+
+impl std::fmt::Display for Which {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// Where a run's checkpoints live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,15 +83,15 @@ impl Layout {
     }
 
     pub fn latest(&self) -> PathBuf {
-        self.root.join("latest")
+        self.dir(Which::Latest)
     }
 
     pub fn best(&self) -> PathBuf {
-        self.root.join("best")
+        self.dir(Which::Best)
     }
 
     pub fn solved(&self) -> PathBuf {
-        self.root.join("solved")
+        self.dir(Which::Solved)
     }
 
     pub fn config(&self) -> PathBuf {
@@ -70,11 +99,7 @@ impl Layout {
     }
 
     pub fn dir(&self, which: Which) -> PathBuf {
-        match which {
-            Which::Latest => self.latest(),
-            Which::Best => self.best(),
-            Which::Solved => self.solved(),
-        }
+        self.root.join(which.name())
     }
 
     /// The layout a user's path refers to: a checkpoint root, one of its
@@ -85,15 +110,15 @@ impl Layout {
         } else {
             path.to_path_buf()
         };
-        if ["latest", "best", "solved"]
+        if Which::ALL
             .iter()
-            .any(|d| dir.join(d).join(META).exists())
+            .any(|w| dir.join(w.name()).join(META).exists())
         {
             return Ok(Self::new(dir));
         }
         let named = dir
             .file_name()
-            .is_some_and(|n| ["latest", "best", "solved"].iter().any(|d| n == *d));
+            .is_some_and(|n| Which::ALL.iter().any(|w| n == w.name()));
         if named && dir.join(META).exists() {
             return Ok(Self::new(dir.parent().unwrap_or(Path::new("."))));
         }
@@ -144,12 +169,41 @@ pub struct StateMeta {
     pub run_finished: Option<String>,
 }
 
+impl StateMeta {
+    /// What a caller knows of a state to save; [`save_state`] fills in the rest (file
+    /// names, the optimizer's counters, replay's counters).
+    pub fn new(
+        env: EnvSpec,
+        network: NetworkSpec,
+        seed: u64,
+        env_steps: u64,
+        params_version: u64,
+    ) -> Self {
+        Self {
+            format: FORMAT_VERSION,
+            model_file: String::new(),
+            replay_file: None,
+            env,
+            network,
+            seed,
+            updates: 0,
+            adam_step: 0,
+            env_steps,
+            params_version,
+            replay_inserts: 0,
+            replay_samples: 0,
+            last_eval: None,
+            run_finished: None,
+        }
+    }
+}
+
 /// `best/` or `solved/`: the exact parameters an evaluation played.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PolicyMeta {
     pub format: u32,
-    /// "best" or "solved".
-    pub which: String,
+    /// Best or solved.
+    pub which: Which,
     pub policy_file: String,
     pub env: EnvSpec,
     pub network: NetworkSpec,
@@ -161,13 +215,6 @@ pub struct PolicyMeta {
     pub eval: EvalRecord,
     /// For `solved/`: the second evaluation, on fresh episodes, that confirmed it.
     pub confirm: Option<EvalRecord>,
-}
-
-fn tensor_err(path: &Path) -> impl FnOnce(tch::TchError) -> CheckpointError + '_ {
-    move |source| CheckpointError::Tensor {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// Saves the full state into `dir` (normally `latest/`, created if needed), replay
@@ -250,6 +297,18 @@ fn read_tensors(
         .collect()
 }
 
+/// Refuses metadata of another checkpoint format than this build's.
+fn check_format(meta_path: &Path, format: u32) -> Result<(), CheckpointError> {
+    if format == FORMAT_VERSION {
+        Ok(())
+    } else {
+        Err(invalid(
+            meta_path,
+            format!("format {format} (this build reads {FORMAT_VERSION})"),
+        ))
+    }
+}
+
 /// Loads the full state from a checkpoint (its root, `latest/`, or `latest/meta.json`),
 /// checking that it is complete and self-consistent. Whether it fits the run is the
 /// caller's [`check_fits`].
@@ -263,12 +322,7 @@ pub fn load_state(path: &Path) -> Result<(StateMeta, DqnState, PathBuf), Checkpo
         )));
     }
     let meta: StateMeta = read_json(&meta_path)?;
-    if meta.format != FORMAT_VERSION {
-        return Err(invalid(
-            &meta_path,
-            format!("format {} (this build reads {FORMAT_VERSION})", meta.format),
-        ));
-    }
+    check_format(&meta_path, meta.format)?;
     let model = dir.join(plain_name(&meta_path, &meta.model_file)?);
     let mut t = read_tensors(&meta_path, &model, &meta.network, &TENSORS)?.into_iter();
     let mut take = || t.next().expect("one tensor per name");
@@ -304,8 +358,8 @@ pub fn check_fits(
     Ok(())
 }
 
-/// Refills `table` from the state in `dir` (see [`load_state`]) and restores the rate
-/// limiter's counters when replay came back with enough data to learn from (at least
+/// Refills `table` (empty) from the state in `dir` (see [`load_state`]) and restores the
+/// rate limiter's counters when it then holds enough data to learn from (at least
 /// `learning_starts` transitions); otherwise the limiter starts afresh, so the learner
 /// waits for new data as a new run would. Sampling only ever returns stored items, so a
 /// partly restored replay (a smaller one) is safe either way.
@@ -320,7 +374,7 @@ pub fn restore_replay(
     };
     let path = dir.join(plain_name(&dir.join(META), name)?);
     let restored = replay_file::load(&path, meta.env.num_actions, table)?;
-    if restored.items as u64 >= learning_starts {
+    if restored.held as u64 >= learning_starts {
         table.restore_counters(meta.replay_inserts, meta.replay_samples);
     }
     Ok(restored)
@@ -343,6 +397,17 @@ pub fn save_policy(
     write_json(&dir.join(META), &meta)?;
     remove_unreferenced(dir, &["policy-"], &[meta.policy_file.as_str()]);
     Ok(())
+}
+
+/// The evaluation behind the policy saved as `which` in `layout`, if one is there.
+pub fn saved_eval(layout: &Layout, which: Which) -> Result<Option<EvalRecord>, CheckpointError> {
+    let meta = layout.dir(which).join(META);
+    if !meta.exists() {
+        return Ok(None);
+    }
+    let m: PolicyMeta = read_json(&meta)?;
+    check_format(&meta, m.format)?;
+    Ok(Some(m.eval))
 }
 
 /// A saved policy, read back.
@@ -382,13 +447,14 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
             _ => "",
         };
         return Err(CheckpointError::Missing(format!(
-            "{}: no {which:?} policy{hint}",
+            "{}: no {which} policy{hint}",
             layout.root.display()
         )));
     }
     let (env, network, version, steps, updates, eval, confirm, file) = match which {
         Which::Latest => {
             let m: StateMeta = read_json(&meta_path)?;
+            check_format(&meta_path, m.format)?;
             let file = plain_name(&meta_path, &m.model_file)?.to_string();
             (
                 m.env,
@@ -403,6 +469,7 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
         }
         Which::Best | Which::Solved => {
             let m: PolicyMeta = read_json(&meta_path)?;
+            check_format(&meta_path, m.format)?;
             let file = plain_name(&meta_path, &m.policy_file)?.to_string();
             (
                 m.env,
@@ -612,7 +679,7 @@ mod tests {
 
         let restored = replay_table(3, 1000);
         let r = restore_replay(&at, &m, &restored, 10).unwrap();
-        assert_eq!((r.items, r.skipped), (35, 0));
+        assert_eq!((r.read, r.held, r.skipped), (35, 35, 0));
         assert_eq!(restored.shard_lens(), table.shard_lens());
         let (s0, s1) = (table.stats(), restored.stats());
         assert_eq!(
@@ -628,7 +695,7 @@ mod tests {
 
         // A run with fewer shards takes everything (shards map modulo its count).
         let two = replay_table(2, 1000);
-        assert_eq!(restore_replay(&at, &m, &two, 10).unwrap().items, 35);
+        assert_eq!(restore_replay(&at, &m, &two, 10).unwrap().held, 35);
         // A damaged file: truncated, a partial header at the end, a length over the limit.
         let file = at.join(m.replay_file.as_ref().unwrap());
         let bytes = fs::read(&file).unwrap();
@@ -660,8 +727,8 @@ mod tests {
         // Room for two batches of five: the five older ones are evicted as it refills.
         let small = replay_table(1, 10);
         let r = restore_replay(&at, &m, &small, 10).unwrap();
-        assert_eq!(r.items, 35, "every batch went in, the oldest were evicted");
-        assert_eq!(small.len(), 10);
+        assert_eq!(r.read, 35, "every batch went in, the oldest were evicted");
+        assert_eq!((r.held, small.len()), (10, 10));
         let rewards = sample(&small, 64).expect("10 items: the counters came back");
         assert!(
             rewards.iter().all(|r| *r == 5.0 || *r == 6.0),
@@ -671,6 +738,11 @@ mod tests {
         let fresh = replay_table(1, 10);
         restore_replay(&at, &m, &fresh, 1000).unwrap();
         assert_eq!(fresh.stats().inserted, 0, "counters not restored");
+        // What counts is what the table holds, not what went through it: 35 read, 10
+        // held, learning starts at 20.
+        let evicted = replay_table(1, 10);
+        restore_replay(&at, &m, &evicted, 20).unwrap();
+        assert_eq!(evicted.stats().inserted, 0, "counters not restored");
         assert!(
             sample(&fresh, 8).is_none(),
             "no sampling before learning starts"
@@ -684,9 +756,9 @@ mod tests {
         let layout = Layout::new(dir.path());
         save_state(&layout.latest(), &dqn.state(), None, meta(&env, &net)).unwrap();
         let played: Vec<f32> = (0..net.layout().len).map(|i| i as f32 * 0.5).collect();
-        let policy_meta = |which: &str, version| PolicyMeta {
+        let policy_meta = |which: Which, version| PolicyMeta {
             format: FORMAT_VERSION,
-            which: which.into(),
+            which,
             policy_file: String::new(),
             env: env.clone(),
             network: net.clone(),
@@ -695,13 +767,13 @@ mod tests {
             env_steps: 100,
             updates: 50,
             eval: record(version, 480.0),
-            confirm: (which == "solved").then(|| record(version, 490.0)),
+            confirm: (which == Which::Solved).then(|| record(version, 490.0)),
         };
         let latest = load_policy(dir.path(), None).unwrap();
         assert_eq!(latest.which, Which::Latest, "only latest/ exists yet");
         assert_eq!(latest.online, dqn.online_params());
-        save_policy(&layout.best(), &played, policy_meta("best", 3)).unwrap();
-        save_policy(&layout.best(), &played, policy_meta("best", 4)).unwrap();
+        save_policy(&layout.best(), &played, policy_meta(Which::Best, 3)).unwrap();
+        save_policy(&layout.best(), &played, policy_meta(Which::Best, 4)).unwrap();
         let best = load_policy(dir.path(), None).unwrap();
         assert_eq!((best.which, best.params_version), (Which::Best, 4));
         assert_eq!(best.online, played, "the exact parameters played");
@@ -712,7 +784,7 @@ mod tests {
         );
         let err = load_policy(dir.path(), Some(Which::Solved)).unwrap_err();
         assert!(err.to_string().contains("not solved"), "{err}");
-        save_policy(&layout.solved(), &played, policy_meta("solved", 4)).unwrap();
+        save_policy(&layout.solved(), &played, policy_meta(Which::Solved, 4)).unwrap();
         let solved = load_policy(&layout.solved(), None).unwrap();
         assert_eq!(solved.which, Which::Solved);
         assert_eq!(solved.confirm.unwrap().mean, 490.0);

@@ -35,9 +35,12 @@ pub fn write(path: &Path, table: &Table) -> Result<(u64, u64), CheckpointError> 
 /// What a replay file put back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Restored {
-    /// Transitions restored.
-    pub items: usize,
-    /// Transitions in the file that did not fit this table (a smaller replay).
+    /// Transitions read back into the table.
+    pub read: usize,
+    /// Transitions the table holds afterwards: fewer than read when it is smaller than
+    /// the checkpointed run's (the oldest were evicted as it refilled).
+    pub held: usize,
+    /// Transitions in batches too large for this table's shards, not read back.
     pub skipped: usize,
 }
 
@@ -52,6 +55,8 @@ pub fn load(path: &Path, num_actions: usize, table: &Table) -> Result<Restored, 
         let payload = match codec::read_frame(&mut input, &mut framer) {
             Ok(Some(p)) => p,
             Ok(None) => break,
+            // A disk's error is not a damaged checkpoint.
+            Err(codec::ReadError::Io(e)) => return Err(io(path)(e)),
             Err(e) => return Err(invalid(path, e.to_string())),
         };
         let (shard, batch): (u32, TransitionBatch) =
@@ -60,11 +65,12 @@ pub fn load(path: &Path, num_actions: usize, table: &Table) -> Result<Restored, 
             .check_values(num_actions)
             .map_err(|e| invalid(path, e.to_string()))?;
         match table.restore(shard as usize, &batch) {
-            Ok(()) => restored.items += batch.len(),
+            Ok(()) => restored.read += batch.len(),
             // A smaller replay (or shards) than the checkpointed run's: keep what fits.
             Err(ReplayError::TooLarge(_)) => restored.skipped += batch.len(),
             Err(e) => return Err(invalid(path, e.to_string())),
         }
     }
+    restored.held = table.len();
     Ok(restored)
 }

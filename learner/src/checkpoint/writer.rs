@@ -8,10 +8,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use millrace_proto::{EnvSpec, StepCounter};
+use millrace_proto::{EnvSpec, NetworkSpec};
 use millrace_replay::Table;
 
-use super::{save_state, CheckpointError, Layout, StateMeta, FORMAT_VERSION};
+use super::{save_state, CheckpointError, Layout, StateMeta};
 use crate::dqn::DqnState;
 use crate::evaluation::EvalRecord;
 
@@ -21,8 +21,8 @@ use crate::evaluation::EvalRecord;
 pub struct CheckpointContext {
     pub layout: Layout,
     pub env: EnvSpec,
+    pub network: NetworkSpec,
     pub seed: u64,
-    pub steps: Arc<StepCounter>,
     pub table: Arc<Table>,
     /// The coordinator's latest evaluation, recorded in `latest/meta.json`.
     pub last_eval: Mutex<Option<EvalRecord>>,
@@ -32,7 +32,6 @@ pub struct CheckpointContext {
 #[derive(Debug)]
 pub struct SaveJob {
     pub state: DqnState,
-    pub network: millrace_proto::NetworkSpec,
     pub params_version: u64,
     /// The run's env steps when the state was copied.
     pub env_steps: u64,
@@ -122,8 +121,7 @@ impl CheckpointWriter {
     pub fn finish(mut self) -> Result<WriterStats, String> {
         drop(self.jobs.take());
         if let Some(h) = self.handle.take() {
-            h.join()
-                .map_err(|p| format!("panicked: {}", crate::panic_message(&*p)))?;
+            crate::joined(h)?;
         }
         Ok(self.stats())
     }
@@ -142,24 +140,19 @@ fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<SaveJob>, stats: &Mutex<W
     for job in jobs {
         let start = Instant::now();
         let meta = StateMeta {
-            format: FORMAT_VERSION,
-            model_file: String::new(),
-            replay_file: None,
-            env: ctx.env.clone(),
-            network: job.network.clone(),
-            seed: ctx.seed,
-            updates: job.state.updates,
-            adam_step: job.state.adam_step,
-            env_steps: job.env_steps,
-            params_version: job.params_version,
-            replay_inserts: 0,
-            replay_samples: 0,
             last_eval: ctx
                 .last_eval
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
             run_finished: job.run_finished.clone(),
+            ..StateMeta::new(
+                ctx.env.clone(),
+                ctx.network.clone(),
+                ctx.seed,
+                job.env_steps,
+                job.params_version,
+            )
         };
         let result = save_state(&ctx.layout.latest(), &job.state, Some(&ctx.table), meta);
         let took = start.elapsed();

@@ -4,7 +4,7 @@
 //! every end goes through: solved, out of steps, a signal, or any component failing.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -18,7 +18,7 @@ use super::setup::Setup;
 use super::wiring::Links;
 use super::RunError;
 use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter, WriterStats};
-use crate::checkpoint::{self, CheckpointError, PolicyMeta, FORMAT_VERSION};
+use crate::checkpoint::{self, CheckpointError, PolicyMeta, Which, FORMAT_VERSION};
 use crate::config::RunConfig;
 use crate::evaluation::{eval_seed, EvalRecord, EvalRequest, EvalTracker, Evaluator, Purpose};
 use crate::server::ServerHandle;
@@ -64,20 +64,21 @@ pub struct Ended {
     pub writer: Option<WriterStats>,
 }
 
-impl Ended {
-    /// What became of the checkpoint, for an error message.
-    fn checkpoint_note(&self) -> String {
-        match &self.checkpoint {
-            Ok(Some(path)) => format!("a checkpoint was written to {}", path.display()),
-            Ok(None) => "the last good checkpoint was kept".into(),
-            Err(e) => format!("the checkpoint failed too: {e}"),
-        }
+/// What became of the final checkpoint (written, not attempted, failed), for an
+/// error message.
+pub fn checkpoint_note(checkpoint: &Result<Option<PathBuf>, CheckpointError>) -> String {
+    match checkpoint {
+        Ok(Some(path)) => format!("a checkpoint was written to {}", path.display()),
+        Ok(None) => "the last good checkpoint was kept".into(),
+        Err(e) => format!("the checkpoint failed too: {e}"),
     }
+}
 
+impl Ended {
     /// The run's error: the first component failure, or `component` with `message` when
     /// none was found (a failure outside the components, e.g. during set-up).
     pub fn into_error(self, component: &str, message: &str) -> RunError {
-        let note = self.checkpoint_note();
+        let note = checkpoint_note(&self.checkpoint);
         let (component, message) = self
             .failures
             .into_iter()
@@ -89,13 +90,6 @@ impl Ended {
             checkpoint: note,
         }
     }
-}
-
-/// A thread's panic, as a message.
-fn joined<T>(handle: JoinHandle<T>) -> Result<T, String> {
-    handle
-        .join()
-        .map_err(|p| format!("panicked: {}", crate::panic_message(&*p)))
 }
 
 impl Running {
@@ -142,7 +136,7 @@ impl Running {
         let mut last = LearnerReport::default();
         let mut checkpoint = Ok(None);
         if let Some(learner) = self.learner.take() {
-            match joined(learner) {
+            match crate::joined(learner) {
                 Ok(outcome) => {
                     last = outcome.last;
                     if let Some(e) = outcome.error {
@@ -167,7 +161,7 @@ impl Running {
             }
         }
         for (id, actor) in self.actors.drain(..) {
-            match joined(actor) {
+            match crate::joined(actor) {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) | Err(e) => failures.push((format!("actor {id}"), e)),
             }
@@ -197,8 +191,7 @@ impl Running {
 
 /// Saves a snapshot an evaluation played as `best/` or `solved/`.
 fn save_policy(
-    dir: &Path,
-    which: &'static str,
+    which: Which,
     setup: &Setup,
     seed: u64,
     params: &Params,
@@ -207,7 +200,7 @@ fn save_policy(
 ) -> Result<(), RunError> {
     let meta = PolicyMeta {
         format: FORMAT_VERSION,
-        which: which.into(),
+        which,
         policy_file: String::new(),
         env: setup.env.clone(),
         network: setup.network.clone(),
@@ -218,7 +211,8 @@ fn save_policy(
         eval: eval.clone(),
         confirm: confirm.cloned(),
     };
-    checkpoint::save_policy(dir, &params.data, meta).map_err(|e| RunError::SavePolicy(which, e))
+    checkpoint::save_policy(&setup.layout.dir(which), &params.data, meta)
+        .map_err(|e| RunError::SavePolicy(which, e))
 }
 
 /// Everything the coordinator and the lock-step mode track between evaluations.
@@ -231,10 +225,11 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub fn new(cfg: &RunConfig, start_steps: u64) -> Self {
+    /// `best`: the best evaluation so far, if this run continues one.
+    pub fn new(cfg: &RunConfig, start_steps: u64, best: Option<EvalRecord>) -> Self {
         let every = cfg.eval.every.max(1);
         Self {
-            tracker: EvalTracker::new(cfg.eval.target_return),
+            tracker: EvalTracker::new(cfg.eval.target_return, best),
             window: VecDeque::with_capacity(100),
             episodes: 0,
             next_eval: (start_steps / every + 1) * every,
@@ -280,20 +275,11 @@ impl Progress {
         setup.metrics.eval(rec, done.purpose);
         let d = self.tracker.record(done);
         if d.new_best {
-            save_policy(
-                &setup.layout.best(),
-                "best",
-                setup,
-                cfg.seed,
-                &done.params,
-                rec,
-                None,
-            )?;
+            save_policy(Which::Best, setup, cfg.seed, &done.params, rec, None)?;
         }
         if let Some(s) = &d.solved {
             save_policy(
-                &setup.layout.solved(),
-                "solved",
+                Which::Solved,
                 setup,
                 cfg.seed,
                 &s.params,
@@ -358,7 +344,7 @@ pub fn run(
     links: Links,
     interrupt: &AtomicBool,
 ) -> Result<RunSummary, RunError> {
-    let mut progress = Progress::new(cfg, setup.steps.get());
+    let mut progress = Progress::new(cfg, setup.start_steps, setup.best.take());
     let mut report = LearnerReport::default();
     let mut eval_in_flight = false;
     let mut failure: Option<RunError> = None;
@@ -441,12 +427,14 @@ fn finish(
     mut setup: Setup,
     progress: Progress,
     end: End,
-    ended: Ended,
+    mut ended: Ended,
     failure: Option<RunError>,
 ) -> Result<RunSummary, RunError> {
+    // Saving an evaluated policy failed: that ended the run, whatever followed.
     if let Some(e) = failure {
-        tracing::error!("{e}");
-        return Err(e);
+        ended
+            .failures
+            .insert(0, ("evaluation".to_string(), e.to_string()));
     }
     if end == End::Failed || !ended.failures.is_empty() {
         return Err(ended.into_error("run", "a component ended unexpectedly"));

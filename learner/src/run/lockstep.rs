@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use millrace_actor::{make_envs, ActorLoop, MlpPolicy};
-use millrace_proto::{Params, ParamsCell};
+use millrace_proto::Params;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tch::Device;
@@ -23,7 +23,7 @@ use tch::Device;
 use super::coordinator::Progress;
 use super::setup::Setup;
 use super::RunError;
-use crate::checkpoint::{self, StateMeta, FORMAT_VERSION};
+use crate::checkpoint::{self, StateMeta};
 use crate::config::RunConfig;
 use crate::dqn::Dqn;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, Purpose};
@@ -42,7 +42,7 @@ fn evaluate_now(
     setup: &mut Setup,
     progress: &mut Progress,
     params: Arc<Params>,
-) -> Result<bool, RunError> {
+) -> Result<bool, String> {
     let mut next = Some((params, Purpose::Regular));
     while let Some((params, purpose)) = next.take() {
         let key = match purpose {
@@ -50,28 +50,20 @@ fn evaluate_now(
             Purpose::Confirm => params.version,
         };
         let seed = eval_seed(cfg.seed, purpose, key);
-        let result = evaluate(&setup.env, &setup.network, &params, cfg.eval.episodes, seed)
-            .map_err(RunError::Device)?;
+        let result = evaluate(&setup.env, &setup.network, &params, cfg.eval.episodes, seed)?;
         let done = EvalDone {
             record: EvalRecord::new(&params, seed, &result),
             params,
             purpose,
         };
-        if let Some(confirm) = progress.evaluated(&done, setup, cfg)? {
+        if let Some(confirm) = progress
+            .evaluated(&done, setup, cfg)
+            .map_err(|e| e.to_string())?
+        {
             next = Some((confirm, Purpose::Confirm));
         }
     }
     Ok(progress.tracker.solved.is_some())
-}
-
-fn publish(cell: &ParamsCell, version: u64, steps: u64, dqn: &Dqn) {
-    cell.publish(Params {
-        version,
-        env_steps: steps,
-        updates: dqn.updates(),
-        population: dqn.spec().population,
-        data: dqn.online_params(),
-    });
 }
 
 fn save(
@@ -84,20 +76,15 @@ fn save(
 ) -> Result<PathBuf, checkpoint::CheckpointError> {
     let state = dqn.state();
     let meta = StateMeta {
-        format: FORMAT_VERSION,
-        model_file: String::new(),
-        replay_file: None,
-        env: setup.env.clone(),
-        network: setup.network.clone(),
-        seed: cfg.seed,
-        updates: state.updates,
-        adam_step: state.adam_step,
-        env_steps: setup.steps.get(),
-        params_version: version,
-        replay_inserts: 0,
-        replay_samples: 0,
         last_eval,
         run_finished,
+        ..StateMeta::new(
+            setup.env.clone(),
+            setup.network.clone(),
+            cfg.seed,
+            setup.steps.get(),
+            version,
+        )
     };
     checkpoint::save_state(&setup.layout.latest(), &state, Some(&setup.table), meta)
 }
@@ -109,8 +96,8 @@ pub fn run(
 ) -> Result<RunSummary, RunError> {
     tch::set_num_threads(1);
     let mut dqn = setup.dqn.take().expect("the networks are set up once");
-    let mut progress = Progress::new(cfg, setup.steps.get());
-    let seed_offset = setup.resumed.as_ref().map_or(0, |m| m.env_steps);
+    let mut progress = Progress::new(cfg, setup.start_steps, setup.best.take());
+    let seed_offset = setup.start_steps;
     let mut actors = Vec::new();
     for id in 0..cfg.actors.count {
         let acfg = cfg.actor(id as u32, seed_offset);
@@ -122,35 +109,33 @@ pub fn run(
     let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 0x5eed);
     let mut version = setup.params.version();
     let mut source = Arc::clone(&setup.params);
-    let mut episodes = Vec::new();
     let mut stalls = StallTimes::default();
     let mut report = LearnerReport::default();
     let mut nonfinite = 0;
     let started = Instant::now();
     let mut last_ckpt = Instant::now();
     let mut failure: Option<(String, String)> = None;
+    let mut diverged = false;
     let reason = 'run: loop {
         if interrupt.load(Ordering::Relaxed) {
             break StopReason::Interrupted;
         }
         for (actor, policy) in &mut actors {
-            let batch =
-                match actor.step(policy, &mut source, &setup.steps, &mut |e| episodes.push(e)) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        failure = Some(("actor".into(), e.to_string()));
-                        break 'run StopReason::Interrupted;
-                    }
-                };
+            let batch = match actor.step(policy, &mut source, &setup.steps, &mut |e| {
+                progress.episode(e.episode_return);
+            }) {
+                Ok(b) => b,
+                Err(e) => {
+                    failure = Some(("actor".into(), e.to_string()));
+                    break 'run StopReason::Interrupted;
+                }
+            };
             if let Some(batch) = batch {
                 if let Err(e) = setup.table.insert_unlimited(&batch) {
                     failure = Some(("replay".into(), e.to_string()));
                     break 'run StopReason::Interrupted;
                 }
             }
-        }
-        for e in episodes.drain(..) {
-            progress.episode(e.episode_return);
         }
         // Every update the replay ratio allows now, in order.
         let c0 = Instant::now();
@@ -165,7 +150,7 @@ pub fn run(
                 .is_multiple_of(cfg.learner.publish_every.max(1))
             {
                 version += 1;
-                publish(&setup.params, version, setup.steps.get(), &dqn);
+                setup.params.publish(dqn.params(version, setup.steps.get()));
             }
             if dqn.updates().is_multiple_of(STATS_EVERY) {
                 let stats = dqn.take_stats();
@@ -173,6 +158,7 @@ pub fn run(
                 report.stats = stats;
                 report.nonfinite_total = nonfinite;
                 if stats.nonfinite_streak >= cfg.learner.max_nonfinite {
+                    diverged = true;
                     failure = Some((
                         "learner".into(),
                         crate::update_loop::LearnerError::Diverged {
@@ -194,7 +180,7 @@ pub fn run(
                 Ok(true) => break StopReason::Solved,
                 Ok(false) => {}
                 Err(e) => {
-                    failure = Some(("evaluation".into(), e.to_string()));
+                    failure = Some(("evaluation".into(), e));
                     break StopReason::Interrupted;
                 }
             }
@@ -237,7 +223,6 @@ pub fn run(
     };
     setup.table.close();
     // The final checkpoint: not after divergence (the last good one stays).
-    let diverged = failure.as_ref().is_some_and(|(c, _)| c == "learner");
     let run_finished = match reason {
         StopReason::Solved if failure.is_none() => Some("solved".to_string()),
         StopReason::MaxSteps if failure.is_none() => Some("max steps".to_string()),
@@ -256,22 +241,18 @@ pub fn run(
     });
     stalls.checkpoint += k0.elapsed().as_secs_f64();
     stalls.total = started.elapsed().as_secs_f64();
+    let saved = saved.transpose();
     if let Some((component, message)) = failure {
-        let checkpoint = match saved {
-            Some(Ok(path)) => format!("a checkpoint was written to {}", path.display()),
-            Some(Err(e)) => format!("the checkpoint failed too: {e}"),
-            None => "the last good checkpoint was kept".into(),
-        };
         return Err(RunError::Failed {
             component,
             message,
-            checkpoint,
+            checkpoint: super::coordinator::checkpoint_note(&saved),
         });
     }
     match saved {
-        Some(Ok(path)) => tracing::info!("checkpoint written to {}", path.display()),
-        Some(Err(e)) => return Err(RunError::FinalCheckpoint(e)),
-        None => {}
+        Ok(Some(path)) => tracing::info!("checkpoint written to {}", path.display()),
+        Ok(None) => {}
+        Err(e) => return Err(RunError::FinalCheckpoint(e)),
     }
     report.updates = dqn.updates();
     report.params_version = version;

@@ -61,7 +61,7 @@ pub enum RunError {
     #[error("final checkpoint failed: {0}")]
     FinalCheckpoint(CheckpointError),
     #[error("cannot save the {0} policy: {1}")]
-    SavePolicy(&'static str, CheckpointError),
+    SavePolicy(crate::checkpoint::Which, CheckpointError),
 }
 
 /// Bytes as GiB, for messages.

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::ProgressBar;
-use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter};
+use millrace_proto::{EnvSpec, NetworkSpec, ParamsCell, StepCounter};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 
 use super::RunError;
-use crate::checkpoint::{self, Layout, StateMeta};
-use crate::config::RunConfig;
+use crate::checkpoint::{self, Layout, Which};
+use crate::config::{DeviceChoice, RunConfig};
 use crate::dqn::Dqn;
+use crate::evaluation::EvalRecord;
 use crate::memory::Footprint;
 use crate::metrics::Metrics;
 
@@ -25,7 +26,11 @@ pub struct Setup {
     pub network: NetworkSpec,
     /// Moved into the learner thread (threaded mode) or driven in place (lock-step).
     pub dqn: Option<Dqn>,
-    pub resumed: Option<StateMeta>,
+    /// Env steps already taken (those of the resumed run; 0 for a new one).
+    pub start_steps: u64,
+    /// The best evaluation so far (a resumed run's, from its `best/`): a continued run
+    /// replaces `best/` only with a better one.
+    pub best: Option<EvalRecord>,
     pub table: Arc<Table>,
     pub params: Arc<ParamsCell>,
     pub steps: Arc<StepCounter>,
@@ -35,6 +40,8 @@ pub struct Setup {
     pub board: Arc<crate::server::ActorBoard>,
     pub started: Instant,
     pub footprint: Footprint,
+    /// Staging buffers in the prefetcher's ring (threaded mode).
+    pub staging_depth: usize,
 }
 
 /// The replay table for this run (its rate limiter checked so it cannot deadlock).
@@ -85,11 +92,17 @@ fn available_memory() -> Option<u64> {
 
 pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunError> {
     let started = Instant::now();
+    let cuda = matches!(cfg.device, DeviceChoice::Cuda(_)) && tch::Cuda::is_available();
+    if cfg.learner.copy_stream && !cuda {
+        return Err(RunError::CopyStreamNeedsCuda(cfg.device));
+    }
     let env = millrace_actor::env::spec(&cfg.env_id)?;
     let network = NetworkSpec::mlp(&env.obs, &cfg.hidden, env.num_actions, 1)?;
     let device = cfg.device.device();
 
     let layout = Layout::new(cfg.checkpoint_dir());
+    // Replay first: whether this machine can hold it is the cheapest check.
+    let table = Arc::new(replay_table(cfg, &env)?);
 
     // Networks: fresh, or from the checkpoint. Allocating on a device can fail.
     let (resumed, state_dir) = match &cfg.resume {
@@ -121,48 +134,43 @@ pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunEr
         })?
     };
 
-    let steps = Arc::new(StepCounter::new(
-        resumed.as_ref().map_or(0, |m| m.env_steps),
-    ));
-    let table = Arc::new(replay_table(cfg, &env)?);
+    let start_steps = resumed.as_ref().map_or(0, |m| m.env_steps);
+    let steps = Arc::new(StepCounter::new(start_steps));
+    let mut best = None;
     if let (Some(dir), Some(meta)) = (&state_dir, &resumed) {
         let restored = checkpoint::restore_replay(dir, meta, &table, cfg.replay.learning_starts)
             .map_err(RunError::Resume)?;
         let stats = table.stats();
         tracing::info!(
-            "replay: restored {} transitions ({} did not fit this replay); rate limiter at {} inserts, {} samples",
-            restored.items,
+            "replay: holds {} transitions ({} read back, {} in batches too large for this replay); rate limiter at {} inserts, {} samples",
+            restored.held,
+            restored.read,
             restored.skipped,
             stats.inserted,
             stats.sampled
         );
+        // This run's own `best/`, which it will write to: there only when it continues
+        // the run that wrote it.
+        best = checkpoint::saved_eval(&layout, Which::Best).map_err(RunError::Resume)?;
     }
-    let params = Arc::new(ParamsCell::new(Params {
-        version: resumed.as_ref().map_or(0, |m| m.params_version),
-        env_steps: steps.get(),
-        updates: dqn.updates(),
-        population: network.population,
-        data: dqn.online_params(),
-    }));
+    let params = Arc::new(ParamsCell::new(dqn.params(
+        resumed.as_ref().map_or(0, |m| m.params_version),
+        start_steps,
+    )));
     // The configuration once the set-up holds (a refused resume must not overwrite
     // the configuration of the run it was meant to continue), before any thread starts.
-    std::fs::create_dir_all(&layout.root).map_err(|e| {
-        RunError::Config(checkpoint::CheckpointError::Io {
-            path: layout.root.clone(),
-            source: e,
-        })
-    })?;
+    std::fs::create_dir_all(&layout.root)
+        .map_err(|e| RunError::Config(checkpoint::files::io(&layout.root)(e)))?;
     checkpoint::files::write_json(&layout.config(), cfg).map_err(RunError::Config)?;
     let metrics = Metrics::new(&cfg.logdir, bar, steps.get())?;
     let p = network.layout().len * network.population * 4;
-    let pinned = cfg.device != crate::config::DeviceChoice::Cpu;
-    let depth = crate::prefetch::default_depth(&env.obs, cfg.batch_size, pinned);
+    let staging_depth = crate::prefetch::default_depth(&env.obs, cfg.batch_size, cuda);
     let batch_bytes = cfg.batch_size * (2 * env.obs.row_bytes() + 16);
     let footprint = Footprint {
         device: cfg.device,
         params_bytes: 5 * p,
         batch_bytes,
-        staging_bytes: depth * batch_bytes,
+        staging_bytes: staging_depth * batch_bytes,
         replay_bytes: table.bytes_per_item() as usize * cfg.replay.capacity,
         batch_size: cfg.batch_size,
     };
@@ -170,7 +178,8 @@ pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunEr
         env,
         network,
         dqn: Some(dqn),
-        resumed,
+        start_steps,
+        best,
         table,
         params,
         steps,
@@ -179,5 +188,6 @@ pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunEr
         board: Arc::default(),
         started,
         footprint,
+        staging_depth,
     })
 }

@@ -88,25 +88,25 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
     let env = setup.env.clone();
     let device = cfg.device.device();
     let cuda = cfg.device != DeviceChoice::Cpu && tch::Cuda::is_available();
-    let copy_stream = match (cfg.learner.copy_stream, cfg.device) {
-        (false, _) => None,
-        (true, DeviceChoice::Cuda(i)) if cuda => Some(crate::cuda::CopyStream::new(i)?),
-        (true, other) => return Err(RunError::CopyStreamNeedsCuda(other)),
+    // `setup::prepare` refused a copy stream without CUDA.
+    let copy_stream = match cfg.device {
+        DeviceChoice::Cuda(i) if cfg.learner.copy_stream => Some(crate::cuda::CopyStream::new(i)?),
+        _ => None,
     };
 
     // Threads that end by themselves when dropped, if anything below fails first.
     let ckpt = Arc::new(CheckpointContext {
         layout: setup.layout.clone(),
         env: env.clone(),
+        network: setup.network.clone(),
         seed: cfg.seed,
-        steps: Arc::clone(&setup.steps),
         table: Arc::clone(&setup.table),
         last_eval: Mutex::new(None),
     });
     let writer = Arc::new(CheckpointWriter::spawn(Arc::clone(&ckpt))?);
     let publisher = Publisher::spawn(Arc::clone(&setup.params))?;
     let sampler = SamplerConfig {
-        depth: crate::prefetch::default_depth(&env.obs, cfg.batch_size, cuda),
+        depth: setup.staging_depth,
         seed: cfg.seed ^ 0x5eed,
         fail_after: cfg.faults.sampler.then_some(1),
     };
@@ -172,7 +172,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
             cfg.eval.episodes,
             cfg.faults.evaluator,
         )?);
-        let seed_offset = setup.resumed.as_ref().map_or(0, |m| m.env_steps);
+        let seed_offset = setup.start_steps;
         for id in 0..cfg.actors.count {
             let acfg = cfg.actor(id as u32, seed_offset);
             let mut policy = MlpPolicy::new(setup.network.clone(), 0)
