@@ -50,9 +50,10 @@ if [[ -n "$missing" ]]; then
         echo "$missing" | sed 's/^/setup:   /' >&2
         exit 1
     fi
+    # What was installed imports, not only installs (a broken wheel is caught here, not
+    # in a test). Once, after installing: importing torch takes seconds.
+    "$MILLRACE_VENV/bin/python" -c 'import torch, gymnasium, safetensors.torch, numpy' || {
+        echo "setup: the Python packages in $MILLRACE_VENV do not import; remove it and rerun" >&2
+        exit 1
+    }
 fi
-# The packages import, not only install (a broken wheel is caught here, not in a test).
-"$MILLRACE_VENV/bin/python" -c 'import torch, gymnasium, safetensors.torch, numpy' || {
-    echo "setup: the Python packages in $MILLRACE_VENV do not import; remove it and rerun" >&2
-    exit 1
-}
