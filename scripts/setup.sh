@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up: the project virtualenv with PyTorch 2.11.0 (libtorch for tch 0.24.0)
+# Idempotent set-up: the project virtualenv with PyTorch 2.11.0 (libtorch for tch 0.24.0),
+# the Gymnasium bridge's packages (gymnasium, ale-py, minatar)
 # and the Python packages the tests and scripts need (scripts/requirements.txt, pinned).
 # Quick when already present: it checks every pinned package's installed version and
 # installs only when one is missing or different. Run by scripts/train.sh and
@@ -52,7 +53,7 @@ if [[ -n "$missing" ]]; then
     fi
     # What was installed imports, not only installs (a broken wheel is caught here, not
     # in a test). Once, after installing: importing torch takes seconds.
-    "$MILLRACE_VENV/bin/python" -c 'import torch, gymnasium, safetensors.torch, numpy' || {
+    "$MILLRACE_VENV/bin/python" -c 'import torch, gymnasium, safetensors.torch, numpy, ale_py, minatar' || {
         echo "setup: the Python packages in $MILLRACE_VENV do not import; remove it and rerun" >&2
         exit 1
     }

@@ -1,7 +1,13 @@
-//! Link-time fixes for binaries and tests that use tch (see README, "libtorch"):
+//! Link-time fixes for binaries and tests that use tch (see README, "libtorch") and
+//! the Gymnasium bridge (an rpath to its libpython):
 //! an rpath to libtorch so no `LD_LIBRARY_PATH` is needed, and `libtorch_cuda`
 //! kept linked (the linker's `--as-needed` would drop it, leaving CUDA unavailable).
 fn main() {
+    // The Gymnasium bridge's libpython (the actor crate's build script found it).
+    println!("cargo:rerun-if-env-changed=DEP_MILLRACE_PYTHON_LIBDIR");
+    if let Ok(lib) = std::env::var("DEP_MILLRACE_PYTHON_LIBDIR") {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    }
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         return;

@@ -2,10 +2,15 @@
 //! episodes at ε = 0, so it runs all episodes side by side with batched inference.
 
 use bytemuck::Pod;
-use millrace_proto::EnvSpec;
+use millrace_proto::env::Family;
+use millrace_proto::{EnvConfig, EnvSpec, NetworkSpec, Params};
 
-use crate::env::{self, Env, EnvError};
-use crate::policy::{argmax_rows, Policy};
+use crate::cnn::CnnPolicy;
+use crate::env::{self, AnyVecEnv, Env, EnvError, Step, VecEnv};
+use crate::policy::{argmax_rows, MlpPolicy, Policy};
+
+/// Bridged environments played side by side in one evaluation, at most.
+pub const MAX_BRIDGED_EVAL_ENVS: usize = 16;
 
 /// Returns of a greedy evaluation.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,6 +115,95 @@ pub fn evaluate_with<O: Pod + Default>(
     Ok(EvalResult { returns })
 }
 
+/// Plays `episodes` episodes in `envs` greedily, with one forward pass per step for all
+/// of them; environment `i` starts from `derive_seed(seed, i)` and plays its share of
+/// the episodes (an equal split: the first to finish do not crowd out long ones).
+pub fn evaluate_vec<O: Pod + Default>(
+    envs: &mut dyn VecEnv<O>,
+    policy: &mut dyn Policy<O>,
+    episodes: usize,
+    seed: u64,
+) -> Result<EvalResult, EnvError> {
+    let n = envs.num_envs();
+    let d = envs.spec().obs.numel();
+    let num_actions = policy.num_actions();
+    let mut quota: Vec<usize> = (0..n)
+        .map(|i| episodes / n + usize::from(i < episodes % n))
+        .collect();
+    let seeds: Vec<u64> = (0..n as u64).map(|i| crate::derive_seed(seed, i)).collect();
+    let (mut obs, mut next) = (vec![O::default(); n * d], vec![O::default(); n * d]);
+    envs.reset(&seeds, &mut obs)?;
+    let (mut q, mut actions) = (vec![0.0f32; n * num_actions], vec![0usize; n]);
+    let mut steps = vec![Step::default(); n];
+    let mut running = vec![0.0f32; n];
+    let mut returns = Vec::with_capacity(episodes);
+    while quota.iter().any(|q| *q > 0) {
+        policy.q_values(&obs, &mut q);
+        argmax_rows(&q, num_actions, &mut actions);
+        envs.step(&actions, &mut next, &mut obs, &mut steps)?;
+        for i in 0..n {
+            running[i] += steps[i].reward;
+            if steps[i].done() {
+                if quota[i] > 0 {
+                    returns.push(running[i]);
+                    quota[i] -= 1;
+                }
+                running[i] = 0.0;
+            } else {
+                obs[i * d..(i + 1) * d].copy_from_slice(&next[i * d..(i + 1) * d]);
+            }
+        }
+    }
+    Ok(EvalResult { returns })
+}
+
+/// Plays `params` of `network` greedily for `episodes` episodes of `cfg`: the Rust ports
+/// one environment per episode, bridged environments up to [`MAX_BRIDGED_EVAL_ENVS`]
+/// side by side. Returns are the environment's own (unclipped, whole games).
+pub fn evaluate_params(
+    cfg: &EnvConfig,
+    network: &NetworkSpec,
+    params: &Params,
+    episodes: usize,
+    seed: u64,
+) -> Result<EvalResult, String> {
+    let text = |e: &dyn std::fmt::Display| e.to_string();
+    if network.conv.is_empty() {
+        let mut policy = MlpPolicy::new(network.clone(), 0).map_err(|e| text(&e))?;
+        policy.load(params).map_err(|e| text(&e))?;
+        if cfg.family() == Family::Native {
+            return evaluate_with(|s| env::make(&cfg.id, s), &mut policy, episodes, seed)
+                .map_err(|e| text(&e));
+        }
+        match env::make_vec(cfg, episodes.clamp(1, MAX_BRIDGED_EVAL_ENVS), seed) {
+            Ok(AnyVecEnv::Vector(mut envs)) => {
+                evaluate_vec(&mut *envs, &mut policy, episodes, seed).map_err(|e| text(&e))
+            }
+            Ok(AnyVecEnv::Pixels(_)) => Err(format!("{} has image observations", cfg.id)),
+            Err(e) => Err(text(&e)),
+        }
+    } else {
+        let mut policy = CnnPolicy::new(network.clone()).map_err(|e| text(&e))?;
+        policy.load(params).map_err(|e| text(&e))?;
+        if cfg.family() == Family::Native {
+            return evaluate_with(
+                |s| env::make_pixels(&cfg.id, s),
+                &mut policy,
+                episodes,
+                seed,
+            )
+            .map_err(|e| text(&e));
+        }
+        match env::make_vec(cfg, episodes.clamp(1, MAX_BRIDGED_EVAL_ENVS), seed) {
+            Ok(AnyVecEnv::Pixels(mut envs)) => {
+                evaluate_vec(&mut *envs, &mut policy, episodes, seed).map_err(|e| text(&e))
+            }
+            Ok(AnyVecEnv::Vector(_)) => Err(format!("{} has vector observations", cfg.id)),
+            Err(e) => Err(text(&e)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +264,17 @@ mod tests {
         let result = evaluate(&spec, &mut policy, 10, 0).unwrap();
         assert!(result.mean() < 20.0, "mean {}", result.mean());
         assert!(result.min() >= 8.0);
+    }
+
+    #[test]
+    fn the_vectorised_evaluation_splits_episodes_and_agrees_on_a_good_policy() {
+        let envs = (0..3)
+            .map(|i| env::make("CartPole-v1", i).unwrap())
+            .collect();
+        let mut envs = env::NativeVec::new(envs);
+        let result = evaluate_vec(&mut envs, &mut balancing_policy(), 10, 3).unwrap();
+        assert_eq!(result.returns.len(), 10);
+        assert!(result.mean() > 400.0, "mean {}", result.mean());
     }
 
     #[test]

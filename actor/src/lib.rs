@@ -18,12 +18,12 @@ pub mod runner;
 pub mod schedule;
 
 pub use cnn::CnnPolicy;
-pub use env::{make, make_pixels, Env, EnvError, Step};
+pub use env::{make, make_pixels, make_vec, AnyVecEnv, Env, EnvError, Step, VecEnv};
 pub use eval::{evaluate, EvalResult};
 pub use nstep::NStep;
 pub use policy::{MlpPolicy, Policy, PolicyError};
 pub use runner::{
-    make_envs, run_actor, run_actor_with, ActorConfig, ActorError, ActorLoop, ActorSink,
+    make_envs, run_actor, run_actor_with, ActorConfig, ActorError, ActorLoop, ActorSink, AnyActor,
     EpisodeStats, NoParams, ParamsSource,
 };
 pub use schedule::{apex_epsilon, EpsilonSchedule};

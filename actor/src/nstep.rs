@@ -134,6 +134,7 @@ mod tests {
             reward,
             terminated,
             truncated,
+            life_lost: false,
         }
     }
 

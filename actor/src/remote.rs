@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use millrace_proto::codec::DEFAULT_MAX_FRAME;
+use millrace_proto::env::{supported, Family};
 use millrace_proto::io::{write_msg, FrameReader, ReadError};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, Capabilities, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal,
@@ -24,7 +25,6 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::env;
-use crate::policy::MlpPolicy;
 use crate::runner::{run_actor, ActorConfig, ActorSink, EpisodeStats, SinkClosed};
 use crate::schedule::EpsilonSchedule;
 
@@ -228,7 +228,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         actor_name: cfg.name.clone(),
         capabilities: Capabilities {
             envs: cfg.envs as u32,
-            env_ids: env::KNOWN_IDS.iter().map(|s| s.to_string()).collect(),
+            env_ids: env::capabilities(),
             features: Vec::new(),
         },
         agent: None,
@@ -296,12 +296,20 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             last_stats: Instant::now(),
             every: cfg.stats_every,
         };
+        let expected = welcome.env.clone();
         tokio::task::spawn_blocking(move || -> Result<u64, String> {
-            let mut policy = MlpPolicy::new(network, 0).map_err(|e| e.to_string())?;
+            // A bridged environment's spaces are known once it is built.
+            let built = env::spec_of(&acfg.env).map_err(|e| e.to_string())?;
+            if built != expected {
+                return Err(format!(
+                    "this actor's {} differs from the learner's: {built:?} vs {expected:?}",
+                    expected.id
+                ));
+            }
             // This process's own view of the run's step count, raised to the learner's
             // with every parameter snapshot (it drives the exploration schedule).
             let steps = StepCounter::default();
-            run_actor(&acfg, &mut policy, &mut latest, &mut sink, &steps, &stop)
+            run_actor(&acfg, &network, &mut latest, &mut sink, &steps, &stop)
                 .map_err(|e| e.to_string())
         })
     };
@@ -411,19 +419,29 @@ async fn connect(learner: &str) -> std::io::Result<TcpStream> {
 
 /// The actor's configuration, all from the learner's [`Welcome`].
 fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> {
-    let local = env::spec(&w.env.id).map_err(|e| e.to_string())?;
-    if local != w.env {
+    if w.env_config.id != w.env.id {
         return Err(format!(
-            "the learner's {} differs from this actor's port",
-            w.env.id
+            "the learner names two environments: {} and {}",
+            w.env.id, w.env_config.id
         ));
+    }
+    if w.env_config.family() == Family::Native {
+        let local = env::spec(&w.env.id).map_err(|e| e.to_string())?;
+        if local != w.env {
+            return Err(format!(
+                "the learner's {} differs from this actor's port",
+                w.env.id
+            ));
+        }
+    } else if !supported(&env::capabilities(), &w.env.id) {
+        return Err(env::EnvError::NoBridge(w.env.id.clone()).to_string());
     }
     if w.env_indices.is_empty() || w.env_indices.len() != w.epsilons.len() {
         return Err("the learner handed out no exploration indices".into());
     }
     Ok(ActorConfig {
         actor_id: w.env_indices[0],
-        env_id: w.env.id.clone(),
+        env: w.env_config.clone(),
         num_envs: w.env_indices.len(),
         seed: crate::derive_seed(cfg.seed, u64::from(w.env_indices[0])),
         n_step: w.n_step.max(1) as usize,
@@ -439,5 +457,6 @@ fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> 
             None => EpsilonSchedule::Constant(w.epsilons[0]),
         },
         env_epsilons: w.epsilon_decay.is_none().then(|| w.epsilons.clone()),
+        clip_rewards: w.clip_rewards,
     })
 }

@@ -10,13 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use millrace_proto::{Params, ParamsCell, StepCounter, TransitionBatch};
+use millrace_proto::{EnvConfig, NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::env::{self, Env, EnvError};
+use crate::cnn::CnnPolicy;
+use crate::env::{self, EnvError, Step, VecEnv};
 use crate::nstep::NStep;
-use crate::policy::{argmax_rows, Policy, PolicyError};
+use crate::policy::{argmax_rows, MlpPolicy, Policy, PolicyError};
 use crate::schedule::EpsilonSchedule;
 
 /// Everything one actor needs, checked by whoever builds it.
@@ -24,7 +25,8 @@ use crate::schedule::EpsilonSchedule;
 pub struct ActorConfig {
     /// Identifies the actor; also selects its seed stream.
     pub actor_id: u32,
-    pub env_id: String,
+    /// The environment, and how to build it.
+    pub env: EnvConfig,
     /// Environments stepped together, one batched forward pass for all of them.
     pub num_envs: usize,
     pub seed: u64,
@@ -37,6 +39,9 @@ pub struct ActorConfig {
     pub epsilon: EpsilonSchedule,
     /// ...or a fixed ε per environment (Ape-X: one per environment), when given.
     pub env_epsilons: Option<Vec<f32>>,
+    /// Rewards in transitions clipped to [-1, 1] (DQN on Atari); episode returns stay
+    /// the environment's own.
+    pub clip_rewards: bool,
 }
 
 /// A finished episode, as seen by an actor.
@@ -92,27 +97,30 @@ pub enum ActorError {
     Env(#[from] EnvError),
     #[error("bad parameters from the learner: {0}")]
     Policy(#[from] PolicyError),
+    #[error("the network does not fit the environment: {0}")]
+    Network(String),
 }
 
-/// Builds `cfg.num_envs` classic-control environments `cfg.env_id`, seeded from the
-/// actor's stream.
-pub fn make_envs(cfg: &ActorConfig) -> Result<Vec<Box<dyn Env>>, EnvError> {
+/// Builds the actor's `cfg.num_envs` environments, seeded from the actor's stream.
+pub fn make_envs(cfg: &ActorConfig) -> Result<env::AnyVecEnv, EnvError> {
     let seed = crate::derive_seed(cfg.seed, u64::from(cfg.actor_id));
-    (0..cfg.num_envs)
-        .map(|i| env::make(&cfg.env_id, crate::derive_seed(seed, i as u64)))
-        .collect()
+    env::make_vec(&cfg.env, cfg.num_envs, seed)
 }
 
 /// One actor's state between steps: its environments, their n-step windows, the batch
 /// being built and its random stream.
 pub struct ActorLoop<O> {
     cfg: ActorConfig,
-    envs: Vec<Box<dyn Env<O>>>,
+    envs: Box<dyn VecEnv<O>>,
     rng: SmallRng,
     obs_dim: usize,
     num_actions: usize,
+    /// The observation each environment acts in, row by row.
     obs: Vec<O>,
+    /// What followed each environment's action.
     next: Vec<O>,
+    outcomes: Vec<Step>,
+    actions: Vec<usize>,
     q: Vec<f32>,
     greedy: Vec<usize>,
     windows: Vec<NStep>,
@@ -129,39 +137,39 @@ impl<O> std::fmt::Debug for ActorLoop<O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ActorLoop")
             .field("actor_id", &self.cfg.actor_id)
-            .field("envs", &self.envs.len())
+            .field("envs", &self.envs.num_envs())
             .field("steps", &self.steps)
             .finish_non_exhaustive()
     }
 }
 
 impl<O: Pod + Default> ActorLoop<O> {
-    /// Takes the environments (all of one kind, at least one) and resets them.
-    ///
-    /// # Panics
-    /// If `envs` is empty.
-    pub fn new(cfg: &ActorConfig, mut envs: Vec<Box<dyn Env<O>>>) -> Self {
-        assert!(!envs.is_empty(), "an actor needs environments");
+    /// Takes the environments (at least one) and starts an episode in each.
+    pub fn new(cfg: &ActorConfig, mut envs: Box<dyn VecEnv<O>>) -> Result<Self, EnvError> {
         let seed = crate::derive_seed(cfg.seed, u64::from(cfg.actor_id));
-        let spec = envs[0].spec().clone();
-        let (obs_dim, num_actions, n) = (spec.obs.numel(), spec.num_actions, envs.len());
+        let spec = envs.spec().clone();
+        let (obs_dim, num_actions, n) = (spec.obs.numel(), spec.num_actions, envs.num_envs());
         let row_bytes = spec.obs.row_bytes();
         let mut obs = vec![O::default(); n * obs_dim];
         let mut windows: Vec<NStep> = (0..n).map(|_| NStep::new(cfg.n_step, cfg.gamma)).collect();
         let mut batch = Self::new_batch(cfg, row_bytes, n);
-        for (i, env) in envs.iter_mut().enumerate() {
-            let cur = &mut obs[i * obs_dim..(i + 1) * obs_dim];
-            env.reset(Some(crate::derive_seed(seed, 1 << 32 | i as u64)), cur);
-            windows[i].start(cur, &mut batch);
+        let seeds: Vec<u64> = (0..n)
+            .map(|i| crate::derive_seed(seed, 1 << 32 | i as u64))
+            .collect();
+        envs.reset(&seeds, &mut obs)?;
+        for (i, window) in windows.iter_mut().enumerate() {
+            window.start(&obs[i * obs_dim..(i + 1) * obs_dim], &mut batch);
         }
-        Self {
+        Ok(Self {
             cfg: cfg.clone(),
             envs,
             rng: SmallRng::seed_from_u64(seed),
             obs_dim,
             num_actions,
             obs,
-            next: vec![O::default(); obs_dim],
+            next: vec![O::default(); n * obs_dim],
+            outcomes: vec![Step::default(); n],
+            actions: vec![0; n],
             q: vec![0.0; n * num_actions],
             greedy: vec![0; n],
             windows,
@@ -172,7 +180,7 @@ impl<O: Pod + Default> ActorLoop<O> {
             batch_version: None,
             seq: 0,
             steps: 0,
-        }
+        })
     }
 
     /// Each step adds one row per environment; a handed-on batch carries up to n_step
@@ -201,7 +209,7 @@ impl<O: Pod + Default> ActorLoop<O> {
         steps: &StepCounter,
         on_episode: &mut dyn FnMut(EpisodeStats),
     ) -> Result<Option<TransitionBatch>, ActorError> {
-        let (n, obs_dim, num_actions) = (self.envs.len(), self.obs_dim, self.num_actions);
+        let (n, obs_dim, num_actions) = (self.envs.num_envs(), self.obs_dim, self.num_actions);
         if let Some(p) = params.newer_than(policy.version()) {
             policy.load(&p)?;
             // A remote actor's schedule follows the learner's global step count.
@@ -223,14 +231,34 @@ impl<O: Pod + Default> ActorLoop<O> {
                 .and_then(|e| e.get(i).copied())
                 .unwrap_or(eps);
             let explore = policy.version().is_none() || self.rng.random::<f32>() < eps;
-            let action = if explore {
+            self.actions[i] = if explore {
                 self.rng.random_range(0..num_actions)
             } else {
                 self.greedy[i]
             };
-            let cur = &mut self.obs[i * obs_dim..(i + 1) * obs_dim];
-            let step = self.envs[i].step(action, &mut self.next);
-            self.windows[i].push(action as i64, step, &self.next, &mut self.batch);
+        }
+        // Ended episodes' next first observations land in `obs` directly.
+        self.envs.step(
+            &self.actions,
+            &mut self.next,
+            &mut self.obs,
+            &mut self.outcomes,
+        )?;
+        for i in 0..n {
+            let step = self.outcomes[i];
+            let rows = i * obs_dim..(i + 1) * obs_dim;
+            // What training sees: clipped rewards, a lost life as the end of a chain.
+            let mut train = step;
+            if self.cfg.clip_rewards {
+                train.reward = step.reward.clamp(-1.0, 1.0);
+            }
+            train.terminated |= step.life_lost && !step.done();
+            self.windows[i].push(
+                self.actions[i] as i64,
+                train,
+                &self.next[rows.clone()],
+                &mut self.batch,
+            );
             self.returns[i] += step.reward;
             self.lengths[i] += 1;
             if step.done() {
@@ -242,10 +270,13 @@ impl<O: Pod + Default> ActorLoop<O> {
                 });
                 self.returns[i] = 0.0;
                 self.lengths[i] = 0;
-                self.envs[i].reset(None, cur);
-                self.windows[i].start(cur, &mut self.batch);
+                self.windows[i].start(&self.obs[rows], &mut self.batch);
             } else {
-                cur.copy_from_slice(&self.next);
+                self.obs[rows.clone()].copy_from_slice(&self.next[rows.clone()]);
+                if train.terminated {
+                    // The game goes on after a lost life: a new chain starts here.
+                    self.windows[i].start(&self.obs[rows], &mut self.batch);
+                }
             }
         }
         self.steps += n as u64;
@@ -267,35 +298,40 @@ impl<O: Pod + Default> ActorLoop<O> {
     }
 }
 
-/// Runs one actor on the classic-control environment `cfg.env_id` until `stop` is set
+/// Runs one actor on `cfg.env` with the policy `network` calls for, until `stop` is set
 /// or the sink closes. Returns the number of environment steps it took.
 pub fn run_actor(
     cfg: &ActorConfig,
-    policy: &mut dyn Policy,
+    network: &NetworkSpec,
     params: &mut dyn ParamsSource,
     sink: &mut dyn ActorSink,
     steps: &StepCounter,
     stop: &AtomicBool,
 ) -> Result<u64, ActorError> {
-    let envs = make_envs(cfg)?;
-    run_actor_with(cfg, envs, policy, params, sink, steps, stop)
+    let mut actor = AnyActor::new(cfg, network)?;
+    while !stop.load(Ordering::Relaxed) {
+        let batch = actor.step(params, steps, &mut |e| sink.episode(e))?;
+        if let Some(batch) = batch {
+            if sink.transitions(batch).is_err() {
+                break;
+            }
+        }
+    }
+    Ok(actor.steps())
 }
 
-/// Runs one actor on the given environments (all of one kind, `cfg.num_envs` of them),
-/// with observations of element type `O` (`f32` vectors, `u8` images).
+/// Runs one actor on the given environments with observations of element type `O`
+/// (`f32` vectors, `u8` images) and the given policy (benchmarks pick both).
 pub fn run_actor_with<O: Pod + Default>(
     cfg: &ActorConfig,
-    envs: Vec<Box<dyn Env<O>>>,
+    envs: Box<dyn VecEnv<O>>,
     policy: &mut dyn Policy<O>,
     params: &mut dyn ParamsSource,
     sink: &mut dyn ActorSink,
     steps: &StepCounter,
     stop: &AtomicBool,
 ) -> Result<u64, ActorError> {
-    if envs.is_empty() {
-        return Ok(0);
-    }
-    let mut actor = ActorLoop::new(cfg, envs);
+    let mut actor = ActorLoop::new(cfg, envs)?;
     while !stop.load(Ordering::Relaxed) {
         let batch = actor.step(policy, params, steps, &mut |e| sink.episode(e))?;
         if let Some(batch) = batch {
@@ -307,12 +343,61 @@ pub fn run_actor_with<O: Pod + Default>(
     Ok(actor.steps())
 }
 
+/// An actor with its environments and the policy that fits them: an MLP on `f32`
+/// vectors, a CNN on `u8` images. What embedded, lock-step and remote actors drive.
+#[derive(Debug)]
+pub enum AnyActor {
+    Vector(ActorLoop<f32>, MlpPolicy),
+    Pixels(ActorLoop<u8>, CnnPolicy),
+}
+
+impl AnyActor {
+    /// Builds `cfg`'s environments and a policy for `network`, which must fit them.
+    pub fn new(cfg: &ActorConfig, network: &NetworkSpec) -> Result<Self, ActorError> {
+        Ok(match make_envs(cfg)? {
+            env::AnyVecEnv::Vector(envs) => {
+                if !network.conv.is_empty() {
+                    return Err(ActorError::Network(format!(
+                        "{} has vector observations, the network is convolutional",
+                        cfg.env.id
+                    )));
+                }
+                Self::Vector(
+                    ActorLoop::new(cfg, envs)?,
+                    MlpPolicy::new(network.clone(), 0)?,
+                )
+            }
+            env::AnyVecEnv::Pixels(envs) => {
+                Self::Pixels(ActorLoop::new(cfg, envs)?, CnnPolicy::new(network.clone())?)
+            }
+        })
+    }
+
+    /// [`ActorLoop::step`] with this actor's policy.
+    pub fn step(
+        &mut self,
+        params: &mut dyn ParamsSource,
+        steps: &StepCounter,
+        on_episode: &mut dyn FnMut(EpisodeStats),
+    ) -> Result<Option<TransitionBatch>, ActorError> {
+        match self {
+            Self::Vector(actor, policy) => actor.step(policy, params, steps, on_episode),
+            Self::Pixels(actor, policy) => actor.step(policy, params, steps, on_episode),
+        }
+    }
+
+    pub fn steps(&self) -> u64 {
+        match self {
+            Self::Vector(actor, _) => actor.steps(),
+            Self::Pixels(actor, _) => actor.steps(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::env;
-    use crate::MlpPolicy;
-    use millrace_proto::NetworkSpec;
 
     #[derive(Default)]
     struct Collect {
@@ -338,10 +423,9 @@ mod tests {
     fn run(seed: u64) -> Collect {
         let spec = env::spec("CartPole-v1").unwrap();
         let net = NetworkSpec::mlp(&spec.obs, &[8], 2, 1).unwrap();
-        let mut policy = MlpPolicy::new(net, 0).unwrap();
         let cfg = ActorConfig {
             actor_id: 0,
-            env_id: "CartPole-v1".into(),
+            env: EnvConfig::new("CartPole-v1"),
             num_envs: 4,
             seed,
             n_step: 3,
@@ -349,6 +433,7 @@ mod tests {
             batch_rows: 64,
             epsilon: EpsilonSchedule::Constant(1.0),
             env_epsilons: None,
+            clip_rewards: false,
         };
         let mut sink = Collect {
             limit: 10,
@@ -357,7 +442,7 @@ mod tests {
         let steps = StepCounter::default();
         let taken = run_actor(
             &cfg,
-            &mut policy,
+            &net,
             &mut NoParams,
             &mut sink,
             &steps,

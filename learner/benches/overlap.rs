@@ -28,11 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use millrace_actor::runner::{ActorSink, EpisodeStats, ParamsSource, SinkClosed};
-use millrace_actor::{
-    make, make_pixels, run_actor_with, ActorConfig, CnnPolicy, Env, EpsilonSchedule, MlpPolicy,
-    Policy,
-};
+use millrace_actor::runner::{ActorSink, EpisodeStats, SinkClosed};
+use millrace_actor::{make, make_pixels, run_actor, ActorConfig, EpsilonSchedule};
 use millrace_learner::checkpoint::writer::{CheckpointContext, CheckpointWriter};
 use millrace_learner::checkpoint::Layout;
 use millrace_learner::config::{DeviceChoice, LoopConfig};
@@ -42,6 +39,7 @@ use millrace_learner::memory::Footprint;
 use millrace_learner::prefetch::{Prefetcher, SamplerConfig, StagingBuffer};
 use millrace_learner::publisher::Publisher;
 use millrace_learner::update_loop::{self, LearnerParts};
+use millrace_proto::EnvConfig;
 use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 use rand::rngs::SmallRng;
@@ -274,7 +272,7 @@ impl ActorSink for Discard {
 fn actor_config(net: Net, id: u32) -> ActorConfig {
     ActorConfig {
         actor_id: id,
-        env_id: net.env().id,
+        env: EnvConfig::new(net.env().id),
         num_envs: ENVS,
         seed: 7,
         n_step: N_STEP,
@@ -282,6 +280,7 @@ fn actor_config(net: Net, id: u32) -> ActorConfig {
         batch_rows: net.actor_batch(),
         epsilon: EpsilonSchedule::Constant(0.1),
         env_epsilons: None,
+        clip_rewards: false,
     }
 }
 
@@ -294,43 +293,15 @@ fn run_one_actor(
     control: &Control,
 ) {
     let cfg = actor_config(net, id);
-    let seed = millrace_actor::derive_seed(cfg.seed, u64::from(id));
     let mut source = Arc::clone(params);
-    let source: &mut dyn ParamsSource = &mut source;
-    let result = match net {
-        Net::Mlp => {
-            let envs: Vec<Box<dyn Env>> = (0..ENVS)
-                .map(|i| make(&cfg.env_id, millrace_actor::derive_seed(seed, i as u64)).unwrap())
-                .collect();
-            let mut policy = MlpPolicy::new(net.network(), 0).unwrap();
-            run_actor_with(
-                &cfg,
-                envs,
-                &mut policy as &mut dyn Policy,
-                source,
-                sink,
-                &control.steps,
-                &control.stop,
-            )
-        }
-        Net::Cnn => {
-            let envs: Vec<Box<dyn Env<u8>>> = (0..ENVS)
-                .map(|i| {
-                    make_pixels(&cfg.env_id, millrace_actor::derive_seed(seed, i as u64)).unwrap()
-                })
-                .collect();
-            let mut policy = CnnPolicy::new(net.network()).unwrap();
-            run_actor_with(
-                &cfg,
-                envs,
-                &mut policy as &mut dyn Policy<u8>,
-                source,
-                sink,
-                &control.steps,
-                &control.stop,
-            )
-        }
-    };
+    let result = run_actor(
+        &cfg,
+        &net.network(),
+        &mut source,
+        sink,
+        &control.steps,
+        &control.stop,
+    );
     result.expect("actor runs");
 }
 

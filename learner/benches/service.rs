@@ -73,6 +73,8 @@ fn server(table: Arc<Table>, params: Arc<ParamsCell>) -> server::ServerHandle {
     server::spawn(
         cfg,
         ServerContext {
+            env_config: millrace_proto::EnvConfig::new("CartPole-v1"),
+            clip_rewards: false,
             env,
             network,
             run_id: "bench".into(),

@@ -8,12 +8,15 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use millrace_actor::EpsilonSchedule;
+use millrace_proto::env::Family;
+use millrace_proto::EnvConfig;
 
 pub use crate::checkpoint::Which;
 use crate::config::{
     ActorsConfig, DeviceChoice, EvalConfig, Faults, LoopConfig, ReplayOptions, RunConfig,
 };
 use crate::dqn::{DqnConfig, TargetUpdate};
+use crate::network::NetworkChoice;
 use crate::server::ServerConfig;
 
 /// Train a DQN agent with asynchronous actors (embedded mode: one process), or serve
@@ -76,9 +79,36 @@ pub enum Command {
 /// Training flags (plain `learner`).
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// Gymnasium environment id: CartPole-v1, Acrobot-v1 or MountainCar-v0.
+    /// Environment: a Rust port (CartPole-v1, Acrobot-v1, MountainCar-v0), an Atari
+    /// game through ale-py (ALE/Pong-v5: Gymnasium's v5 convention; PongNoFrameskip-v4:
+    /// the DQN papers' and SB3's), or any Gymnasium id as gym:<id>
+    /// (gym:MinAtar/Breakout-v1, gym:CartPole-v1, gym:my_pkg/MyEnv-v0).
     #[arg(long, default_value = "CartPole-v1")]
     pub env: String,
+
+    /// For gym: ids, a module to import first (`my_pkg`, or `my_pkg:register_fn` to
+    /// also call its registration function). MinAtar registers by itself.
+    #[arg(long)]
+    pub env_module: Option<String>,
+
+    /// For gym: ids, keyword arguments for gymnasium.make, as a JSON object.
+    #[arg(long)]
+    pub env_kwargs: Option<String>,
+
+    /// Atari: a lost life ends the bootstrapping chain (as SB3's AtariWrapper and the
+    /// DQN papers train); episodes and scores still run to game over.
+    #[arg(long)]
+    pub terminal_on_life_loss: bool,
+
+    /// Clip training rewards to [-1, 1] (episode returns stay true scores). Default: on
+    /// for Atari games, off otherwise.
+    #[arg(long)]
+    pub clip_rewards: Option<bool>,
+
+    /// Q-network: auto picks the MLP for vector observations, the Nature CNN for
+    /// 84x84 frames and the MinAtar CNN for 10x10 ones.
+    #[arg(long, value_enum, default_value_t = NetworkChoice::Auto)]
+    pub network: NetworkChoice,
 
     /// Actor threads in this process, each stepping --envs-per-actor environments with
     /// batched inference. Default: 1, or 0 with --listen (remote actors only).
@@ -332,7 +362,23 @@ impl TrainArgs {
     /// Checks the flags and turns them into the typed configuration.
     pub fn into_config(self) -> anyhow::Result<RunConfig> {
         let args = self;
-        let spec = millrace_actor::env::spec(&args.env)?;
+        if let Some(kwargs) = &args.env_kwargs {
+            match serde_json::from_str::<serde_json::Value>(kwargs) {
+                Ok(serde_json::Value::Object(_)) => {}
+                _ => bail!("--env-kwargs must be a JSON object, e.g. '{{\"difficulty\": 1}}'"),
+            }
+        }
+        let env = EnvConfig {
+            id: args.env.clone(),
+            module: args.env_module.clone(),
+            kwargs: args.env_kwargs.clone(),
+            terminal_on_life_loss: args.terminal_on_life_loss,
+        };
+        // A bridged environment is built once here: a missing package, an unknown id
+        // or an unsupported space is one error line before anything starts.
+        let spec = millrace_actor::env::spec_of(&env)?;
+        crate::network::build(args.network, &spec, &args.hidden)?;
+        let clip_rewards = args.clip_rewards.unwrap_or(env.family() == Family::Atari);
         for (name, v) in [
             ("lr", args.lr),
             ("max-grad-norm", args.max_grad_norm),
@@ -425,7 +471,9 @@ impl TrainArgs {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs());
-                PathBuf::from("runs").join(format!("{}__{}__{now}", args.env, args.seed))
+                // `gym:MinAtar/Breakout-v1` -> `gym-MinAtar-Breakout-v1`.
+                let name = args.env.replace([':', '/'], "-");
+                PathBuf::from("runs").join(format!("{name}__{}__{now}", args.seed))
             }
         };
         refuse_to_overwrite(&logdir, args.resume.as_deref())?;
@@ -476,7 +524,9 @@ impl TrainArgs {
                 episodes: args.eval_episodes,
                 target_return: args.target_return.or(spec.reward_threshold),
             },
-            env_id: args.env,
+            env,
+            clip_rewards,
+            network: args.network,
             seed: args.seed,
             device,
             deterministic: args.deterministic,

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use millrace_actor::EpsilonSchedule;
+use millrace_proto::EnvConfig;
 use serde::{Serialize, Serializer};
 
 use crate::dqn::DqnConfig;
+use crate::network::NetworkChoice;
 use crate::server::ServerConfig;
 
 /// Serializes a duration as seconds (a float), for config files people read.
@@ -152,7 +154,12 @@ impl Faults {
 /// Everything a training run needs, checked once (see `cli`).
 #[derive(Clone, Debug, Serialize)]
 pub struct RunConfig {
-    pub env_id: String,
+    /// The environment and how to build it.
+    pub env: EnvConfig,
+    /// Training rewards clipped to [-1, 1] (episode returns stay true).
+    pub clip_rewards: bool,
+    /// The Q-network's architecture (`auto`: from the observations).
+    pub network: NetworkChoice,
     pub seed: u64,
     pub device: DeviceChoice,
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
@@ -187,7 +194,7 @@ impl RunConfig {
     pub fn actor(&self, id: u32, seed_offset: u64) -> millrace_actor::ActorConfig {
         millrace_actor::ActorConfig {
             actor_id: id,
-            env_id: self.env_id.clone(),
+            env: self.env.clone(),
             num_envs: self.actors.envs_per_actor,
             seed: self.seed.wrapping_add(seed_offset),
             n_step: self.actors.n_step,
@@ -195,6 +202,7 @@ impl RunConfig {
             batch_rows: self.actors.batch_rows,
             epsilon: self.actors.epsilon,
             env_epsilons: None,
+            clip_rewards: self.clip_rewards,
         }
     }
 

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
-use millrace_actor::{CnnPolicy, EvalResult, MlpPolicy, Policy};
-use millrace_proto::{EnvSpec, NetworkSpec, Params};
+use millrace_actor::EvalResult;
+use millrace_proto::{EnvConfig, NetworkSpec, Params};
 use serde::{Deserialize, Serialize};
 
 /// One evaluation's outcome, as reported and saved.
@@ -87,29 +87,16 @@ pub fn eval_seed(run_seed: u64, purpose: Purpose, key: u64) -> u64 {
 }
 
 /// Plays `params` greedily for `episodes` episodes of `env` with millrace's own
-/// environments and batched CPU inference.
+/// environments (or the bridged ones) and batched CPU inference; returns are true
+/// scores (unclipped, whole games).
 pub fn evaluate(
-    env: &EnvSpec,
+    env: &EnvConfig,
     network: &NetworkSpec,
     params: &Params,
     episodes: usize,
     seed: u64,
 ) -> Result<EvalResult, String> {
-    if network.conv.is_empty() {
-        let mut policy = MlpPolicy::new(network.clone(), 0).map_err(|e| e.to_string())?;
-        policy.load(params).map_err(|e| e.to_string())?;
-        millrace_actor::evaluate(env, &mut policy, episodes, seed).map_err(|e| e.to_string())
-    } else {
-        let mut policy = CnnPolicy::new(network.clone()).map_err(|e| e.to_string())?;
-        policy.load(params).map_err(|e| e.to_string())?;
-        millrace_actor::eval::evaluate_with(
-            |s| millrace_actor::make_pixels(&env.id, s),
-            &mut policy,
-            episodes,
-            seed,
-        )
-        .map_err(|e| e.to_string())
-    }
+    millrace_actor::eval::evaluate_params(env, network, params, episodes, seed)
 }
 
 /// A request to the evaluator thread.
@@ -140,7 +127,7 @@ pub struct Evaluator {
 impl Evaluator {
     /// `fail`: fail at the first request (tests of the shutdown path).
     pub fn spawn(
-        env: EnvSpec,
+        env: EnvConfig,
         network: NetworkSpec,
         episodes: usize,
         fail: bool,

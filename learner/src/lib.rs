@@ -24,6 +24,7 @@ pub mod evaluation;
 pub mod export;
 pub mod memory;
 pub mod metrics;
+pub mod network;
 pub mod prefetch;
 pub mod publisher;
 pub mod run;

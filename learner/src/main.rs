@@ -71,14 +71,15 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
         .context("installing the SIGINT/SIGTERM handler")?;
     }
     tracing::info!(
-        "training {} on {} (CUDA available: {}, {} device(s)){}: {} actor(s) x {} envs, network {:?}",
-        cfg.env_id,
+        "training {} on {} (CUDA available: {}, {} device(s)){}: {} actor(s) x {} envs, network {:?} {:?}",
+        cfg.env.id,
         cfg.device,
         tch::Cuda::is_available(),
         tch::Cuda::device_count(),
         if cfg.deterministic { ", lock-step" } else { "" },
         cfg.actors.count,
         cfg.actors.envs_per_actor,
+        cfg.network,
         cfg.hidden
     );
     tracing::info!(
@@ -131,7 +132,7 @@ fn eval_policy(
         population: p.network.population,
         data: p.online.clone(),
     };
-    let result = evaluation::evaluate(&p.env, &p.network, &params, episodes, seed)
+    let result = evaluation::evaluate(&p.env_config, &p.network, &params, episodes, seed)
         .map_err(anyhow::Error::msg)?;
     let rec = evaluation::EvalRecord::new(&params, seed, &result);
     if json {

@@ -67,6 +67,8 @@ fn fixture_with(configure: impl FnOnce(&mut ServerConfig)) -> Fixture {
     let server = server::spawn(
         cfg,
         ServerContext {
+            env_config: millrace_proto::EnvConfig::new("CartPole-v1"),
+            clip_rewards: false,
             env,
             network,
             run_id: "test".into(),

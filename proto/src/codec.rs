@@ -307,6 +307,8 @@ mod tests {
             dtype: DType::F32,
         };
         LearnerMsg::Welcome(Box::new(Welcome {
+            env_config: crate::env::EnvConfig::new("CartPole-v1"),
+            clip_rewards: false,
             run_id: "run-1".into(),
             network: NetworkSpec::mlp(&obs, &[64, 64], 2, 1).unwrap(),
             env: EnvSpec {

@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod codec;
+pub mod env;
 #[cfg(feature = "tokio")]
 pub mod io;
 pub mod params;
@@ -16,7 +17,9 @@ pub mod spec;
 pub mod wire;
 
 pub use batch::TransitionBatch;
+pub use env::EnvConfig;
 pub use params::{Params, ParamsCell, StepCounter};
 pub use spec::{
     ConvLayer, DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError,
+    MINATAR_CONV, NATURE_CONV,
 };

@@ -98,6 +98,14 @@ pub const NATURE_CONV: [ConvLayer; 3] = [
     },
 ];
 
+/// The MinAtar DQN's torso (Young & Tian 2019): 16 filters of 3×3, stride 1, for
+/// 10×10 observations.
+pub const MINATAR_CONV: [ConvLayer; 1] = [ConvLayer {
+    out_channels: 16,
+    kernel: 3,
+    stride: 1,
+}];
+
 /// A Q-network for a population of `population` independent agents (stacked
 /// parameters, see design.md): an optional convolutional torso over `u8` image
 /// observations `[C, H, W]` (scaled to `[0, 1]`), flattened in `C, H, W` order, then an
@@ -147,6 +155,23 @@ impl NetworkSpec {
     /// the paper), then a 512-unit hidden layer. One agent (the torso has no population
     /// dimension).
     pub fn nature_cnn(obs: &ObsSpec, num_actions: usize) -> Result<Self, SpecError> {
+        Self::cnn(obs, &NATURE_CONV, &[512], num_actions)
+    }
+
+    /// The MinAtar DQN (Young & Tian 2019): [`MINATAR_CONV`] over `u8` observations
+    /// `[C, 10, 10]`, then a 128-unit hidden layer.
+    pub fn minatar_cnn(obs: &ObsSpec, num_actions: usize) -> Result<Self, SpecError> {
+        Self::cnn(obs, &MINATAR_CONV, &[128], num_actions)
+    }
+
+    /// A convolutional torso `conv` over `u8` observations `[C, H, W]` (scaled to
+    /// `[0, 1]`), then an MLP head with `hidden` layers. One agent.
+    pub fn cnn(
+        obs: &ObsSpec,
+        conv: &[ConvLayer],
+        hidden: &[usize],
+        num_actions: usize,
+    ) -> Result<Self, SpecError> {
         let [c, h, w] = obs.shape[..] else {
             return Err(SpecError::BadValue(format!(
                 "a convolutional network needs [C, H, W] observations, got {:?}",
@@ -156,20 +181,23 @@ impl NetworkSpec {
         if obs.dtype != DType::U8 {
             return Err(SpecError::BadValue("image observations must be u8".into()));
         }
+        if hidden.contains(&0) {
+            return Err(SpecError::BadHidden(hidden.to_vec()));
+        }
         let mut spec = Self {
             obs_dim: 0,
-            hidden: vec![512],
+            hidden: hidden.to_vec(),
             num_actions,
             population: 1,
             image: vec![c, h, w],
-            conv: NATURE_CONV.to_vec(),
+            conv: conv.to_vec(),
         };
         let dims = spec.conv_shapes();
         match dims.last() {
             Some(&(c, h, w)) if h > 0 && w > 0 => spec.obs_dim = c * h * w,
             _ => {
                 return Err(SpecError::BadValue(format!(
-                    "{:?} is too small for the Nature torso",
+                    "{:?} is too small for the convolutions {conv:?}",
                     obs.shape
                 )))
             }

@@ -9,16 +9,20 @@
 //! Version 3 reserves what the next features send, so that they do not each break
 //! compatibility: per-item priorities in [`TransitionBatch`] (prioritized replay), an
 //! agent id in [`Hello`], [`Welcome`] and every batch (population mode), feature names
-//! in [`Capabilities`], and observation columns as raw bytes.
+//! in [`Capabilities`], and observation columns as raw bytes. Version 4 adds how the
+//! environment is built ([`EnvConfig`]: bridged Gymnasium and Atari environments) and
+//! reward clipping to [`Welcome`]; capabilities may name whole families
+//! ([`crate::env::ANY_GYM`], [`crate::env::ANY_ATARI`]).
 
 use serde::{Deserialize, Serialize};
 
 use crate::batch::TransitionBatch;
+use crate::env::EnvConfig;
 use crate::params::Params;
 use crate::spec::{EnvSpec, NetworkSpec};
 
 /// Bumped on any incompatible change to these messages or the framing.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Most environments one actor connection may ask for (a learner refuses more; an
 /// actor checks its `--n` against it).
@@ -58,6 +62,11 @@ pub struct Welcome {
     /// Identifies the training run (changes when the learner restarts afresh).
     pub run_id: String,
     pub env: EnvSpec,
+    /// How to build the environment (`env.id` with a bridged env's module and
+    /// arguments).
+    pub env_config: EnvConfig,
+    /// Rewards clipped to [-1, 1] in the transitions (episode returns stay true).
+    pub clip_rewards: bool,
     pub network: NetworkSpec,
     /// The population agent this actor acts for (0 for a single agent).
     pub agent: u32,

@@ -320,6 +320,8 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
     let network = NetworkSpec::mlp(&env.obs, &[8], env.num_actions, 1).expect("a valid network");
     let n = hello.capabilities.envs;
     let welcome = Welcome {
+        env_config: millrace_proto::EnvConfig::new("CartPole-v1"),
+        clip_rewards: false,
         run_id: "fake".into(),
         env,
         network: network.clone(),

@@ -8,9 +8,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use millrace_actor::env::{CartPole, Env};
-use millrace_actor::{run_actor, ActorConfig, EpsilonSchedule, MlpPolicy, NoParams};
+use millrace_actor::{run_actor, ActorConfig, EpsilonSchedule, NoParams};
 use millrace_learner::prefetch::{Prefetcher, SamplerConfig};
-use millrace_proto::{NetworkSpec, StepCounter};
+use millrace_proto::{EnvConfig, NetworkSpec, StepCounter};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 use millrace_tests::TableSink;
 use tch::Device;
@@ -30,7 +30,7 @@ fn sampled_batches_are_true_cartpole_transitions() {
     );
     let cfg = ActorConfig {
         actor_id: 1,
-        env_id: spec.id.clone(),
+        env: EnvConfig::new(spec.id.clone()),
         num_envs: 4,
         seed: 3,
         n_step: 1,
@@ -38,13 +38,13 @@ fn sampled_batches_are_true_cartpole_transitions() {
         batch_rows: 32,
         epsilon: EpsilonSchedule::Constant(1.0),
         env_epsilons: None,
+        clip_rewards: false,
     };
     let net = NetworkSpec::mlp(&spec.obs, &[8], 2, 1).unwrap();
-    let mut policy = MlpPolicy::new(net, 0).unwrap();
     let mut sink = TableSink::new(Arc::clone(&table), 50);
     run_actor(
         &cfg,
-        &mut policy,
+        &net,
         &mut NoParams,
         &mut sink,
         &StepCounter::default(),

@@ -159,6 +159,7 @@ impl Env for Acrobot {
             reward: if terminated { 0.0 } else { -1.0 },
             terminated,
             truncated: self.elapsed >= MAX_EPISODE_STEPS,
+            life_lost: false,
         }
     }
 }

@@ -108,6 +108,7 @@ impl Env for CartPole {
             reward: 1.0,
             terminated,
             truncated: self.elapsed >= MAX_EPISODE_STEPS,
+            life_lost: false,
         }
     }
 }

@@ -223,6 +223,7 @@ impl Env<u8> for CatchPixels {
             reward,
             terminated,
             truncated: !terminated && self.steps >= MAX_EPISODE_STEPS,
+            life_lost: false,
         }
     }
 }

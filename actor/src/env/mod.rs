@@ -8,24 +8,35 @@ mod acrobot;
 mod cartpole;
 mod catch;
 mod mountain_car;
+mod registry;
+mod vec;
+
+#[cfg(feature = "gym")]
+pub mod gym;
 
 pub use acrobot::Acrobot;
 pub use cartpole::CartPole;
 pub use catch::CatchPixels;
 pub use mountain_car::MountainCar;
+pub use registry::{capabilities, make_vec, spec_of, AnyVecEnv};
+pub use vec::{NativeVec, VecEnv};
 
 use millrace_proto::EnvSpec;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 /// The outcome of one step.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Step {
+    /// The environment's own reward (true scores; clipping is the actor's business).
     pub reward: f32,
     /// The task ended (pole fell, goal reached): the value of what follows is zero.
     pub terminated: bool,
     /// The time limit cut the episode: what follows still has value (bootstrap from it).
     pub truncated: bool,
+    /// A life was lost and the game goes on (Atari): an actor training with
+    /// terminal-on-life-loss ends its bootstrapping chain here, not the episode.
+    pub life_lost: bool,
 }
 
 impl Step {
@@ -53,12 +64,28 @@ pub trait Env<O = f32>: Send {
     fn step(&mut self, action: usize, obs: &mut [O]) -> Step;
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EnvError {
-    #[error("unknown environment id {0:?}; known ids: {known}", known = KNOWN_IDS.join(", "))]
+    #[error(
+        "unknown environment id {0:?}; the Rust ports are {known}; Atari games are \
+         ALE/<Game>-v5 or <Game>NoFrameskip-v4; any Gymnasium id runs as gym:<id>",
+        known = KNOWN_IDS.join(", ")
+    )]
     UnknownId(String),
     #[error("state must have {expected} values, got {got}")]
     BadState { expected: usize, got: usize },
+    #[error(
+        "{0} needs the Gymnasium bridge, which this build lacks (built without the `gym` \
+         feature); it runs the Rust ports: {known}",
+        known = KNOWN_IDS.join(", ")
+    )]
+    NoBridge(String),
+    /// The Python side failed: a missing package, an unknown id, an unsupported space,
+    /// a module that does not import, an environment that raised.
+    #[error("{0}")]
+    Bridge(String),
+    #[error("{0}")]
+    Options(String),
 }
 
 /// Every environment id [`make`] knows.

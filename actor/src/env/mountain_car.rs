@@ -90,6 +90,7 @@ impl Env for MountainCar {
             reward: -1.0,
             terminated: position >= GOAL_POSITION && velocity >= GOAL_VELOCITY,
             truncated: self.elapsed >= MAX_EPISODE_STEPS,
+            life_lost: false,
         }
     }
 }

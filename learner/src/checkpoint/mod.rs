@@ -24,7 +24,7 @@ pub mod writer;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use millrace_proto::{EnvSpec, NetworkSpec};
+use millrace_proto::{EnvConfig, EnvSpec, NetworkSpec};
 use millrace_replay::Table;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
@@ -410,12 +410,25 @@ pub fn saved_eval(layout: &Layout, which: Which) -> Result<Option<EvalRecord>, C
     Ok(Some(m.eval))
 }
 
+/// How the run in `layout` built its environment, from its `config.json` (`None` if
+/// that is missing, unreadable, or names another environment).
+fn run_env_config(layout: &Layout) -> Option<EnvConfig> {
+    #[derive(Deserialize)]
+    struct Partial {
+        env: EnvConfig,
+    }
+    read_json::<Partial>(&layout.config()).ok().map(|p| p.env)
+}
+
 /// A saved policy, read back.
 #[derive(Clone, Debug)]
 pub struct SavedPolicy {
     pub which: Which,
     pub dir: PathBuf,
     pub env: EnvSpec,
+    /// How to build the environment (a bridged one's module and arguments), from the
+    /// run's `config.json`; the id alone where that is missing.
+    pub env_config: EnvConfig,
     pub network: NetworkSpec,
     pub params_version: u64,
     pub env_steps: u64,
@@ -489,10 +502,14 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
         .contiguous()
         .view([-1]);
     let online = Vec::<f32>::try_from(&online).map_err(tensor_err(&dir))?;
+    let env_config = run_env_config(&layout)
+        .filter(|c| c.id == env.id)
+        .unwrap_or_else(|| EnvConfig::new(env.id.clone()));
     Ok(SavedPolicy {
         which,
         dir,
         env,
+        env_config,
         network,
         params_version: version,
         env_steps: steps,

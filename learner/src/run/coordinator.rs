@@ -313,7 +313,7 @@ impl Progress {
         last: &LearnerReport,
     ) -> RunSummary {
         RunSummary {
-            env_id: cfg.env_id.clone(),
+            env_id: cfg.env.id.clone(),
             reason,
             target: cfg.eval.target_return,
             max_steps: cfg.max_steps,

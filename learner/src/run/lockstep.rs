@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use millrace_actor::{make_envs, ActorLoop, MlpPolicy};
+use millrace_actor::AnyActor;
 use millrace_proto::Params;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -50,7 +50,7 @@ fn evaluate_now(
             Purpose::Confirm => params.version,
         };
         let seed = eval_seed(cfg.seed, purpose, key);
-        let result = evaluate(&setup.env, &setup.network, &params, cfg.eval.episodes, seed)?;
+        let result = evaluate(&cfg.env, &setup.network, &params, cfg.eval.episodes, seed)?;
         let done = EvalDone {
             record: EvalRecord::new(&params, seed, &result),
             params,
@@ -101,9 +101,7 @@ pub fn run(
     let mut actors = Vec::new();
     for id in 0..cfg.actors.count {
         let acfg = cfg.actor(id as u32, seed_offset);
-        let policy = MlpPolicy::new(setup.network.clone(), 0)
-            .map_err(|e| RunError::Device(e.to_string()))?;
-        actors.push((ActorLoop::new(&acfg, make_envs(&acfg)?), policy));
+        actors.push(AnyActor::new(&acfg, &setup.network)?);
     }
     let mut staging = StagingBuffer::new(&setup.env.obs, cfg.batch_size, None);
     let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 0x5eed);
@@ -120,8 +118,8 @@ pub fn run(
         if interrupt.load(Ordering::Relaxed) {
             break StopReason::Interrupted;
         }
-        for (actor, policy) in &mut actors {
-            let batch = match actor.step(policy, &mut source, &setup.steps, &mut |e| {
+        for actor in &mut actors {
+            let batch = match actor.step(&mut source, &setup.steps, &mut |e| {
                 progress.episode(e.episode_return);
             }) {
                 Ok(b) => b,

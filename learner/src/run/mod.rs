@@ -22,6 +22,8 @@ use crate::summary::RunSummary;
 pub enum RunError {
     #[error(transparent)]
     Env(#[from] millrace_actor::EnvError),
+    #[error("actor: {0}")]
+    Actor(#[from] millrace_actor::ActorError),
     #[error(transparent)]
     Spec(#[from] millrace_proto::SpecError),
     #[error("cannot resume: {0}")]

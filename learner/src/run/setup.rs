@@ -96,8 +96,8 @@ pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunEr
     if cfg.learner.copy_stream && !cuda {
         return Err(RunError::CopyStreamNeedsCuda(cfg.device));
     }
-    let env = millrace_actor::env::spec(&cfg.env_id)?;
-    let network = NetworkSpec::mlp(&env.obs, &cfg.hidden, env.num_actions, 1)?;
+    let env = millrace_actor::env::spec_of(&cfg.env)?;
+    let network = crate::network::build(cfg.network, &env, &cfg.hidden)?;
     let device = cfg.device.device();
 
     let layout = Layout::new(cfg.checkpoint_dir());

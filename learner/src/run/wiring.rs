@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use millrace_actor::runner::SinkClosed;
-use millrace_actor::{run_actor, ActorSink, EpisodeStats, MlpPolicy};
+use millrace_actor::{run_actor, ActorSink, EpisodeStats};
 use millrace_proto::TransitionBatch;
 use millrace_replay::{ReplayError, Table};
 
@@ -167,7 +167,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
     // The rest can fail after threads started: shut down what runs, then report.
     let rest = (|| -> Result<(), RunError> {
         running.evaluator = Some(Evaluator::spawn(
-            env.clone(),
+            cfg.env.clone(),
             setup.network.clone(),
             cfg.eval.episodes,
             cfg.faults.evaluator,
@@ -175,8 +175,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         let seed_offset = setup.start_steps;
         for id in 0..cfg.actors.count {
             let acfg = cfg.actor(id as u32, seed_offset);
-            let mut policy = MlpPolicy::new(setup.network.clone(), 0)
-                .map_err(|e| RunError::Device(e.to_string()))?;
+            let network = setup.network.clone();
             let mut params = Arc::clone(&setup.params);
             let mut sink = ReplaySink {
                 table: Arc::clone(&setup.table),
@@ -187,7 +186,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
             };
             let (steps, stop) = (Arc::clone(&setup.steps), Arc::clone(&running.stop_actors));
             let handle = spawn(&format!("actor-{id}"), move || {
-                let taken = run_actor(&acfg, &mut policy, &mut params, &mut sink, &steps, &stop)
+                let taken = run_actor(&acfg, &network, &mut params, &mut sink, &steps, &stop)
                     .map_err(|e| e.to_string())?;
                 if sink.failed {
                     return Err(match sink.fail_after {
@@ -202,6 +201,8 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         if let Some(scfg) = &cfg.server {
             let ctx = ServerContext {
                 env: env.clone(),
+                env_config: cfg.env.clone(),
+                clip_rewards: cfg.clip_rewards,
                 network: setup.network.clone(),
                 run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
                 table: Arc::clone(&setup.table),

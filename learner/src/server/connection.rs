@@ -244,12 +244,7 @@ impl Connection {
                 "the learner is stopping",
             ));
         }
-        if !hello
-            .capabilities
-            .env_ids
-            .iter()
-            .any(|id| *id == ctx.env.id)
-        {
+        if !millrace_proto::env::supported(&hello.capabilities.env_ids, &ctx.env.id) {
             return Err(Refusal::new(
                 RefusalCode::EnvUnsupported,
                 format!("this run trains {}, which the actor cannot run", ctx.env.id),
@@ -284,6 +279,8 @@ impl Connection {
         let welcome = Welcome {
             run_id: ctx.run_id.clone(),
             env: ctx.env.clone(),
+            env_config: ctx.env_config.clone(),
+            clip_rewards: ctx.clip_rewards,
             network: ctx.network.clone(),
             agent,
             params_version: ctx.params.version(),

@@ -116,6 +116,9 @@ impl ServerConfig {
 #[derive(Clone, Debug)]
 pub struct ServerContext {
     pub env: EnvSpec,
+    /// How actors build it (sent in the welcome).
+    pub env_config: millrace_proto::EnvConfig,
+    pub clip_rewards: bool,
     pub network: NetworkSpec,
     pub run_id: String,
     pub table: Arc<Table>,

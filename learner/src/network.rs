@@ -1,0 +1,85 @@
+//! Which Q-network a run trains, picked from the observation space unless a flag says.
+
+use millrace_proto::{DType, EnvSpec, NetworkSpec, SpecError};
+use serde::Serialize;
+
+/// `--network`: the architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkChoice {
+    /// From the observations: the MLP for vectors, the MinAtar CNN for images smaller
+    /// than 36×36 (the Nature torso's smallest input), the Nature CNN otherwise.
+    Auto,
+    /// An MLP with `--hidden` layers (vector observations).
+    Mlp,
+    /// The Nature DQN (Mnih et al. 2015): three convolutions, 512 hidden units.
+    Nature,
+    /// The MinAtar DQN (Young & Tian 2019): one 3×3 convolution, 128 hidden units.
+    Minatar,
+}
+
+/// The network for `env`: `choice`, or the one its observations call for.
+pub fn build(
+    choice: NetworkChoice,
+    env: &EnvSpec,
+    hidden: &[usize],
+) -> Result<NetworkSpec, SpecError> {
+    let image = env.obs.dtype == DType::U8;
+    let choice = match choice {
+        NetworkChoice::Auto if !image => NetworkChoice::Mlp,
+        NetworkChoice::Auto => match env.obs.shape[..] {
+            [_, h, w] if h >= 36 && w >= 36 => NetworkChoice::Nature,
+            _ => NetworkChoice::Minatar,
+        },
+        other => other,
+    };
+    match choice {
+        NetworkChoice::Mlp if image => Err(SpecError::BadValue(format!(
+            "{} has image observations {:?}: use --network nature or minatar",
+            env.id, env.obs.shape
+        ))),
+        NetworkChoice::Mlp | NetworkChoice::Auto => {
+            NetworkSpec::mlp(&env.obs, hidden, env.num_actions, 1)
+        }
+        NetworkChoice::Nature => NetworkSpec::nature_cnn(&env.obs, env.num_actions),
+        NetworkChoice::Minatar => NetworkSpec::minatar_cnn(&env.obs, env.num_actions),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_proto::ObsSpec;
+
+    fn env(shape: &[usize], dtype: DType) -> EnvSpec {
+        EnvSpec {
+            id: "test".into(),
+            obs: ObsSpec {
+                shape: shape.to_vec(),
+                dtype,
+            },
+            num_actions: 3,
+            max_episode_steps: 100,
+            reward_threshold: None,
+        }
+    }
+
+    #[test]
+    fn observations_pick_the_network() {
+        let vector = build(NetworkChoice::Auto, &env(&[4], DType::F32), &[64]).unwrap();
+        assert!(vector.conv.is_empty() && vector.hidden == [64]);
+        let atari = build(NetworkChoice::Auto, &env(&[4, 84, 84], DType::U8), &[64]).unwrap();
+        assert_eq!(
+            (atari.conv.len(), atari.hidden.clone(), atari.obs_dim),
+            (3, vec![512], 3136)
+        );
+        let minatar = build(NetworkChoice::Auto, &env(&[4, 10, 10], DType::U8), &[64]).unwrap();
+        assert_eq!(
+            (minatar.conv.len(), minatar.hidden.clone(), minatar.obs_dim),
+            (1, vec![128], 1024)
+        );
+        assert!(build(NetworkChoice::Mlp, &env(&[4, 10, 10], DType::U8), &[64]).is_err());
+        assert!(build(NetworkChoice::Nature, &env(&[4, 10, 10], DType::U8), &[64]).is_err());
+        assert!(build(NetworkChoice::Minatar, &env(&[4], DType::F32), &[64]).is_err());
+    }
+}
