@@ -5,8 +5,11 @@
 //! (2) parameter broadcast latency: publish a Nature-DQN-sized snapshot (~1.69M floats,
 //!     6.7 MB) and time until every one of 64 connected actors has received it.
 //!
+//! With `--atari`, transitions carry Atari observations (`[4, 84, 84]` u8, 28,224 bytes
+//! a row) instead of CartPole's 16 bytes: pixel columns travel as raw bytes.
+//!
 //! `cargo bench -p millrace-learner --bench service -- [--seconds 3] [--connections 4]
-//!  [--rows 64] [--actors 64] [--repeats 5]`
+//!  [--rows 64] [--actors 64] [--repeats 5] [--atari]`
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
@@ -17,7 +20,9 @@ use std::time::{Duration, Instant};
 use millrace_learner::server::{self, goodbye_for, ServerConfig, ServerContext};
 use millrace_proto::codec::{self, Framer, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{ActorMsg, LearnerMsg, PROTOCOL_VERSION};
-use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
+use millrace_proto::{
+    DType, EnvSpec, NetworkSpec, ObsSpec, Params, ParamsCell, StepCounter, TransitionBatch,
+};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 
 /// Nature-DQN parameter count: conv 8x8x4→32, 4x4x32→64, 3x3x64→64, fc 3136→512→18.
@@ -36,12 +41,50 @@ fn arg(name: &str, default: f64) -> f64 {
         .unwrap_or(default)
 }
 
-fn table() -> Arc<Table> {
+/// Observations the transitions carry: CartPole's four floats, or Atari's stacked
+/// frames.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shape {
+    CartPole,
+    Atari,
+}
+
+impl Shape {
+    fn env(self) -> EnvSpec {
+        match self {
+            Shape::CartPole => millrace_actor::env::spec("CartPole-v1").unwrap(),
+            Shape::Atari => EnvSpec {
+                id: "PongNoFrameskip-v4".into(),
+                obs: ObsSpec {
+                    shape: vec![4, 84, 84],
+                    dtype: DType::U8,
+                },
+                num_actions: 6,
+                max_episode_steps: 27_000,
+                reward_threshold: None,
+            },
+        }
+    }
+
+    fn row_bytes(self) -> usize {
+        self.env().obs.row_bytes()
+    }
+
+    /// Replay capacity in transitions: Atari rows are large, keep the table ~1 GB.
+    fn capacity(self) -> usize {
+        match self {
+            Shape::CartPole => 1 << 20,
+            Shape::Atari => 1 << 15,
+        }
+    }
+}
+
+fn table(shape: Shape) -> Arc<Table> {
     Arc::new(
         Table::new(&ReplayConfig {
-            capacity: 1 << 20,
+            capacity: shape.capacity(),
             shards: 4,
-            obs_row_bytes: 16,
+            obs_row_bytes: shape.row_bytes(),
             obs_rows_per_item: 2.0,
             // No rate limiting: measure the transport, not the replay ratio.
             limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
@@ -52,11 +95,20 @@ fn table() -> Arc<Table> {
 
 /// A batch shaped like an actor's: one environment's consecutive 3-step transitions,
 /// sharing observation rows.
-fn batch(rows: usize) -> TransitionBatch {
-    let mut b = TransitionBatch::with_capacity(16, rows, rows + 3);
+fn batch(shape: Shape, rows: usize) -> TransitionBatch {
+    let row_bytes = shape.row_bytes();
+    let mut b = TransitionBatch::with_capacity(row_bytes, rows, rows + 3);
     for i in 0..rows + 3 {
-        let x = i as f32 * 0.01;
-        b.push_obs_f32(&[x, -x, 0.5 * x, 0.1]);
+        match shape {
+            Shape::CartPole => {
+                let x = i as f32 * 0.01;
+                b.push_obs_f32(&[x, -x, 0.5 * x, 0.1]);
+            }
+            Shape::Atari => {
+                let row: Vec<u8> = (0..row_bytes).map(|p| (p * 7 + i) as u8).collect();
+                b.push_obs_bytes(&row);
+            }
+        }
     }
     for i in 0..rows as u32 {
         b.push_transition(i, i64::from(i % 2), 1.0, 0.970299, i + 3);
@@ -64,16 +116,19 @@ fn batch(rows: usize) -> TransitionBatch {
     b
 }
 
-fn server(table: Arc<Table>, params: Arc<ParamsCell>) -> server::ServerHandle {
-    let env = millrace_actor::env::spec("CartPole-v1").unwrap();
-    let network = NetworkSpec::mlp(&env.obs, &[64, 64], 2, 1).unwrap();
+fn server(shape: Shape, table: Arc<Table>, params: Arc<ParamsCell>) -> server::ServerHandle {
+    let env = shape.env();
+    let network = match shape {
+        Shape::CartPole => NetworkSpec::mlp(&env.obs, &[64, 64], 2, 1).unwrap(),
+        Shape::Atari => NetworkSpec::nature_cnn(&env.obs, env.num_actions).unwrap(),
+    };
     let (tx, _rx) = crossbeam_channel::bounded(1);
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.idle_timeout = Duration::from_secs(600);
     server::spawn(
         cfg,
         ServerContext {
-            env_config: millrace_proto::EnvConfig::new("CartPole-v1"),
+            env_config: millrace_proto::EnvConfig::new(env.id.clone()),
             clip_rewards: false,
             env,
             network,
@@ -91,7 +146,10 @@ fn server(table: Arc<Table>, params: Arc<ParamsCell>) -> server::ServerHandle {
 fn connect(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
-    let hello = millrace_tests::hello("", PROTOCOL_VERSION, 1);
+    let mut hello = millrace_tests::hello("", PROTOCOL_VERSION, 1);
+    if let ActorMsg::Hello(h) = &mut hello {
+        h.capabilities.env_ids.push(millrace_proto::env::ANY_ATARI.into());
+    }
     s.write_all(&codec::encode(&hello, DEFAULT_MAX_FRAME).unwrap())
         .unwrap();
     s
@@ -101,13 +159,13 @@ fn recv(s: &mut TcpStream, framer: &mut Framer) -> Option<LearnerMsg> {
     codec::read_msg(s, framer).ok().flatten()
 }
 
-fn throughput(seconds: f64, connections: usize, rows: usize) {
-    let b = batch(rows);
+fn throughput(shape: Shape, seconds: f64, connections: usize, rows: usize) {
+    let b = batch(shape, rows);
     let frame = codec::encode(&ActorMsg::Transitions(b.clone()), DEFAULT_MAX_FRAME).unwrap();
     let raw_bytes = b.obs.len() + rows * (4 + 4 + 8 + 4 + 4);
 
     // In process: N threads inserting into replay, as embedded actors do.
-    let t = table();
+    let t = table(shape);
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let threads: Vec<_> = (0..connections)
@@ -128,7 +186,7 @@ fn throughput(seconds: f64, connections: usize, rows: usize) {
     let local_rows = t.stats().inserted as f64 / start.elapsed().as_secs_f64();
 
     // Over loopback: N connections to the real server.
-    let t = table();
+    let t = table(shape);
     let params = Arc::new(ParamsCell::new(Params {
         version: 0,
         env_steps: 0,
@@ -136,7 +194,7 @@ fn throughput(seconds: f64, connections: usize, rows: usize) {
         population: 1,
         data: vec![0.0; 4610],
     }));
-    let srv = server(Arc::clone(&t), params);
+    let srv = server(shape, Arc::clone(&t), params);
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let clients: Vec<_> = (0..connections)
@@ -164,7 +222,10 @@ fn throughput(seconds: f64, connections: usize, rows: usize) {
         let _ = h.join();
     });
     let wire_per_row = frame.len() as f64 / rows as f64;
-    println!("transitions into replay ({connections} producers, batches of {rows}, CartPole rows of {} raw bytes):", raw_bytes / rows);
+    println!(
+        "transitions into replay ({connections} producers, batches of {rows}, {shape:?} rows, {} raw bytes per transition):",
+        raw_bytes / rows
+    );
     println!("  {:<22} {:>14} {:>12}", "path", "transitions/s", "MB/s");
     println!(
         "  {:<22} {:>14.0} {:>12.1}",
@@ -186,7 +247,7 @@ fn throughput(seconds: f64, connections: usize, rows: usize) {
 }
 
 fn broadcast(actors: usize, repeats: usize) {
-    let t = table();
+    let t = table(Shape::CartPole);
     let params = Arc::new(ParamsCell::new(Params {
         version: 0,
         env_steps: 0,
@@ -194,7 +255,7 @@ fn broadcast(actors: usize, repeats: usize) {
         population: 1,
         data: vec![0.0; 16],
     }));
-    let srv = server(Arc::clone(&t), Arc::clone(&params));
+    let srv = server(Shape::CartPole, Arc::clone(&t), Arc::clone(&params));
     let received: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
     let ready = Arc::new(Barrier::new(actors + 1));
     let readers: Vec<_> = (0..actors)
@@ -271,7 +332,12 @@ fn main() {
     let seconds = arg("--seconds", 3.0);
     let connections = arg("--connections", 4.0) as usize;
     let rows = arg("--rows", 64.0) as usize;
-    throughput(seconds, connections, rows);
+    let shape = if std::env::args().any(|a| a == "--atari") {
+        Shape::Atari
+    } else {
+        Shape::CartPole
+    };
+    throughput(shape, seconds, connections, rows);
     broadcast(
         arg("--actors", 64.0) as usize,
         arg("--repeats", 5.0) as usize,

@@ -19,8 +19,14 @@ import numpy as np
 REGISTER = {"MinAtar": "minatar.gym:register_envs", "ALE": "ale_py"}
 
 
+# Modules already imported (and registration functions already called) by this process.
+_IMPORTED = set()
+
+
 def _import(spec):
-    """Imports `pkg` or `pkg:register_fn` (and calls the function)."""
+    """Imports `pkg` or `pkg:register_fn` (and calls the function), once per process."""
+    if spec in _IMPORTED:
+        return
     module, _, fn = spec.partition(":")
     try:
         mod = importlib.import_module(module)
@@ -31,6 +37,7 @@ def _import(spec):
         if register is None:
             raise RuntimeError(f"module {module!r} has no function {fn!r}")
         register()
+    _IMPORTED.add(spec)
 
 
 class Layout:
@@ -119,7 +126,8 @@ class GymVec:
 
     def reset(self, seeds):
         for i, (env, seed) in enumerate(zip(self.envs, seeds)):
-            obs, _ = env.reset(seed=int(seed))
+            # 32 bits: what NumPy's legacy RandomState (MinAtar among others) accepts.
+            obs, _ = env.reset(seed=int(seed) % 2**32)
             self.layout.write(self.first[i], obs)
 
     def step(self, actions):
