@@ -11,3 +11,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The multi-process tests run the learner and actor binaries.
 cargo build --workspace --bins --locked
 cargo test --workspace --locked "$@"
+# The actor without the Gymnasium bridge (`--no-default-features`: no Python linked) in
+# its own target dir, so the binaries above stay the default build.
+no_gym=(env CARGO_TARGET_DIR="$CARGO_TARGET_DIR/no-gym")
+"${no_gym[@]}" cargo clippy -p millrace-actor --all-targets --no-default-features --locked -- -D warnings
+"${no_gym[@]}" cargo test -p millrace-actor --no-default-features --locked "$@"

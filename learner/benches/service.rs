@@ -148,7 +148,9 @@ fn connect(addr: SocketAddr) -> TcpStream {
     s.set_nodelay(true).unwrap();
     let mut hello = millrace_tests::hello("", PROTOCOL_VERSION, 1);
     if let ActorMsg::Hello(h) = &mut hello {
-        h.capabilities.env_ids.push(millrace_proto::env::ANY_ATARI.into());
+        h.capabilities
+            .env_ids
+            .push(millrace_proto::env::ANY_ATARI.into());
     }
     s.write_all(&codec::encode(&hello, DEFAULT_MAX_FRAME).unwrap())
         .unwrap();

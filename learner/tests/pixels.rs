@@ -65,11 +65,17 @@ fn a_short_embedded_atari_run_completes_checkpoints_and_exports() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let latest = read_json(&dir.path().join("checkpoint/latest/meta.json"));
     assert_eq!(latest["env"]["id"], "PongNoFrameskip-v4");
-    assert_eq!(latest["env"]["obs"]["shape"], serde_json::json!([4, 84, 84]));
+    assert_eq!(
+        latest["env"]["obs"]["shape"],
+        serde_json::json!([4, 84, 84])
+    );
     assert_eq!(latest["network"]["hidden"], serde_json::json!([512]));
     assert!(latest["updates"].as_u64().unwrap() > 0, "{latest}");
     let config = read_json(&dir.path().join("checkpoint/config.json"));
-    assert_eq!(config["clip_rewards"], true, "Atari clips training rewards by default");
+    assert_eq!(
+        config["clip_rewards"], true,
+        "Atari clips training rewards by default"
+    );
 
     let export = dir.path().join("pong.safetensors");
     let out = Command::new(env!("CARGO_BIN_EXE_learner"))
@@ -93,7 +99,14 @@ fn minatar_trains_embedded_and_its_saved_policy_evaluates() {
     let out = short_run(
         "gym:MinAtar/Breakout-v1",
         dir.path(),
-        &["--max-steps", "3000", "--eval-every", "1500", "--eval-episodes", "4"],
+        &[
+            "--max-steps",
+            "3000",
+            "--eval-every",
+            "1500",
+            "--eval-episodes",
+            "4",
+        ],
     );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let best = read_json(&dir.path().join("checkpoint/best/meta.json"));
@@ -122,8 +135,14 @@ fn a_bridged_env_that_cannot_be_built_is_one_error_line_before_anything_starts()
             vec!["--env", "gym:Foo-v0", "--env-module", "no_such_module_here"],
             "does not import",
         ),
-        (vec!["--env", "gym:CartPole-v1", "--env-kwargs", "[1]"], "JSON object"),
-        (vec!["--env", "ALE/Pong-v5", "--network", "mlp"], "image observations"),
+        (
+            vec!["--env", "gym:CartPole-v1", "--env-kwargs", "[1]"],
+            "JSON object",
+        ),
+        (
+            vec!["--env", "ALE/Pong-v5", "--network", "mlp"],
+            "image observations",
+        ),
     ] {
         let logdir = dir.path().join("run");
         let mut all = args.clone();

@@ -27,8 +27,14 @@ struct Learner {
 /// Starts `learner --listen <listen>` (plus `extra`) writing to `logdir` and reads the
 /// address it bound from its log.
 fn learner_on(listen: &str, logdir: &std::path::Path, extra: &[&str]) -> Learner {
+    let budget: &[&str] = if extra.contains(&"--max-steps") {
+        &[]
+    } else {
+        &["--max-steps", "200000"]
+    };
     let mut child = Command::new(binary("learner"))
-        .args(["--listen", listen, "--no-progress", "--max-steps", "200000"])
+        .args(["--listen", listen, "--no-progress"])
+        .args(budget)
         .args(extra)
         .arg("--logdir")
         .arg(logdir)
@@ -290,4 +296,54 @@ fn a_learner_stopped_by_sigterm_resumes_and_its_actors_wait_for_it() {
         "the resumed learner was fed:\n{}",
         log.join("\n")
     );
+}
+
+#[test]
+fn remote_actors_serve_a_bridged_pixel_env_through_the_wire_into_replay() {
+    // MinAtar through the Gymnasium bridge on both sides: the learner sends how to
+    // build the environment in the welcome; the actor builds it, checks its spaces
+    // against the learner's, and streams u8 image batches.
+    let dir = tempfile::tempdir().unwrap();
+    let l = learner_on(
+        "127.0.0.1:0",
+        dir.path(),
+        &[
+            "--env",
+            "gym:MinAtar/Breakout-v1",
+            "--cpu",
+            "--max-steps",
+            "3000",
+            "--learning-starts",
+            "256",
+            "--batch-size",
+            "32",
+            "--replay-capacity",
+            "8192",
+            "--eval-every",
+            "1000000",
+            "--target-return",
+            "1000",
+        ],
+    );
+    let mut a = Command::new(binary("actor"))
+        .args(["--n", "4", "--learner", &l.addr, "--name", "pixels"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, out, log) = finish(l, Duration::from_secs(180));
+    // The step budget ends the run (MinAtar Breakout cannot return 1000).
+    assert_eq!(code, Some(2), "{out}\n{}", log.join("\n"));
+    assert!(received_from(&log, "pixels") >= 3000, "{}", log.join("\n"));
+    let latest = millrace_tests::read_json(&dir.path().join("checkpoint/latest/meta.json"));
+    assert_eq!(
+        latest["env"]["obs"]["shape"],
+        serde_json::json!([4, 10, 10])
+    );
+    assert!(latest["updates"].as_u64().unwrap() > 0, "{latest}");
+    let status = exits_by_itself(&mut a, Duration::from_secs(20), &log);
+    let mut err = String::new();
+    std::io::Read::read_to_string(a.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{status}: {err}");
 }

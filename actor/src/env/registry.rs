@@ -109,3 +109,51 @@ pub fn capabilities() -> Vec<String> {
     }
     ids
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ports_build_without_python_and_options_are_checked() {
+        let AnyVecEnv::Vector(envs) = make_vec(&EnvConfig::new("CartPole-v1"), 3, 0).unwrap()
+        else {
+            panic!("CartPole has vector observations");
+        };
+        assert_eq!(envs.num_envs(), 3);
+        assert!(matches!(
+            make_vec(&EnvConfig::new("CatchPixels-v0"), 1, 0),
+            Ok(AnyVecEnv::Pixels(_))
+        ));
+        let life = EnvConfig {
+            terminal_on_life_loss: true,
+            ..EnvConfig::new("CartPole-v1")
+        };
+        assert!(matches!(make_vec(&life, 1, 0), Err(EnvError::Options(_))));
+        assert!(matches!(
+            make_vec(&EnvConfig::new("Pong-v5"), 1, 0),
+            Err(EnvError::UnknownId(_))
+        ));
+    }
+
+    #[test]
+    fn capabilities_say_whether_the_bridge_is_built() {
+        let caps = capabilities();
+        assert!(caps.iter().any(|c| c == "CartPole-v1"));
+        let bridged = caps.iter().any(|c| c == millrace_proto::env::ANY_GYM);
+        assert_eq!(bridged, cfg!(feature = "gym"));
+    }
+
+    #[cfg(not(feature = "gym"))]
+    #[test]
+    fn without_the_bridge_bridged_ids_say_so() {
+        for id in ["gym:CartPole-v1", "ALE/Pong-v5"] {
+            let err = make_vec(&EnvConfig::new(id), 1, 0).unwrap_err();
+            assert_eq!(err, EnvError::NoBridge(id.into()));
+            assert!(
+                err.to_string().contains("without the `gym` feature"),
+                "{err}"
+            );
+        }
+    }
+}
