@@ -41,26 +41,46 @@ impl CnnPolicy {
         })
     }
 
-    /// The torso on one observation; appends its flattened features to `self.features`.
-    fn torso(&mut self, image: &[u8]) {
+    /// The torso on `m` observations at once (`images` is `[m, C, H, W]`): each layer is
+    /// one im2col over all of them and one SGEMM. Activations are kept channel-major
+    /// across the batch (`[C, m, H·W]`), so a layer's output is the next one's input
+    /// as it stands; the flattened features of each image (`C, H, W` order, as PyTorch
+    /// flattens) are appended to `self.features`.
+    fn torso(&mut self, images: &[u8], m: usize) {
         let params = self.head.params();
         let [mut cur, mut next] = std::mem::take(&mut self.act);
+        let (c0, h0, w0) = self.shapes[0];
+        let plane = h0 * w0;
         cur.clear();
-        cur.extend(image.iter().map(|p| f32::from(*p) * (1.0 / 255.0)));
+        cur.resize(c0 * m * plane, 0.0);
+        for (b, image) in images.chunks_exact(c0 * plane).enumerate() {
+            for c in 0..c0 {
+                let src = &image[c * plane..(c + 1) * plane];
+                let dst = &mut cur[(c * m + b) * plane..][..plane];
+                for (d, p) in dst.iter_mut().zip(src) {
+                    *d = f32::from(*p) * (1.0 / 255.0);
+                }
+            }
+        }
         for (l, layer) in self.conv.iter().enumerate() {
             let (ic, ih, iw) = self.shapes[l];
             let (oc, oh, ow) = self.shapes[l + 1];
             let (k, s) = (layer.kernel, layer.stride);
             let (kk, p) = (ic * k * k, oh * ow);
-            self.cols.resize(kk * p, 0.0);
+            let cols_n = m * p;
+            self.cols.resize(kk * cols_n, 0.0);
             for c in 0..ic {
                 for ky in 0..k {
                     for kx in 0..k {
-                        let row = &mut self.cols[((c * k + ky) * k + kx) * p..][..p];
-                        for oy in 0..oh {
-                            let src = &cur[c * ih * iw + (oy * s + ky) * iw + kx..];
-                            for (ox, v) in row[oy * ow..(oy + 1) * ow].iter_mut().enumerate() {
-                                *v = src[ox * s];
+                        let row = &mut self.cols[((c * k + ky) * k + kx) * cols_n..][..cols_n];
+                        for b in 0..m {
+                            let input = &cur[(c * m + b) * ih * iw..][..ih * iw];
+                            let out = &mut row[b * p..(b + 1) * p];
+                            for oy in 0..oh {
+                                let src = &input[(oy * s + ky) * iw + kx..];
+                                for (ox, v) in out[oy * ow..(oy + 1) * ow].iter_mut().enumerate() {
+                                    *v = src[ox * s];
+                                }
                             }
                         }
                     }
@@ -71,26 +91,30 @@ impl CnnPolicy {
             let bias = &params[be.offset..be.offset + be.len];
             next.clear();
             for b in bias {
-                next.extend(std::iter::repeat_n(*b, p));
+                next.extend(std::iter::repeat_n(*b, cols_n));
             }
-            assert!(weight.len() == oc * kk && self.cols.len() == kk * p && next.len() == oc * p);
-            // SAFETY: `weight` is [oc, kk], `cols` is [kk, p] and `next` is [oc, p], all
-            // row-major with the strides given; lengths checked above.
+            assert!(
+                weight.len() == oc * kk
+                    && self.cols.len() == kk * cols_n
+                    && next.len() == oc * cols_n
+            );
+            // SAFETY: `weight` is [oc, kk], `cols` is [kk, cols_n] and `next` is
+            // [oc, cols_n], all row-major with the strides given; lengths checked above.
             unsafe {
                 matrixmultiply::sgemm(
                     oc,
                     kk,
-                    p,
+                    cols_n,
                     1.0,
                     weight.as_ptr(),
                     kk as isize,
                     1,
                     self.cols.as_ptr(),
-                    p as isize,
+                    cols_n as isize,
                     1,
                     1.0,
                     next.as_mut_ptr(),
-                    p as isize,
+                    cols_n as isize,
                     1,
                 );
             }
@@ -99,10 +123,22 @@ impl CnnPolicy {
             }
             std::mem::swap(&mut cur, &mut next);
         }
-        self.features.extend_from_slice(&cur);
+        // [C, m, H·W] -> m rows of [C, H, W].
+        let (oc, oh, ow) = *self.shapes.last().expect("input shape");
+        let p = oh * ow;
+        for b in 0..m {
+            for c in 0..oc {
+                self.features
+                    .extend_from_slice(&cur[(c * m + b) * p..(c * m + b + 1) * p]);
+            }
+        }
         self.act = [cur, next];
     }
 }
+
+/// Images per torso pass: large enough for SGEMM to run at speed, small enough that
+/// the im2col matrix stays a few MB (Nature's first layer: 256 × 400 floats an image).
+const TORSO_CHUNK: usize = 16;
 
 impl Policy<u8> for CnnPolicy {
     fn num_actions(&self) -> usize {
@@ -122,8 +158,8 @@ impl Policy<u8> for CnnPolicy {
         let pixels = c * h * w;
         assert_eq!(obs.len() % pixels, 0, "obs is not [batch, C, H, W]");
         self.features.clear();
-        for image in obs.chunks_exact(pixels) {
-            self.torso(image);
+        for images in obs.chunks(pixels * TORSO_CHUNK) {
+            self.torso(images, images.len() / pixels);
         }
         let features = std::mem::take(&mut self.features);
         self.head.q_values(&features, q);
@@ -230,6 +266,47 @@ mod tests {
             q[3..],
             "the second image is a different observation"
         );
+    }
+
+    #[test]
+    fn a_batch_gives_each_image_what_it_gives_alone() {
+        // More images than one torso pass, MinAtar-sized (one convolution) and Nature-sized.
+        for (obs, spec) in [
+            (
+                vec![4, 10, 10],
+                NetworkSpec::minatar_cnn as fn(&ObsSpec, usize) -> _,
+            ),
+            (vec![4, 36, 36], NetworkSpec::nature_cnn),
+        ] {
+            let obs = ObsSpec {
+                shape: obs,
+                dtype: DType::U8,
+            };
+            let spec = spec(&obs, 3).unwrap();
+            let data: Vec<f32> = (0..spec.layout().len)
+                .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.45) * 0.1)
+                .collect();
+            let mut policy = CnnPolicy::new(spec).unwrap();
+            policy
+                .load(&Params {
+                    version: 1,
+                    env_steps: 0,
+                    updates: 0,
+                    population: 1,
+                    data,
+                })
+                .unwrap();
+            let n = TORSO_CHUNK + 5;
+            let d = obs.numel();
+            let images: Vec<u8> = (0..n * d).map(|i| (i * 31 % 251) as u8).collect();
+            let mut batched = vec![0.0f32; n * 3];
+            policy.q_values(&images, &mut batched);
+            for i in 0..n {
+                let mut alone = [0.0f32; 3];
+                policy.q_values(&images[i * d..(i + 1) * d], &mut alone);
+                assert_eq!(batched[i * 3..(i + 1) * 3], alone, "image {i}");
+            }
+        }
     }
 
     #[test]

@@ -494,3 +494,121 @@ mod tests {
         assert_ne!(a.batches, run(6).batches);
     }
 }
+
+#[cfg(test)]
+mod life_loss_tests {
+    use super::*;
+    use crate::policy::MlpPolicy;
+    use millrace_proto::{DType, EnvSpec, ObsSpec};
+
+    /// One environment whose observation is its step count; a life is lost at step 3,
+    /// the game ends at step 6 with a reward of 5 (true score), every other step pays 2.
+    struct Lives {
+        spec: EnvSpec,
+        t: u32,
+    }
+
+    impl VecEnv<f32> for Lives {
+        fn spec(&self) -> &EnvSpec {
+            &self.spec
+        }
+        fn num_envs(&self) -> usize {
+            1
+        }
+        fn reset(&mut self, _: &[u64], obs: &mut [f32]) -> Result<(), EnvError> {
+            self.t = 0;
+            obs[0] = 0.0;
+            Ok(())
+        }
+        fn step(
+            &mut self,
+            _: &[usize],
+            next: &mut [f32],
+            first: &mut [f32],
+            steps: &mut [Step],
+        ) -> Result<(), EnvError> {
+            self.t += 1;
+            next[0] = self.t as f32;
+            steps[0] = Step {
+                reward: if self.t == 6 { 5.0 } else { 2.0 },
+                terminated: self.t == 6,
+                truncated: false,
+                life_lost: self.t == 3,
+            };
+            if self.t == 6 {
+                self.t = 0;
+                first[0] = 0.0;
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_lost_life_ends_the_chain_not_the_episode_and_rewards_clip_for_training_only() {
+        let spec = EnvSpec {
+            id: "lives".into(),
+            obs: ObsSpec {
+                shape: vec![1],
+                dtype: DType::F32,
+            },
+            num_actions: 2,
+            max_episode_steps: 100,
+            reward_threshold: None,
+        };
+        let cfg = ActorConfig {
+            actor_id: 0,
+            env: EnvConfig::new("lives"),
+            num_envs: 1,
+            seed: 0,
+            n_step: 3,
+            gamma: 0.5,
+            batch_rows: 6,
+            epsilon: EpsilonSchedule::Constant(1.0),
+            env_epsilons: None,
+            clip_rewards: true,
+        };
+        let net = millrace_proto::NetworkSpec::mlp(&spec.obs, &[2], 2, 1).unwrap();
+        let mut policy = MlpPolicy::new(net, 0).unwrap();
+        let mut actor = ActorLoop::new(&cfg, Box::new(Lives { spec, t: 0 })).unwrap();
+        let (mut episodes, mut batch) = (Vec::new(), None);
+        let steps = StepCounter::default();
+        while batch.is_none() {
+            batch = actor
+                .step(&mut policy, &mut NoParams, &steps, &mut |e| {
+                    episodes.push(e)
+                })
+                .unwrap();
+        }
+        let b = batch.unwrap();
+        let obs = |row: u32| f32::from_le_bytes(b.obs_row(row).try_into().unwrap());
+        let rows: Vec<(f32, f32, f32, f32)> = (0..b.len())
+            .map(|i| {
+                (
+                    obs(b.obs_index[i]),
+                    b.rewards[i],
+                    b.discounts[i],
+                    obs(b.next_index[i]),
+                )
+            })
+            .collect();
+        // From steps 0..3 (the life lost at 3): 3-step returns stop there, terminal.
+        // Rewards are clipped to 1; the last step of the game (true reward 5) too.
+        assert_eq!(
+            rows,
+            vec![
+                (0.0, 1.0 + 0.5 + 0.25, 0.0, 0.0),
+                (1.0, 1.0 + 0.5, 0.0, 1.0),
+                (2.0, 1.0, 0.0, 2.0),
+                (3.0, 1.0 + 0.5 + 0.25, 0.0, 3.0),
+                (4.0, 1.0 + 0.5, 0.0, 4.0),
+                (5.0, 1.0, 0.0, 5.0),
+            ]
+        );
+        // One episode, the whole game, with its true score.
+        assert_eq!(episodes.len(), 1);
+        assert_eq!(
+            (episodes[0].length, episodes[0].episode_return),
+            (6, 2.0 * 5.0 + 5.0)
+        );
+    }
+}

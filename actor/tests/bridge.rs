@@ -157,3 +157,33 @@ fn what_cannot_run_is_one_clear_error() {
     });
     assert!(msg.contains("gym: ids"), "{msg}");
 }
+
+#[test]
+fn atari_reports_lost_lives_only_when_asked() {
+    for report in [false, true] {
+        let cfg = EnvConfig {
+            terminal_on_life_loss: report,
+            ..EnvConfig::new("BreakoutNoFrameskip-v4")
+        };
+        let mut envs = AtariVec::new(&cfg, 2).unwrap();
+        let d = envs.spec().obs.numel();
+        let (mut obs, mut next, mut steps) =
+            (vec![0u8; 2 * d], vec![0u8; 2 * d], [Step::default(); 2]);
+        envs.reset(&[3, 4], &mut obs).unwrap();
+        let mut lost = 0;
+        // Random play loses a life every ~40 steps; NOOP (0) and FIRE (1) mostly.
+        for t in 0..600 {
+            envs.step(&[t % 4, (t / 3) % 4], &mut next, &mut obs, &mut steps)
+                .unwrap();
+            for s in &steps {
+                assert!(!(s.life_lost && s.done()), "a game over is not a lost life");
+                lost += usize::from(s.life_lost);
+            }
+        }
+        assert_eq!(
+            lost > 0,
+            report,
+            "{lost} lives reported lost (asked: {report})"
+        );
+    }
+}
