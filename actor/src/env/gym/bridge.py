@@ -5,7 +5,8 @@ through the buffer protocol: `next` (the observation after each action, the last
 episode where it ended), `first` (where an episode ended: the next one's first
 observation), `rewards` (float32), `terminated`, `truncated`, `life_lost` (uint8, 0 or 1). Observations are
 converted here to what millrace trains on: float vectors to float32, uint8 or bool
-images to uint8 in channel-first layout (bool as 0/1).
+images to uint8 in channel-first layout, bool as 0/255 (networks scale images by 1/255,
+so a set bit is a full-scale input, as MinAtar's networks see it).
 """
 
 import importlib
@@ -54,6 +55,8 @@ class Layout:
         dtype = np.dtype(space.dtype)
         shape = tuple(int(d) for d in space.shape)
         self.transpose = None
+        # The value a True becomes (networks see images scaled by 1/255).
+        self.on = 255 if dtype == np.bool_ else 1
         if dtype.kind == "f":
             self.dtype = np.float32
             self.shape = (int(np.prod(shape)),)
@@ -80,6 +83,8 @@ class Layout:
         obs = np.asarray(obs)
         if self.transpose is not None:
             obs = obs.transpose(self.transpose)
+        if self.on != 1:
+            obs = obs.astype(np.uint8) * np.uint8(self.on)
         out[...] = obs.reshape(self.shape)
 
 
