@@ -6,6 +6,12 @@ safetensors `state_dict` into it (strictly: every key, every shape), and plays N
 episodes greedily (argmax of the outputs) in `gymnasium.make(env_id)`. Prints one JSON
 object: the mean return, its spread and the per-episode returns.
 
+A `gym:<id>` policy (trained through millrace's Gymnasium bridge, e.g. MinAtar) plays
+`gymnasium.make(<id>)` with its observations converted by the bridge's own code
+(actor/src/env/gym/bridge.py: images to channel-first uint8, bool as 0/255), so the
+network sees what it trained on. Atari policies (ale-py's vectorised preprocessing) are
+evaluated with `learner eval`.
+
     scripts/play_policy.py policy.safetensors [--episodes 100] [--seed 0]
 
 Needs torch, safetensors, gymnasium and numpy (scripts/setup.sh installs them).
@@ -23,6 +29,17 @@ import torch
 from safetensors.torch import load_file
 
 FORMAT = "millrace-policy/1"
+
+
+def load_bridge():
+    """millrace's bridge module (observation conversion), from this checkout."""
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "actor/src/env/gym/bridge.py"
+    spec = importlib.util.spec_from_file_location("millrace_bridge", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build(layers):
@@ -67,8 +84,25 @@ def main():
     dtype = {"float32": np.float32, "uint8": np.uint8}[pre["dtype"]]
     scale = float(pre["scale"])
 
-    env = gym.make(description["env_id"])
-    if tuple(env.observation_space.shape) != tuple(pre["shape"]):
+    env_id = description["env_id"]
+    convert = None
+    if env_id.startswith("gym:"):
+        bridge = load_bridge()
+        env_id = env_id[len("gym:"):]
+        namespace = env_id.split("/")[0] if "/" in env_id else None
+        if namespace in bridge.REGISTER:
+            bridge._import(bridge.REGISTER[namespace])
+    env = gym.make(env_id)
+    if description["env_id"].startswith("gym:"):
+        layout = bridge.Layout(env.observation_space, env_id)
+        if list(layout.shape) != list(pre["shape"]):
+            raise SystemExit(f"{env_id} converts to {layout.shape}, the policy expects {pre['shape']}")
+
+        def convert(obs):
+            out = np.zeros(layout.shape, layout.dtype)
+            layout.write(out, obs)
+            return out
+    elif tuple(env.observation_space.shape) != tuple(pre["shape"]):
         raise SystemExit(
             f"{description['env_id']} observes {env.observation_space.shape}, "
             f"the policy expects {pre['shape']}"
@@ -79,6 +113,8 @@ def main():
             obs, _ = env.reset(seed=args.seed + episode)
             total, done = 0.0, False
             while not done:
+                if convert is not None:
+                    obs = convert(obs)
                 x = torch.as_tensor(np.asarray(obs, dtype=dtype)).float().unsqueeze(0) * scale
                 action = int(net(x).argmax(dim=1).item())
                 obs, reward, terminated, truncated, _ = env.step(action)

@@ -4,7 +4,10 @@
 //! batches handed to a sink that drops them), with `--threads` actors in the process.
 //!
 //! `cargo bench -p millrace-actor --bench throughput -- --env PongNoFrameskip-v4
-//!  [--envs 8] [--threads 1] [--seconds 10] [--mode env|actor]`
+//!  [--envs 8] [--threads 1] [--seconds 10] [--mode env|actor|infer]`
+//!
+//! `infer` times the network alone: batched forward passes over `--envs` random
+//! observations (observations per second).
 //!
 //! Prints one JSON line (bench/atari_actor.sh runs it beside ale-py's and Gymnasium's
 //! own loops and tabulates).
@@ -58,6 +61,35 @@ fn env_only<O: Copy + Default>(envs: &mut dyn VecEnv<O>, stop: &AtomicBool, step
     }
 }
 
+/// Forward passes of the network over `n` random observations at a time.
+fn infer_only(net: &NetworkSpec, params: &Params, n: usize, stop: &AtomicBool, done: &AtomicU64) {
+    use millrace_actor::{CnnPolicy, MlpPolicy, Policy};
+    let d: usize = if net.image.is_empty() {
+        net.obs_dim
+    } else {
+        net.image.iter().product()
+    };
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(2);
+    let mut q = vec![0.0f32; n * net.num_actions];
+    if net.conv.is_empty() {
+        let mut policy = MlpPolicy::new(net.clone(), 0).unwrap();
+        policy.load(params).unwrap();
+        let obs: Vec<f32> = (0..n * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+        while !stop.load(Ordering::Relaxed) {
+            policy.q_values(&obs, &mut q);
+            done.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    } else {
+        let mut policy = CnnPolicy::new(net.clone()).unwrap();
+        policy.load(params).unwrap();
+        let obs: Vec<u8> = (0..n * d).map(|_| rng.random()).collect();
+        while !stop.load(Ordering::Relaxed) {
+            policy.q_values(&obs, &mut q);
+            done.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+}
+
 struct Drop_;
 
 impl ActorSink for Drop_ {
@@ -97,6 +129,7 @@ fn main() {
                 (Arc::clone(&stop), Arc::clone(&counted), Arc::clone(&steps));
             let mut params = Arc::clone(&params);
             std::thread::spawn(move || match mode.as_str() {
+                "infer" => infer_only(&net, &params.latest(), envs, &stop, &counted),
                 "env" => match make_vec(&cfg, envs, t as u64).unwrap() {
                     AnyVecEnv::Vector(mut e) => env_only(&mut *e, &stop, &counted),
                     AnyVecEnv::Pixels(mut e) => env_only(&mut *e, &stop, &counted),

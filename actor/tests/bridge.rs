@@ -121,7 +121,10 @@ fn minatar_images_become_channel_first_bytes() {
     let d = spec.obs.numel();
     let mut obs = vec![7u8; 3 * d];
     envs.reset(&[1, 2, 3], &mut obs).unwrap();
-    assert!(obs.iter().all(|p| *p == 0 || *p == 255), "bool planes become 0/255");
+    assert!(
+        obs.iter().all(|p| *p == 0 || *p == 255),
+        "bool planes become 0/255"
+    );
     // Breakout shows the paddle in channel 0 on the bottom row.
     assert!(obs[..100][90..].contains(&255));
 }

@@ -156,25 +156,28 @@ impl GymVec {
     /// Makes `n` environments `cfg.id` (which starts with `gym:`): float observations
     /// become an `f32` vector env, uint8/bool images a `u8` one.
     pub fn make(cfg: &EnvConfig, n: usize) -> Result<AnyVecEnv, EnvError> {
-        let gym_id = cfg.id.strip_prefix(GYM_PREFIX).unwrap_or(&cfg.id);
-        with_python(|py| {
-            let obj = construct(
-                py,
-                "GymVec",
-                (gym_id, n, cfg.module.clone(), cfg.kwargs.clone()),
-            )?;
-            let spec = spec_from(&obj, &cfg.id).map_err(|e| py_err(py, e))?;
-            let obj = obj.unbind();
-            Ok(match spec.obs.dtype {
-                DType::U8 => AnyVecEnv::Pixels(Box::new(PyVecEnv::<u8>::new(obj, spec, n))),
-                DType::F32 => AnyVecEnv::Vector(Box::new(PyVecEnv::<f32>::new(obj, spec, n))),
-            })
+        let (obj, spec) = Self::build(cfg, n)?;
+        Ok(match spec.obs.dtype {
+            DType::U8 => AnyVecEnv::Pixels(Box::new(PyVecEnv::<u8>::new(obj, spec, n))),
+            DType::F32 => AnyVecEnv::Vector(Box::new(PyVecEnv::<f32>::new(obj, spec, n))),
         })
     }
 
     /// Like [`GymVec::make`] for float observations, keeping the concrete type (tests
     /// reach [`PyVecEnv::set_state`] through it).
     pub fn make_vector(cfg: &EnvConfig, n: usize) -> Result<PyVecEnv<f32>, EnvError> {
+        let (obj, spec) = Self::build(cfg, n)?;
+        if spec.obs.dtype != DType::F32 {
+            return Err(EnvError::Options(format!(
+                "{} has image observations",
+                cfg.id
+            )));
+        }
+        Ok(PyVecEnv::new(obj, spec, n))
+    }
+
+    /// The `bridge.GymVec` object and the spec it worked out.
+    fn build(cfg: &EnvConfig, n: usize) -> Result<(Py<PyAny>, EnvSpec), EnvError> {
         let gym_id = cfg.id.strip_prefix(GYM_PREFIX).unwrap_or(&cfg.id);
         with_python(|py| {
             let obj = construct(
@@ -183,13 +186,7 @@ impl GymVec {
                 (gym_id, n, cfg.module.clone(), cfg.kwargs.clone()),
             )?;
             let spec = spec_from(&obj, &cfg.id).map_err(|e| py_err(py, e))?;
-            if spec.obs.dtype != DType::F32 {
-                return Err(EnvError::Options(format!(
-                    "{} has image observations",
-                    cfg.id
-                )));
-            }
-            Ok(PyVecEnv::new(obj.unbind(), spec, n))
+            Ok((obj.unbind(), spec))
         })
     }
 }
