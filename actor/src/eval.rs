@@ -167,41 +167,57 @@ pub fn evaluate_params(
     episodes: usize,
     seed: u64,
 ) -> Result<EvalResult, String> {
-    let text = |e: &dyn std::fmt::Display| e.to_string();
     if network.conv.is_empty() {
-        let mut policy = MlpPolicy::new(network.clone(), 0).map_err(|e| text(&e))?;
-        policy.load(params).map_err(|e| text(&e))?;
-        if cfg.family() == Family::Native {
-            return evaluate_with(|s| env::make(&cfg.id, s), &mut policy, episodes, seed)
-                .map_err(|e| text(&e));
-        }
-        match env::make_vec(cfg, episodes.clamp(1, MAX_BRIDGED_EVAL_ENVS), seed) {
-            Ok(AnyVecEnv::Vector(mut envs)) => {
-                evaluate_vec(&mut *envs, &mut policy, episodes, seed).map_err(|e| text(&e))
-            }
-            Ok(AnyVecEnv::Pixels(_)) => Err(format!("{} has image observations", cfg.id)),
-            Err(e) => Err(text(&e)),
-        }
+        let mut policy = MlpPolicy::new(network.clone(), 0).map_err(|e| e.to_string())?;
+        policy.load(params).map_err(|e| e.to_string())?;
+        let vector = |e| match e {
+            AnyVecEnv::Vector(v) => Some(v),
+            AnyVecEnv::Pixels(_) => None,
+        };
+        play(
+            cfg,
+            &mut policy,
+            vector,
+            |s| env::make(&cfg.id, s),
+            episodes,
+            seed,
+        )
     } else {
-        let mut policy = CnnPolicy::new(network.clone()).map_err(|e| text(&e))?;
-        policy.load(params).map_err(|e| text(&e))?;
-        if cfg.family() == Family::Native {
-            return evaluate_with(
-                |s| env::make_pixels(&cfg.id, s),
-                &mut policy,
-                episodes,
-                seed,
-            )
-            .map_err(|e| text(&e));
-        }
-        match env::make_vec(cfg, episodes.clamp(1, MAX_BRIDGED_EVAL_ENVS), seed) {
-            Ok(AnyVecEnv::Pixels(mut envs)) => {
-                evaluate_vec(&mut *envs, &mut policy, episodes, seed).map_err(|e| text(&e))
-            }
-            Ok(AnyVecEnv::Vector(_)) => Err(format!("{} has vector observations", cfg.id)),
-            Err(e) => Err(text(&e)),
-        }
+        let mut policy = CnnPolicy::new(network.clone()).map_err(|e| e.to_string())?;
+        policy.load(params).map_err(|e| e.to_string())?;
+        let pixels = |e| match e {
+            AnyVecEnv::Pixels(v) => Some(v),
+            AnyVecEnv::Vector(_) => None,
+        };
+        play(
+            cfg,
+            &mut policy,
+            pixels,
+            |s| env::make_pixels(&cfg.id, s),
+            episodes,
+            seed,
+        )
     }
+}
+
+/// [`evaluate_params`] once the policy is loaded: `pick` takes the environments of the
+/// policy's observation type, `port` builds one Rust port.
+fn play<O: Pod + Default>(
+    cfg: &EnvConfig,
+    policy: &mut dyn Policy<O>,
+    pick: impl FnOnce(AnyVecEnv) -> Option<Box<dyn VecEnv<O>>>,
+    port: impl Fn(u64) -> Result<Box<dyn Env<O>>, EnvError>,
+    episodes: usize,
+    seed: u64,
+) -> Result<EvalResult, String> {
+    if cfg.family() == Family::Native {
+        return evaluate_with(port, policy, episodes, seed).map_err(|e| e.to_string());
+    }
+    let envs = env::make_vec(cfg, episodes.clamp(1, MAX_BRIDGED_EVAL_ENVS), seed)
+        .map_err(|e| e.to_string())?;
+    let mut envs =
+        pick(envs).ok_or_else(|| format!("the network does not fit {}'s observations", cfg.id))?;
+    evaluate_vec(&mut *envs, policy, episodes, seed).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
