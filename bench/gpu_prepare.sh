@@ -14,6 +14,8 @@
 #   LD_LIBRARY_PATH=$TL .gpu/learner --logdir /tmp/run [--copy-stream]
 #
 # The binaries' rpath points at this machine's virtualenv; LD_LIBRARY_PATH overrides it.
+# They are built without the Gymnasium bridge (--no-default-features): no libpython is
+# needed there (the Rust ports and CatchPixels-v0 only).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/env.sh
@@ -30,9 +32,9 @@ for line in sys.stdin:
         print("learner-tests" if lib_tests else m["target"]["name"], m["executable"])
 '
 {
-  cargo bench -p millrace-learner --bench overlap --bench ceiling --no-run --message-format=json
-  cargo build --release -p millrace-learner --bin learner --message-format=json
-  cargo test -p millrace-learner --lib --no-run --message-format=json
+  cargo bench -p millrace-learner --no-default-features --bench overlap --bench ceiling --no-run --message-format=json
+  cargo build --release -p millrace-learner --no-default-features --bin learner --message-format=json
+  cargo test -p millrace-learner --no-default-features --lib --no-run --message-format=json
 } 2>/dev/null | python3 -c "$executables" | sort -u -k1,1 | while read -r name exe; do
   strip -o ".gpu/$name" "$exe"
   echo ".gpu/$name ($(du -h ".gpu/$name" | cut -f1))"

@@ -2,6 +2,7 @@
 //! (Gymnasium bridge) train embedded, checkpoint, and their saved CNN policies evaluate
 //! and export; a bridged environment that cannot be built is one clear error line
 //! before anything starts.
+#![cfg(feature = "gym")]
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -1,0 +1,61 @@
+"""Learning curves from learner logs: greedy evaluation return against env steps, one
+line per run, beside a published reference; writes the points as CSV and a PNG.
+
+    python bench/minatar_curve.py OUT_PREFIX REFERENCE LABEL=LOG [LABEL=LOG ...]
+
+REFERENCE is the published score to draw (e.g. 10 for MinAtar Breakout's DQN at 5M
+frames). Each LOG is a `learner` log (its `eval:` lines are read). Prints the table too.
+"""
+
+import csv
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+EVAL = re.compile(
+    r"eval: mean return (?P<mean>-?[\d.]+) ± (?P<se>[\d.]+) .*?"
+    r"(?P<episodes>\d+) episodes, parameters v\d+ at (?P<steps>\d+) env steps"
+)
+
+
+def read(log):
+    points = []
+    for line in open(log, errors="replace"):
+        m = EVAL.search(line)
+        if m and "confirmation" not in line:
+            points.append((int(m["steps"]), float(m["mean"]), float(m["se"])))
+    return points
+
+
+def main():
+    prefix, reference = sys.argv[1], float(sys.argv[2])
+    runs = [arg.split("=", 1) for arg in sys.argv[3:]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    with open(prefix + ".csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["run", "env_steps", "mean_return", "stderr"])
+        for label, log in runs:
+            points = read(log)
+            for p in points:
+                out.writerow([label, *p])
+            if not points:
+                continue
+            xs, ys, se = zip(*points)
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+            ax.fill_between(xs, [y - s for y, s in zip(ys, se)], [y + s for y, s in zip(ys, se)], alpha=0.2)
+            print(f"{label}: " + ", ".join(f"{x // 1000}k {y:.1f}" for x, y, _ in points))
+    ax.axhline(reference, color="grey", linestyle="--", label=f"published DQN at 5M frames ({reference:g})")
+    ax.set_xlabel("env steps (frames)")
+    ax.set_ylabel("greedy evaluation return")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(prefix + ".png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
