@@ -71,7 +71,7 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
         .context("installing the SIGINT/SIGTERM handler")?;
     }
     tracing::info!(
-        "training {} on {} (CUDA available: {}, {} device(s)){}: {} actor(s) x {} envs, network {:?} {:?}",
+        "training {} on {} (CUDA available: {}, {} device(s)){}: {} actor(s) x {} envs, network {:?} (--hidden {:?} for an MLP)",
         cfg.env.id,
         cfg.device,
         tch::Cuda::is_available(),

@@ -46,6 +46,25 @@ pub fn build(
     }
 }
 
+/// One line for the log: the torso's convolutions, the head's widths, the parameters.
+pub fn describe(spec: &NetworkSpec) -> String {
+    let conv: Vec<String> = spec
+        .conv
+        .iter()
+        .map(|c| format!("{}x{}x{}/{}", c.out_channels, c.kernel, c.kernel, c.stride))
+        .collect();
+    let torso = if conv.is_empty() {
+        String::new()
+    } else {
+        format!("conv [{}] over {:?}, then ", conv.join(", "), spec.image)
+    };
+    format!(
+        "{torso}MLP {:?}: {} parameters",
+        spec.widths(),
+        spec.checked_param_count().unwrap_or(0)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +100,9 @@ mod tests {
         assert!(build(NetworkChoice::Mlp, &env(&[4, 10, 10], DType::U8), &[64]).is_err());
         assert!(build(NetworkChoice::Nature, &env(&[4, 10, 10], DType::U8), &[64]).is_err());
         assert!(build(NetworkChoice::Minatar, &env(&[4], DType::F32), &[64]).is_err());
+        assert_eq!(
+            describe(&minatar),
+            "conv [16x3x3/1] over [4, 10, 10], then MLP [1024, 128, 3]: 132179 parameters"
+        );
     }
 }

@@ -98,6 +98,14 @@ pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunEr
     }
     let env = millrace_actor::env::spec_of(&cfg.env)?;
     let network = crate::network::build(cfg.network, &env, &cfg.hidden)?;
+    tracing::info!(
+        "{}: {:?} {:?} observations, {} actions; network: {}",
+        env.id,
+        env.obs.shape,
+        env.obs.dtype,
+        env.num_actions,
+        crate::network::describe(&network)
+    );
     let device = cfg.device.device();
 
     let layout = Layout::new(cfg.checkpoint_dir());
