@@ -8,8 +8,9 @@ object: the mean return, its spread and the per-episode returns.
 
 A `gym:<id>` policy (trained through millrace's Gymnasium bridge, e.g. MinAtar) plays
 `gymnasium.make(<id>)` with its observations converted by the bridge's own code
-(actor/src/env/gym/bridge.py: images to channel-first uint8, bool as 0/255), so the
-network sees what it trained on. Atari policies (ale-py's vectorised preprocessing) are
+(actor/src/env/gym/bridge.py: images to channel-first uint8, bool as 0/255), the
+module and keyword arguments the run used, and the bridge's time limit where Gymnasium
+registered none, so the network sees what it trained on. Atari policies (ale-py's vectorised preprocessing) are
 evaluated with `learner eval`.
 
     scripts/play_policy.py policy.safetensors [--episodes 100] [--seed 0]
@@ -90,9 +91,14 @@ def main():
         bridge = load_bridge()
         env_id = env_id[len("gym:"):]
         namespace = env_id.split("/")[0] if "/" in env_id else None
-        if namespace in bridge.REGISTER:
-            bridge._import(bridge.REGISTER[namespace])
-    env = gym.make(env_id)
+        module = description.get("env_module") or bridge.REGISTER.get(namespace)
+        if module:
+            bridge._import(module)
+    kwargs = json.loads(description.get("env_kwargs") or "{}")
+    env = gym.make(env_id, **kwargs)
+    if description["env_id"].startswith("gym:") and env.spec.max_episode_steps is None:
+        # As the bridge trained and evaluated it.
+        env = gym.wrappers.TimeLimit(env, bridge.DEFAULT_TIME_LIMIT)
     if description["env_id"].startswith("gym:"):
         layout = bridge.Layout(env.observation_space, env_id)
         if list(layout.shape) != list(pre["shape"]):

@@ -313,7 +313,10 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
                 .map_err(|e| e.to_string())
         })
     };
-    let max_frame = cfg.max_frame;
+    // Batches are sized by the learner to fit the frames it reads from this session.
+    let max_frame = usize::try_from(welcome.max_frame)
+        .unwrap_or(usize::MAX)
+        .min(millrace_proto::codec::MAX_FRAME_CEILING);
     let mut writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
             if let Err(e) = write_msg(&mut wr, &msg, max_frame).await {
@@ -426,7 +429,7 @@ fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> 
         ));
     }
     if w.env_config.family() == Family::Native {
-        let local = env::spec(&w.env.id).map_err(|e| e.to_string())?;
+        let local = env::spec_of(&w.env_config).map_err(|e| e.to_string())?;
         if local != w.env {
             return Err(format!(
                 "the learner's {} differs from this actor's port",

@@ -252,7 +252,8 @@ impl<O: Pod + Default> ActorLoop<O> {
             if self.cfg.clip_rewards {
                 train.reward = step.reward.clamp(-1.0, 1.0);
             }
-            train.terminated |= step.life_lost && !step.done();
+            // A lost life ends the chain (also on a step the time limit cut).
+            train.terminated |= step.life_lost;
             self.windows[i].push(
                 self.actions[i] as i64,
                 train,

@@ -115,6 +115,10 @@ fn minatar_images_become_channel_first_bytes() {
         (vec![4, 10, 10], DType::U8)
     );
     assert_eq!(spec.num_actions, 3);
+    assert_eq!(
+        spec.max_episode_steps, 27_000,
+        "a limit where none is registered"
+    );
     let AnyVecEnv::Pixels(mut envs) = make_vec(&cfg, 3, 0).unwrap() else {
         panic!("MinAtar has image observations");
     };
@@ -127,6 +131,18 @@ fn minatar_images_become_channel_first_bytes() {
     );
     // Breakout shows the paddle in channel 0 on the bottom row.
     assert!(obs[..100][90..].contains(&255));
+    // Seaquest is [10, 10, 10] height-width-channels: channel-first after the bridge,
+    // its submarine (channel 0) a single cell near the top.
+    let cfg = EnvConfig::new("gym:MinAtar/Seaquest-v1");
+    let AnyVecEnv::Pixels(mut envs) = make_vec(&cfg, 1, 0).unwrap() else {
+        panic!("MinAtar has image observations");
+    };
+    assert_eq!(envs.spec().obs.shape, [10, 10, 10]);
+    let mut obs = vec![0u8; 1000];
+    envs.reset(&[5], &mut obs).unwrap();
+    let sub: Vec<usize> = (0..100).filter(|i| obs[*i] == 255).collect();
+    assert_eq!(sub.len(), 1, "one submarine cell in channel 0: {sub:?}");
+    assert!(sub[0] < 30, "near the surface: cell {}", sub[0]);
 }
 
 #[test]
@@ -179,7 +195,10 @@ fn atari_reports_lost_lives_only_when_asked() {
             envs.step(&[t % 4, (t / 3) % 4], &mut next, &mut obs, &mut steps)
                 .unwrap();
             for s in &steps {
-                assert!(!(s.life_lost && s.done()), "a game over is not a lost life");
+                assert!(
+                    !(s.life_lost && s.terminated),
+                    "a game over is not a lost life"
+                );
                 lost += usize::from(s.life_lost);
             }
         }

@@ -508,6 +508,11 @@ impl TrainArgs {
                         end: args.eps_end,
                         steps: args.eps_decay_steps,
                     });
+                if spec.obs.dtype == millrace_proto::DType::U8 {
+                    // Image rows are large: batches of a few hundred need more than the
+                    // handshake's 16 MiB frames (an actor learns the limit in its welcome).
+                    scfg.max_frame = millrace_proto::codec::MAX_FRAME_CEILING;
+                }
                 scfg.max_inflight_bytes = args.max_inflight_mb.saturating_mul(1 << 20);
                 if scfg.max_inflight_bytes < scfg.max_frame {
                     bail!(

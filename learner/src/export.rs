@@ -70,6 +70,10 @@ pub struct Description {
     /// The safetensors file holding the `state_dict`.
     pub weights: String,
     pub env_id: String,
+    /// For `gym:` ids: the module imported before `gymnasium.make` and its keyword
+    /// arguments (JSON), as the run built the environment.
+    pub env_module: Option<String>,
+    pub env_kwargs: Option<String>,
     pub num_actions: usize,
     pub max_episode_steps: u32,
     pub reward_threshold: Option<f32>,
@@ -180,6 +184,8 @@ pub fn export(
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         env_id: env.id.clone(),
+        env_module: policy.env_config.module.clone(),
+        env_kwargs: policy.env_config.kwargs.clone(),
         num_actions: env.num_actions,
         max_episode_steps: env.max_episode_steps,
         reward_threshold: env.reward_threshold,

@@ -309,6 +309,7 @@ mod tests {
         LearnerMsg::Welcome(Box::new(Welcome {
             env_config: crate::env::EnvConfig::new("CartPole-v1"),
             clip_rewards: false,
+            max_frame: 16 << 20,
             run_id: "run-1".into(),
             network: NetworkSpec::mlp(&obs, &[64, 64], 2, 1).unwrap(),
             env: EnvSpec {

@@ -11,7 +11,7 @@
 //! agent id in [`Hello`], [`Welcome`] and every batch (population mode), feature names
 //! in [`Capabilities`], and observation columns as raw bytes. Version 4 adds how the
 //! environment is built ([`EnvConfig`]: bridged Gymnasium and Atari environments) and
-//! reward clipping to [`Welcome`]; capabilities may name whole families
+//! reward clipping and the session's frame limit to [`Welcome`]; capabilities may name whole families
 //! ([`crate::env::ANY_GYM`], [`crate::env::ANY_ATARI`]).
 
 use serde::{Deserialize, Serialize};
@@ -87,6 +87,9 @@ pub struct Welcome {
     pub batch_rows: u32,
     /// Features of the actor's [`Capabilities`] the learner will use.
     pub features: Vec<String>,
+    /// The largest frame the learner reads from this actor (its batches are sized to
+    /// fit; pixel runs raise it above the handshake's limit).
+    pub max_frame: u64,
 }
 
 /// ε from `start` down to `end` linearly over the first `steps` global env steps.

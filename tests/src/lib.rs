@@ -322,6 +322,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
     let welcome = Welcome {
         env_config: millrace_proto::EnvConfig::new("CartPole-v1"),
         clip_rewards: false,
+        max_frame: 16 << 20,
         run_id: "fake".into(),
         env,
         network: network.clone(),

@@ -34,8 +34,9 @@ pub struct Step {
     pub terminated: bool,
     /// The time limit cut the episode: what follows still has value (bootstrap from it).
     pub truncated: bool,
-    /// A life was lost and the game goes on (Atari): an actor training with
-    /// terminal-on-life-loss ends its bootstrapping chain here, not the episode.
+    /// A life was lost but the game was not lost with it (Atari, with
+    /// terminal-on-life-loss): training ends its bootstrapping chain here; the episode
+    /// goes on unless the time limit cut it at this very step.
     pub life_lost: bool,
 }
 

@@ -15,6 +15,10 @@ use millrace_proto::wire::{
 use millrace_replay::ReplayError;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
+
+/// Bytes of a transition frame that are not rows: the header, the batch's scalar fields
+/// and the columns' length prefixes, with room to spare.
+const FRAME_HEADROOM: u64 = 64 << 10;
 use tokio::sync::watch;
 
 use super::{ActorEntry, Shared, StopSignal, HANDSHAKE_MAX_FRAME, MAX_ENVS_PER_ACTOR};
@@ -291,6 +295,7 @@ impl Connection {
             gamma: cfg.gamma,
             batch_rows,
             features: Vec::new(),
+            max_frame: cfg.max_frame as u64,
         };
         Ok((hello, welcome))
     }
@@ -308,7 +313,8 @@ impl Connection {
         // A batch may exceed its target by one n-step flush per env; two must fit a
         // shard, or replay would hold little else.
         let shard = self.shared.ctx.table.shard_capacity() as u64;
-        let flush = envs * u64::from(cfg.n_step.max(1));
+        let n_step = u64::from(cfg.n_step.max(1));
+        let flush = envs * n_step;
         let fits = (shard / 2).saturating_sub(flush);
         if fits < envs {
             return Err(Refusal::new(
@@ -319,7 +325,24 @@ impl Connection {
                 ),
             ));
         }
-        Ok(wanted.min(fits) as u32)
+        // And one batch must fit a frame: its transitions, their flush, the rows each
+        // environment carries over (current and pending observations) and an episode
+        // start each, at the observation's size plus the columns.
+        let row_bytes = self.shared.ctx.env.obs.row_bytes() as u64;
+        let frame_rows = (cfg.max_frame as u64).saturating_sub(FRAME_HEADROOM) / (row_bytes + 40);
+        let in_frame = frame_rows.saturating_sub(envs * (2 * n_step + 2));
+        if in_frame < envs {
+            let most = frame_rows / (2 * n_step + 3);
+            return Err(Refusal::new(
+                RefusalCode::BatchTooLarge,
+                format!(
+                    "{envs} environments of {row_bytes}-byte observations make batches larger \
+                     than a frame ({} MiB): run at most {most} environments per actor",
+                    cfg.max_frame >> 20
+                ),
+            ));
+        }
+        Ok(wanted.min(fits).min(in_frame) as u32)
     }
 
     /// Runs the session until it ends; counts the transitions received.

@@ -15,6 +15,10 @@ import re
 
 import numpy as np
 
+# Steps an episode may last where Gymnasium registered no limit (MinAtar): Atari's
+# 108,000 frames at frame skip 4.
+DEFAULT_TIME_LIMIT = 27_000
+
 # Gymnasium namespaces whose environments register when a function of theirs runs
 # (importing the package is not enough).
 REGISTER = {"MinAtar": "minatar.gym:register_envs", "ALE": "ale_py"}
@@ -64,12 +68,14 @@ class Layout:
             self.dtype = np.uint8
             if len(shape) == 2:
                 self.shape = (1,) + shape
-            elif len(shape) == 3 and shape[2] < shape[0]:
-                # Height, width, channels (Gymnasium's image convention, MinAtar).
+            elif len(shape) == 3 and shape[0] < min(shape[1], shape[2]):
+                # Channels first already (a frame stack: [4, 84, 84]).
+                self.shape = shape
+            elif len(shape) == 3:
+                # Height, width, channels: Gymnasium's image convention (RGB frames,
+                # MinAtar's [10, 10, C], Seaquest's [10, 10, 10] included).
                 self.transpose = (2, 0, 1)
                 self.shape = (shape[2], shape[0], shape[1])
-            elif len(shape) == 3:
-                self.shape = shape
             else:
                 raise RuntimeError(
                     f"{env_id}: image observations must be 2-D or 3-D, got shape {shape}"
@@ -111,6 +117,12 @@ class GymVec:
         except gym.error.Error as e:
             raise RuntimeError(f"gymnasium cannot make {env_id!r}: {e}") from None
         env = self.envs[0]
+        spec = env.spec
+        if spec is None or not spec.max_episode_steps:
+            # No time limit: one as Atari's (27,000 agent steps), so that a policy that
+            # never loses cannot hold an actor's episode, or an evaluation, forever.
+            self.envs = [gym.wrappers.TimeLimit(e, DEFAULT_TIME_LIMIT) for e in self.envs]
+            env = self.envs[0]
         if not isinstance(env.action_space, Discrete) or env.action_space.start != 0:
             raise RuntimeError(
                 f"{env_id}: action space {env.action_space} is not Discrete(n) (millrace's DQN "
@@ -118,8 +130,7 @@ class GymVec:
             )
         self.layout = Layout(env.observation_space, env_id)
         self.num_actions = int(env.action_space.n)
-        spec = env.spec
-        self.max_episode_steps = (spec.max_episode_steps if spec else None) or 0
+        self.max_episode_steps = env.spec.max_episode_steps if env.spec else DEFAULT_TIME_LIMIT
         self.reward_threshold = spec.reward_threshold if spec else None
         shape = (n,) + self.layout.shape
         self.next = np.zeros(shape, self.layout.dtype)
@@ -231,7 +242,9 @@ class AtariVec:
             info = {"lives": info["lives"][order], "final_obs": info.get("final_obs", obs)[order]}
         done = terminated | truncated
         lives = info["lives"]
-        self.life_lost[...] = self.report_life_loss & (lives < self.lives) & ~done
+        # A life lost on a step that also ends the game is the game's end, not a lost
+        # life; on a step the time limit cut, it is both.
+        self.life_lost[...] = self.report_life_loss & (lives < self.lives) & ~terminated
         self.lives[...] = lives
         self.rewards[...] = rewards
         self.terminated[...] = terminated

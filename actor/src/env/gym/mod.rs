@@ -46,8 +46,9 @@ pub(crate) fn py_err(py: Python<'_>, e: PyErr) -> EnvError {
     }
 }
 
-/// Starts the interpreter once per process and puts the virtualenv's packages on its
-/// path; the result is shared by every caller.
+/// Starts the interpreter once per process and puts the virtualenv's packages first on
+/// its path (before the base interpreter's and the user's, as the virtualenv's own
+/// `python` would); the result is shared by every caller.
 fn started() -> Result<(), EnvError> {
     static STARTED: OnceLock<Result<(), EnvError>> = OnceLock::new();
     STARTED
@@ -58,7 +59,10 @@ fn started() -> Result<(), EnvError> {
                     "import os, site, sys\n\
                      venv = os.environ.get('VIRTUAL_ENV')\n\
                      path = os.path.join(venv, 'lib', 'python%d.%d' % sys.version_info[:2], 'site-packages') if venv else {BUILT_SITE:?}\n\
-                     site.addsitedir(path)\n"
+                     before = list(sys.path)\n\
+                     site.addsitedir(path)\n\
+                     added = [p for p in sys.path if p not in before]\n\
+                     sys.path[:] = added + before\n"
                 );
                 let code = CString::new(code).map_err(|e| EnvError::Bridge(e.to_string()))?;
                 py.run(&code, None, None).map_err(|e| py_err(py, e))
