@@ -6,72 +6,13 @@
 //!
 //! The binaries must be built first (`cargo build --bins`; `scripts/test.sh` does).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use millrace_tests::{binary, signal, wait_until};
 
-struct Learner {
-    child: Child,
-    addr: String,
-    logdir: std::path::PathBuf,
-    /// Every line the learner logged.
-    log: Arc<Mutex<Vec<String>>>,
-    /// The thread reading the log: done once the learner has exited (end of stream).
-    reader: std::thread::JoinHandle<()>,
-}
-
-/// Starts `learner --listen <listen>` (plus `extra`) writing to `logdir` and reads the
-/// address it bound from its log.
-fn learner_on(listen: &str, logdir: &std::path::Path, extra: &[&str]) -> Learner {
-    let budget: &[&str] = if extra.contains(&"--max-steps") {
-        &[]
-    } else {
-        &["--max-steps", "200000"]
-    };
-    let mut child = Command::new(binary("learner"))
-        .args(["--listen", listen, "--no-progress"])
-        .args(budget)
-        .args(extra)
-        .arg("--logdir")
-        .arg(logdir)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let log: Arc<Mutex<Vec<String>>> = Arc::default();
-    let lines = Arc::clone(&log);
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(at) = line.find("listening for actors on ") {
-                let _ = tx.send(line[at + 24..].trim().to_string());
-            }
-            lines.lock().unwrap().push(line);
-        }
-    });
-    let Ok(addr) = rx.recv_timeout(Duration::from_secs(30)) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = reader.join();
-        panic!(
-            "the learner did not listen:\n{}",
-            log.lock().unwrap().join("\n")
-        );
-    };
-    Learner {
-        child,
-        addr,
-        logdir: logdir.to_path_buf(),
-        log,
-        reader,
-    }
-}
+mod common;
+use common::{exits_by_itself, finish, learner_on, received_from, Learner};
 
 fn actor(addr: &str, seed: u64, name: &str) -> Child {
     Command::new(binary("actor"))
@@ -82,45 +23,6 @@ fn actor(addr: &str, seed: u64, name: &str) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
-}
-
-/// Waits for the learner to exit (up to `limit`); returns its status code and stdout.
-fn finish(mut l: Learner, limit: Duration) -> (Option<i32>, String, Vec<String>) {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = l.child.try_wait().unwrap() {
-            let mut out = String::new();
-            std::io::Read::read_to_string(l.child.stdout.as_mut().unwrap(), &mut out).unwrap();
-            assert!(l.logdir.join("checkpoint/latest/meta.json").exists());
-            // The learner has exited: its log ends, and the reader with it.
-            l.reader.join().unwrap();
-            let log = l.log.lock().unwrap().clone();
-            return (status.code(), out, log);
-        }
-        if start.elapsed() > limit {
-            let _ = l.child.kill();
-            panic!("learner did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Waits for an actor to exit by itself (the learner's `log` explains a failure).
-fn exits_by_itself(a: &mut Child, limit: Duration, log: &[String]) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = a.try_wait().unwrap() {
-            return status;
-        }
-        if start.elapsed() > limit {
-            let _ = a.kill();
-            panic!(
-                "the actor did not exit within {limit:?}; the learner's log:\n{}",
-                log.join("\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Bytes of TensorBoard events written so far: about 600 per second of training, a
@@ -193,17 +95,7 @@ fn training_survives_an_actor_killed_mid_run_and_the_replacement_contributes() {
     }
 }
 
-/// Transitions the learner's log says each named actor sent over its sessions.
-fn received_from(log: &[String], name: &str) -> u64 {
-    log.iter()
-        .filter(|l| l.contains(&format!("actor \"{name}\"")))
-        .filter_map(|l| {
-            let at = l.find(" transitions received")?;
-            l[..at].rsplit('(').next()?.parse::<u64>().ok()
-        })
-        .sum()
-}
-
+/// Whether the learner logged that the actor named `name` joined.
 fn joined(l: &Learner, name: &str) -> bool {
     let needle = format!("actor \"{name}\" joined");
     l.log
@@ -296,98 +188,4 @@ fn a_learner_stopped_by_sigterm_resumes_and_its_actors_wait_for_it() {
         "the resumed learner was fed:\n{}",
         log.join("\n")
     );
-}
-
-#[test]
-fn remote_actors_serve_a_bridged_pixel_env_through_the_wire_into_replay() {
-    // MinAtar through the Gymnasium bridge on both sides: the learner sends how to
-    // build the environment in the welcome; the actor builds it, checks its spaces
-    // against the learner's, and streams u8 image batches.
-    let dir = tempfile::tempdir().unwrap();
-    let l = learner_on(
-        "127.0.0.1:0",
-        dir.path(),
-        &[
-            "--env",
-            "gym:MinAtar/Breakout-v1",
-            "--cpu",
-            "--max-steps",
-            "3000",
-            "--learning-starts",
-            "256",
-            "--batch-size",
-            "32",
-            "--replay-capacity",
-            "8192",
-            "--eval-every",
-            "1000000",
-            "--target-return",
-            "1000",
-        ],
-    );
-    let mut a = Command::new(binary("actor"))
-        .args(["--n", "4", "--learner", &l.addr, "--name", "pixels"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (code, out, log) = finish(l, Duration::from_secs(180));
-    // The step budget ends the run (MinAtar Breakout cannot return 1000).
-    assert_eq!(code, Some(2), "{out}\n{}", log.join("\n"));
-    assert!(received_from(&log, "pixels") >= 3000, "{}", log.join("\n"));
-    let latest = millrace_tests::read_json(&dir.path().join("checkpoint/latest/meta.json"));
-    assert_eq!(
-        latest["env"]["obs"]["shape"],
-        serde_json::json!([4, 10, 10])
-    );
-    assert!(latest["updates"].as_u64().unwrap() > 0, "{latest}");
-    let status = exits_by_itself(&mut a, Duration::from_secs(20), &log);
-    let mut err = String::new();
-    std::io::Read::read_to_string(a.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert!(status.success(), "{status}: {err}");
-}
-
-#[test]
-fn an_actor_with_64_atari_games_sends_batches_the_learner_reads() {
-    // Pong's 28,224-byte stacks: the learner sizes each actor's batches to fit the
-    // frames it reads (64 MiB for images, told in the welcome), so `actor --n 64`
-    // delivers instead of failing to encode.
-    let dir = tempfile::tempdir().unwrap();
-    let l = learner_on(
-        "127.0.0.1:0",
-        dir.path(),
-        &[
-            "--env",
-            "PongNoFrameskip-v4",
-            "--cpu",
-            "--max-steps",
-            "2000",
-            "--learning-starts",
-            "256",
-            "--batch-size",
-            "32",
-            "--samples-per-insert",
-            "1",
-            "--replay-capacity",
-            "16384",
-            "--eval-every",
-            "1000000",
-        ],
-    );
-    let mut a = Command::new(binary("actor"))
-        .args(["--n", "64", "--learner", &l.addr, "--name", "pong"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (code, out, log) = finish(l, Duration::from_secs(180));
-    let status = exits_by_itself(&mut a, Duration::from_secs(30), &log);
-    let mut err = String::new();
-    std::io::Read::read_to_string(a.stderr.as_mut().unwrap(), &mut err).unwrap();
-    // Pong has no reward threshold: the step budget ends the run (exit status 2).
-    assert_eq!(code, Some(2), "{out}\n{}\nactor: {err}", log.join("\n"));
-    assert!(received_from(&log, "pong") >= 2000, "{}", log.join("\n"));
-    assert!(status.success(), "{status}: {err}");
 }
