@@ -154,8 +154,17 @@ fn main() {
             })
         })
         .collect();
-    // Warm-up (environments built, first batch), then the measured window.
-    std::thread::sleep(Duration::from_secs_f64(seconds.min(2.0)));
+    // Building the environments takes seconds (ale-py makes each game's palettes): the
+    // window opens once every thread has stepped, after a further warm-up.
+    let stepped = || steps.get() + counted.load(Ordering::Relaxed);
+    while stepped() < (2 * threads * envs) as u64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the environments did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs_f64(seconds.min(1.0)));
     let (s0, c0, t0) = (steps.get(), counted.load(Ordering::Relaxed), Instant::now());
     std::thread::sleep(Duration::from_secs_f64(seconds));
     let elapsed = t0.elapsed().as_secs_f64();
