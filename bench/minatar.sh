@@ -6,8 +6,9 @@
 #
 # Settings follow the MinAtar paper's DQN (Young & Tian 2019) where millrace has them:
 # batch 32, one update per env step (--samples-per-insert 32), replay 100k, 5k steps
-# before learning, target network every 1,000 updates, ε 1 -> 0.1 over 100k steps,
-# γ 0.99, 1-step returns; Adam at 1e-4 instead of the paper's RMSProp at 2.5e-4.
+# before learning, target network every 1,000 updates, ε from 1 over 100k steps (to
+# millrace's default 0.04; the paper's 0.1), γ 0.99, 1-step returns; Adam at 1e-4
+# instead of the paper's RMSProp at 2.5e-4.
 #
 # Usage: bench/minatar.sh [embedded steps, default 1000000] [service steps, default 500000]
 set -euo pipefail

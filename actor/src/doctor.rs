@@ -100,6 +100,37 @@ impl std::fmt::Display for Report {
     }
 }
 
+/// The Gymnasium bridge: the embedded interpreter and the packages it runs
+/// environments with (one check each), or that this build has no bridge.
+pub fn bridge_checks() -> Report {
+    #[cfg(feature = "gym")]
+    {
+        let fix = "scripts/setup.sh installs them into the project virtualenv";
+        match crate::env::gym::packages() {
+            Ok(found) => Report(
+                found
+                    .into_iter()
+                    .map(|(name, version)| match version {
+                        Ok(v) => Check::ok(&name, v),
+                        // Without a package, the environments needing it are refused
+                        // when asked for; the Rust ports still run.
+                        Err(why) => Check::warn(&name, why, fix),
+                    })
+                    .collect(),
+            ),
+            Err(e) => Report(vec![Check::warn("python", e.to_string(), fix)]),
+        }
+    }
+    #[cfg(not(feature = "gym"))]
+    {
+        Report(vec![Check::warn(
+            "gym bridge",
+            "not built (--no-default-features): the Rust ports only",
+            "build with the default features for gym: and Atari ids",
+        )])
+    }
+}
+
 /// The PyTorch version of a `torch/lib` directory, from `torch/version.py`
 /// (`__version__ = '2.11.0+cu130'`).
 pub fn torch_version(lib_dir: &Path) -> Option<String> {

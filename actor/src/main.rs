@@ -87,9 +87,10 @@ async fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
 
 fn run(args: Args) -> anyhow::Result<()> {
     if let Some(Command::Doctor { libtorch }) = &args.command {
-        let report = millrace_actor::doctor::libtorch_checks(
+        let mut report = millrace_actor::doctor::libtorch_checks(
             &millrace_actor::doctor::libtorch_candidates(libtorch.as_deref()),
         );
+        report.0.extend(millrace_actor::doctor::bridge_checks().0);
         print!("{report}");
         if report.failed() {
             bail!("the set-up is broken (see the failed checks above)");

@@ -187,4 +187,13 @@ fn actor_doctor_explains_a_missing_libtorch() {
         text.contains("libtorch_cpu.so") && text.contains("loads"),
         "{text}"
     );
+    // The bridge's interpreter and packages, each with its version.
+    for line in [
+        "ok    python",
+        "ok    gymnasium          1.4.0",
+        "ok    ale_py",
+        "ok    minatar",
+    ] {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
 }

@@ -162,6 +162,22 @@ class GymVec:
         self.envs[i].unwrapped.state = np.asarray(state, dtype=np.float64)
 
 
+def packages(names):
+    """Each package's version, or why it does not import (for `actor doctor`)."""
+    import importlib.metadata
+    import sys
+
+    out = [("python", sys.version.split()[0] + " at " + sys.prefix)]
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+            version = getattr(module, "__version__", None) or importlib.metadata.version(name)
+            out.append((name, str(version)))
+        except Exception as e:  # noqa: BLE001 - report whatever stops the import
+            out.append((name, f"ERROR {type(e).__name__}: {e}"))
+    return out
+
+
 def rom_name(game):
     """`SpaceInvaders` -> `space_invaders` (ale-py's ROM names)."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", game).lower()

@@ -106,3 +106,25 @@ pub(crate) fn with_python<T>(
     started()?;
     Python::attach(f)
 }
+
+/// A package's name, and its version or why it does not import.
+pub type PackageVersion = (String, Result<String, String>);
+
+/// The interpreter and the bridge's packages, each with its version or why it does not
+/// import (`actor doctor`).
+pub fn packages() -> Result<Vec<PackageVersion>, EnvError> {
+    with_python(|py| {
+        let found: Vec<(String, String)> = bridge(py)?
+            .getattr("packages")
+            .and_then(|f| f.call1((vec!["gymnasium", "numpy", "ale_py", "minatar"],)))
+            .and_then(|r| r.extract())
+            .map_err(|e| py_err(py, e))?;
+        Ok(found
+            .into_iter()
+            .map(|(name, v)| match v.strip_prefix("ERROR ") {
+                Some(why) => (name, Err(why.to_string())),
+                None => (name, Ok(v)),
+            })
+            .collect())
+    })
+}
