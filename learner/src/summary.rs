@@ -98,6 +98,12 @@ impl std::fmt::Display for RunSummary {
             (StopReason::Solved, None) => {
                 writeln!(f, "  result:          solved (target {target})")?
             }
+            (StopReason::MaxSteps, _) if self.target.is_none() => writeln!(
+                f,
+                "  result:          ran its {} env steps (no target: the environment has no \
+                 reward threshold and --target-return was not given)",
+                self.max_steps
+            )?,
             (StopReason::MaxSteps, _) => writeln!(
                 f,
                 "  result:          target {target} not reached within {} env steps",
