@@ -1,7 +1,8 @@
 //! The service's data paths, measured side by side in one run:
 //! (1) transitions/s and bytes/s from actors into replay over loopback TCP (the real
 //!     server, N client connections sending encoded batches as fast as replay takes
-//!     them) against the in-process path (N threads inserting the same batches);
+//!     them) against the in-process path (N threads inserting the same batches), each
+//!     measured once replay has wrapped (its pages touched: the steady state);
 //! (2) parameter broadcast latency: publish a Nature-DQN-sized snapshot (~1.69M floats,
 //!     6.7 MB) and time until every one of 64 connected actors has received it.
 //!
@@ -70,11 +71,12 @@ impl Shape {
         self.env().obs.row_bytes()
     }
 
-    /// Replay capacity in transitions: Atari rows are large, keep the table ~1 GB.
+    /// Replay capacity in transitions: Atari rows are large, keep the table under 1 GB
+    /// (it is filled once before measuring).
     fn capacity(self) -> usize {
         match self {
             Shape::CartPole => 1 << 20,
-            Shape::Atari => 1 << 15,
+            Shape::Atari => 1 << 14,
         }
     }
 }
@@ -161,6 +163,16 @@ fn recv(s: &mut TcpStream, framer: &mut Framer) -> Option<LearnerMsg> {
     codec::read_msg(s, framer).ok().flatten()
 }
 
+/// Waits until replay has wrapped once: every page of its storage touched, so the
+/// measurement is the steady state, not the kernel zeroing fresh pages.
+fn warmed(t: &Table, shape: Shape) {
+    let start = Instant::now();
+    while t.stats().inserted < shape.capacity() as u64 {
+        assert!(start.elapsed() < Duration::from_secs(120), "replay did not fill");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn throughput(shape: Shape, seconds: f64, connections: usize, rows: usize) {
     let b = batch(shape, rows);
     let frame = codec::encode(&ActorMsg::Transitions(b.clone()), DEFAULT_MAX_FRAME).unwrap();
@@ -169,7 +181,6 @@ fn throughput(shape: Shape, seconds: f64, connections: usize, rows: usize) {
     // In process: N threads inserting into replay, as embedded actors do.
     let t = table(shape);
     let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
     let threads: Vec<_> = (0..connections)
         .map(|i| {
             let (t, stop, mut b) = (Arc::clone(&t), Arc::clone(&stop), b.clone());
@@ -182,10 +193,12 @@ fn throughput(shape: Shape, seconds: f64, connections: usize, rows: usize) {
             })
         })
         .collect();
+    warmed(&t, shape);
+    let (rows0, t0) = (t.stats().inserted, Instant::now());
     std::thread::sleep(Duration::from_secs_f64(seconds));
+    let local_rows = (t.stats().inserted - rows0) as f64 / t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     threads.into_iter().for_each(|h| h.join().unwrap());
-    let local_rows = t.stats().inserted as f64 / start.elapsed().as_secs_f64();
 
     // Over loopback: N connections to the real server.
     let t = table(shape);
@@ -213,7 +226,7 @@ fn throughput(shape: Shape, seconds: f64, connections: usize, rows: usize) {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(200)); // handshakes
+    warmed(&t, shape);
     let (rows0, t0) = (t.stats().inserted, Instant::now());
     std::thread::sleep(Duration::from_secs_f64(seconds));
     let remote_rows = (t.stats().inserted - rows0) as f64 / t0.elapsed().as_secs_f64();
