@@ -168,7 +168,10 @@ fn recv(s: &mut TcpStream, framer: &mut Framer) -> Option<LearnerMsg> {
 fn warmed(t: &Table, shape: Shape) {
     let start = Instant::now();
     while t.stats().inserted < shape.capacity() as u64 {
-        assert!(start.elapsed() < Duration::from_secs(120), "replay did not fill");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "replay did not fill"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
