@@ -536,6 +536,7 @@ impl TrainArgs {
                 target_return: args.target_return.or(spec.reward_threshold),
             },
             env,
+            env_spec: spec,
             clip_rewards,
             network: args.network,
             seed: args.seed,

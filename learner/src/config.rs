@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use millrace_actor::EpsilonSchedule;
-use millrace_proto::EnvConfig;
+use millrace_proto::{EnvConfig, EnvSpec};
 use serde::{Serialize, Serializer};
 
 use crate::dqn::DqnConfig;
@@ -156,6 +156,10 @@ impl Faults {
 pub struct RunConfig {
     /// The environment and how to build it.
     pub env: EnvConfig,
+    /// Its spaces, read once when the flags were checked (a bridged environment is
+    /// built to read them); the checkpoint's metadata saves them.
+    #[serde(skip)]
+    pub env_spec: EnvSpec,
     /// Training rewards clipped to [-1, 1] (episode returns stay true).
     pub clip_rewards: bool,
     /// The Q-network's architecture (`auto`: from the observations).

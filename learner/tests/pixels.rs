@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use millrace_tests::read_json;
+use millrace_tests::{output_text as text, read_json};
 
 fn learner(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_learner"))
@@ -17,14 +17,6 @@ fn learner(args: &[&str]) -> Output {
         .env_remove("MILLRACE_INJECT_FAULT")
         .output()
         .expect("learner runs")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// A short CPU run on `env` into `logdir`, ending at its step budget (exit status 2).

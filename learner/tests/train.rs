@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use millrace_tests::read_json;
+use millrace_tests::{output_text as text, read_json};
 
 fn learner(args: &[&str], logdir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_learner"))
@@ -18,14 +18,6 @@ fn learner(args: &[&str], logdir: &Path) -> Output {
         .env_remove("MILLRACE_INJECT_FAULT")
         .output()
         .expect("learner runs")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]

@@ -89,6 +89,15 @@ pub fn read_json(path: &std::path::Path) -> serde_json::Value {
 
 /// A binary of this workspace, built beside the test executable (`cargo build --bins`
 /// first; `scripts/test.sh` does).
+/// A finished process's stdout then stderr, for assertion messages.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 pub fn binary(name: &str) -> PathBuf {
     // Test executables live in target/<profile>/deps; binaries one level up.
     let exe = std::env::current_exe().expect("the test executable's path");

@@ -96,7 +96,7 @@ pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunEr
     if cfg.learner.copy_stream && !cuda {
         return Err(RunError::CopyStreamNeedsCuda(cfg.device));
     }
-    let env = millrace_actor::env::spec_of(&cfg.env)?;
+    let env = cfg.env_spec.clone();
     let network = crate::network::build(cfg.network, &env, &cfg.hidden)?;
     tracing::info!(
         "{}: {:?} {:?} observations, {} actions; network: {}",

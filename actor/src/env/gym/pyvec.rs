@@ -93,13 +93,17 @@ impl<O: Element + Copy + Default + Send> VecEnv<O> for PyVecEnv<O> {
             (|| {
                 obj.call_method1("step", (actions.clone(),))?;
                 copy_out(obj, "next", next)?;
-                copy_out(obj, "first", scratch)?;
                 copy_out(obj, "rewards", rewards)?;
                 for (flag, name) in flags
                     .iter_mut()
                     .zip(["terminated", "truncated", "life_lost"])
                 {
                     copy_out(obj, name, flag)?;
+                }
+                // First observations only matter where an episode ended: most steps
+                // copy nothing more (64 Atari stacks are 1.8 MB).
+                if flags[0].iter().chain(&flags[1]).any(|f| *f != 0) {
+                    copy_out(obj, "first", scratch)?;
                 }
                 Ok(())
             })()
