@@ -38,10 +38,19 @@ fn tensorboard_bytes(logdir: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn under_way(logdir: &std::path::Path, bytes: u64) {
-    wait_until("training is under way", Duration::from_secs(60), || {
-        tensorboard_bytes(logdir) >= bytes
-    });
+/// Waits until `l` has written `bytes` of TensorBoard events; on a timeout, says how
+/// far it got and what it logged.
+fn under_way(l: &Learner, bytes: u64) {
+    let start = std::time::Instant::now();
+    while tensorboard_bytes(&l.logdir) < bytes {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out after 60 s: training is under way ({} of {bytes} event bytes); the learner's log:\n{}",
+            tensorboard_bytes(&l.logdir),
+            l.log.lock().unwrap().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -75,7 +84,7 @@ fn training_survives_an_actor_killed_mid_run_and_the_replacement_contributes() {
     let mut first = actor(&l.addr, 1, "first");
     let mut second = actor(&l.addr, 2, "second");
     // Let training get under way, then SIGKILL one actor mid-batch and start another.
-    under_way(dir.path(), 2_000);
+    under_way(&l, 2_000);
     first.kill().unwrap();
     first.wait().unwrap();
     let mut replacement = actor(&l.addr, 3, "replacement");
@@ -111,7 +120,7 @@ fn actors_reconnect_to_a_learner_that_died_and_came_back() {
     let first = learner_on("127.0.0.1:0", dir.path(), &[]);
     let addr = first.addr.clone();
     let mut actors = [actor(&addr, 1, "one"), actor(&addr, 2, "two")];
-    under_way(dir.path(), 1_000);
+    under_way(&first, 1_000);
     // The learner dies without a goodbye; a new one comes up on the same address.
     let mut dead = first;
     dead.child.kill().unwrap();
@@ -122,7 +131,7 @@ fn actors_reconnect_to_a_learner_that_died_and_came_back() {
     wait_until("both actors rejoin", Duration::from_secs(60), || {
         joined(&second, "one") && joined(&second, "two")
     });
-    under_way(fresh.path(), 1_000);
+    under_way(&second, 1_000);
     signal(&second.child, "-TERM");
     let (code, out, log) = finish(second, Duration::from_secs(60));
     assert_eq!(code, Some(130), "{out}");
@@ -147,7 +156,7 @@ fn a_learner_stopped_by_sigterm_resumes_and_its_actors_wait_for_it() {
     let first = learner_on("127.0.0.1:0", dir.path(), &["--target-return", "1000"]);
     let addr = first.addr.clone();
     let mut actors = [actor(&addr, 1, "one"), actor(&addr, 2, "two")];
-    under_way(dir.path(), 1_000);
+    under_way(&first, 1_000);
     signal(&first.child, "-TERM");
     let (code, out, log) = finish(first, Duration::from_secs(60));
     assert_eq!(code, Some(130), "{out}");
