@@ -80,11 +80,13 @@ fn a_learner_and_two_actor_processes_solve_cartpole_and_the_actors_exit() {
 #[test]
 fn training_survives_an_actor_killed_mid_run_and_the_replacement_contributes() {
     let dir = tempfile::tempdir().unwrap();
-    let l = learner_on("127.0.0.1:0", dir.path(), &[]);
+    // No evaluation before 20,000 steps: the run cannot be solved (and end) before the
+    // kill below, however fast this seed learns (one solved at 8,024 steps otherwise).
+    let l = learner_on("127.0.0.1:0", dir.path(), &["--eval-every", "20000"]);
     let mut first = actor(&l.addr, 1, "first");
     let mut second = actor(&l.addr, 2, "second");
     // Let training get under way, then SIGKILL one actor mid-batch and start another.
-    under_way(&l, 2_000);
+    under_way(&l, 600);
     first.kill().unwrap();
     first.wait().unwrap();
     let mut replacement = actor(&l.addr, 3, "replacement");
@@ -117,7 +119,8 @@ fn joined(l: &Learner, name: &str) -> bool {
 #[test]
 fn actors_reconnect_to_a_learner_that_died_and_came_back() {
     let dir = tempfile::tempdir().unwrap();
-    let first = learner_on("127.0.0.1:0", dir.path(), &[]);
+    // Unreachable target: the first learner is still running when it is killed.
+    let first = learner_on("127.0.0.1:0", dir.path(), &["--target-return", "1000"]);
     let addr = first.addr.clone();
     let mut actors = [actor(&addr, 1, "one"), actor(&addr, 2, "two")];
     under_way(&first, 1_000);
