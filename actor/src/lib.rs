@@ -11,6 +11,7 @@ pub mod cnn;
 pub mod doctor;
 pub mod env;
 pub mod eval;
+pub mod frames;
 pub mod nstep;
 pub mod policy;
 pub mod remote;

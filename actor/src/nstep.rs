@@ -5,32 +5,74 @@ use millrace_proto::TransitionBatch;
 
 use crate::env::Step;
 
+/// Where n-step windows put observations and transitions: whole rows of the batch being
+/// built ([`TransitionBatch`], carried into the next one) or frames of an actor's stream
+/// ([`crate::frames::FrameWriter`], which needs no carrying).
+pub trait Rows {
+    /// Stores observation `obs` of environment `env`; returns the id transitions name it by.
+    fn store(&mut self, env: usize, obs: &[u8]) -> u64;
+
+    /// Appends the transition `obs → next` (ids from [`Rows::store`]) of environment `env`.
+    fn transition(
+        &mut self,
+        env: usize,
+        obs: u64,
+        action: i64,
+        reward: f32,
+        discount: f32,
+        next: u64,
+    );
+}
+
+/// Whole observation rows: an id is a row of this batch.
+impl Rows for TransitionBatch {
+    fn store(&mut self, _env: usize, obs: &[u8]) -> u64 {
+        u64::from(self.push_obs_bytes(obs))
+    }
+
+    fn transition(
+        &mut self,
+        _env: usize,
+        obs: u64,
+        action: i64,
+        reward: f32,
+        discount: f32,
+        next: u64,
+    ) {
+        self.push_transition(obs as u32, action, reward, discount, next as u32);
+    }
+}
+
 /// Per-environment window of the last `n` steps that turns single steps into n-step
-/// transitions `(s_t, a_t, Σ_{i<k} γ^i r_{t+i}, γ^k or 0, s_{t+k})` in a
-/// [`TransitionBatch`], storing each observation once.
+/// transitions `(s_t, a_t, Σ_{i<k} γ^i r_{t+i}, γ^k or 0, s_{t+k})`, storing each
+/// observation once through [`Rows`].
 ///
 /// A transition is emitted once `n` steps have followed it, or when the episode ends: on
 /// *termination* its discount is 0 (nothing follows, so the terminal observation is not
 /// stored and the transition points back at its own row), on *truncation* it keeps `γ^k`
-/// and bootstraps from the last observation. Pending steps refer to rows of the batch
-/// being built; [`NStep::carry`] moves them into the next batch when one is handed on.
-/// Nothing allocates per step.
+/// and bootstraps from the last observation. In row mode pending steps refer to rows of
+/// the batch being built, and [`NStep::carry`] moves them into the next batch when one is
+/// handed on. Nothing allocates per step.
 #[derive(Debug)]
 pub struct NStep {
     n: usize,
     gamma: f32,
-    /// Ring of the last `n` steps: the row each started from, action, reward.
-    rows: Vec<u32>,
+    /// The environment this window follows (what [`Rows`] is told).
+    env: usize,
+    /// Ring of the last `n` steps: the observation each started from, action, reward.
+    rows: Vec<u64>,
     actions: Vec<i64>,
     rewards: Vec<f32>,
     /// Index of the oldest pending step.
     head: usize,
     len: usize,
-    /// Row of the current observation (the one the next action is taken in).
-    current: Option<u32>,
+    /// The current observation (the one the next action is taken in).
+    current: Option<u64>,
 }
 
 impl NStep {
+    /// A window for environment 0 (see [`NStep::for_env`]).
+    ///
     /// # Panics
     /// If `n` is 0.
     pub fn new(n: usize, gamma: f32) -> Self {
@@ -38,6 +80,7 @@ impl NStep {
         Self {
             n,
             gamma,
+            env: 0,
             rows: vec![0; n],
             actions: vec![0; n],
             rewards: vec![0.0; n],
@@ -47,10 +90,16 @@ impl NStep {
         }
     }
 
+    /// The same window, following environment `env`.
+    pub fn for_env(mut self, env: usize) -> Self {
+        self.env = env;
+        self
+    }
+
     /// Starts an episode in `obs` (after a reset).
-    pub fn start<O: Pod>(&mut self, obs: &[O], out: &mut TransitionBatch) {
+    pub fn start<O: Pod>(&mut self, obs: &[O], out: &mut impl Rows) {
         debug_assert_eq!(self.len, 0, "an episode starts with no pending steps");
-        self.current = Some(out.push_obs_bytes(bytemuck::cast_slice(obs)));
+        self.current = Some(out.store(self.env, bytemuck::cast_slice(obs)));
     }
 
     /// Records that the action taken in the current observation gave `step` and led to
@@ -59,13 +108,7 @@ impl NStep {
     ///
     /// # Panics
     /// If no episode was started.
-    pub fn push<O: Pod>(
-        &mut self,
-        action: i64,
-        step: Step,
-        next_obs: &[O],
-        out: &mut TransitionBatch,
-    ) {
+    pub fn push<O: Pod>(&mut self, action: i64, step: Step, next_obs: &[O], out: &mut impl Rows) {
         let row = self.current.take().expect("NStep::start before push");
         let at = (self.head + self.len) % self.n;
         self.rows[at] = row;
@@ -81,7 +124,7 @@ impl NStep {
             }
             self.head = 0;
         } else {
-            let next = out.push_obs_bytes(bytemuck::cast_slice(next_obs));
+            let next = out.store(self.env, bytemuck::cast_slice(next_obs));
             if step.truncated {
                 while self.len > 0 {
                     self.emit(false, next, out);
@@ -96,8 +139,8 @@ impl NStep {
         }
     }
 
-    /// Emits the oldest pending step as a `len`-step transition ending at row `next`.
-    fn emit(&mut self, terminated: bool, next: u32, out: &mut TransitionBatch) {
+    /// Emits the oldest pending step as a `len`-step transition ending at `next`.
+    fn emit(&mut self, terminated: bool, next: u64, out: &mut impl Rows) {
         let mut ret = 0.0f32;
         let mut scale = 1.0f32;
         for i in 0..self.len {
@@ -106,21 +149,21 @@ impl NStep {
         }
         let discount = if terminated { 0.0 } else { scale };
         let h = self.head;
-        out.push_transition(self.rows[h], self.actions[h], ret, discount, next);
+        out.transition(self.env, self.rows[h], self.actions[h], ret, discount, next);
         self.head = (self.head + 1) % self.n;
         self.len -= 1;
     }
 
-    /// Copies the rows that pending steps and the current observation refer to from
-    /// `old` (a batch about to be handed on) into `new`, and points at them there.
-    /// This is the only duplication: at most `n` rows per environment per batch.
+    /// Row mode: copies the rows that pending steps and the current observation refer
+    /// to from `old` (a batch about to be handed on) into `new`, and points at them
+    /// there. This is the only duplication: at most `n` rows per environment per batch.
     pub fn carry(&mut self, old: &TransitionBatch, new: &mut TransitionBatch) {
         for i in 0..self.len {
             let at = (self.head + i) % self.n;
-            self.rows[at] = new.push_obs_bytes(old.obs_row(self.rows[at]));
+            self.rows[at] = u64::from(new.push_obs_bytes(old.obs_row(self.rows[at] as u32)));
         }
         if let Some(row) = self.current {
-            self.current = Some(new.push_obs_bytes(old.obs_row(row)));
+            self.current = Some(u64::from(new.push_obs_bytes(old.obs_row(row as u32))));
         }
     }
 }
@@ -162,7 +205,7 @@ mod tests {
         assert_eq!(out.actions, [1, 0]);
         assert_eq!((obs_of(&out, 1), next_of(&out, 1)), (1.0, 2.0));
         assert_eq!(out.obs_rows(), 3, "each observation stored once");
-        out.validate(4).unwrap();
+        out.validate(4, 1).unwrap();
     }
 
     #[test]
@@ -191,7 +234,7 @@ mod tests {
             assert_eq!(obs_of(&out, i), i as f32);
         }
         assert_eq!(out.obs_rows(), 4, "the terminal observation is not stored");
-        out.validate(4).unwrap();
+        out.validate(4, 1).unwrap();
     }
 
     #[test]
@@ -228,7 +271,7 @@ mod tests {
         assert_eq!(b.obs_rows(), 3, "two pending rows and the current one");
         ns.push(5, step(5.0, false, false), &[5.0f32], &mut b);
         ns.push(6, step(6.0, false, false), &[6.0f32], &mut b);
-        b.validate(4).unwrap();
+        b.validate(4, 1).unwrap();
         assert_eq!(b.actions, [3, 4]);
         assert_eq!((obs_of(&b, 0), next_of(&b, 0)), (2.0, 5.0));
         assert_eq!((obs_of(&b, 1), next_of(&b, 1)), (3.0, 6.0));

@@ -16,7 +16,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::cnn::CnnPolicy;
 use crate::env::{self, EnvError, Step, VecEnv};
-use crate::nstep::NStep;
+use crate::frames::FrameWriter;
+use crate::nstep::{NStep, Rows};
 use crate::policy::{argmax_rows, MlpPolicy, Policy, PolicyError};
 use crate::schedule::EpsilonSchedule;
 
@@ -127,7 +128,7 @@ pub struct ActorLoop<O> {
     returns: Vec<f32>,
     lengths: Vec<u32>,
     row_bytes: usize,
-    batch: TransitionBatch,
+    out: Output,
     batch_version: Option<u64>,
     seq: u64,
     steps: u64,
@@ -151,14 +152,26 @@ impl<O: Pod + Default> ActorLoop<O> {
         let (obs_dim, num_actions, n) = (spec.obs.numel(), spec.num_actions, envs.num_envs());
         let row_bytes = spec.obs.row_bytes();
         let mut obs = vec![O::default(); n * obs_dim];
-        let mut windows: Vec<NStep> = (0..n).map(|_| NStep::new(cfg.n_step, cfg.gamma)).collect();
-        let mut batch = Self::new_batch(cfg, row_bytes, n);
+        let mut windows: Vec<NStep> = (0..n)
+            .map(|i| NStep::new(cfg.n_step, cfg.gamma).for_env(i))
+            .collect();
+        let mut out = if spec.frame_stack > 1 {
+            Output::Frames(FrameWriter::new(
+                spec.frame_stack,
+                row_bytes,
+                n,
+                cfg.batch_rows + n * cfg.n_step,
+                cfg.batch_rows + n * (spec.frame_stack + 1),
+            ))
+        } else {
+            Output::Rows(Self::new_batch(cfg, row_bytes, n))
+        };
         let seeds: Vec<u64> = (0..n)
             .map(|i| crate::derive_seed(seed, 1 << 32 | i as u64))
             .collect();
         envs.reset(&seeds, &mut obs)?;
         for (i, window) in windows.iter_mut().enumerate() {
-            window.start(&obs[i * obs_dim..(i + 1) * obs_dim], &mut batch);
+            window.start(&obs[i * obs_dim..(i + 1) * obs_dim], &mut out);
         }
         Ok(Self {
             cfg: cfg.clone(),
@@ -176,7 +189,7 @@ impl<O: Pod + Default> ActorLoop<O> {
             returns: vec![0.0; n],
             lengths: vec![0; n],
             row_bytes,
-            batch,
+            out,
             batch_version: None,
             seq: 0,
             steps: 0,
@@ -220,7 +233,7 @@ impl<O: Pod + Default> ActorLoop<O> {
             policy.q_values(&self.obs, &mut self.q);
             argmax_rows(&self.q, num_actions, &mut self.greedy);
         }
-        if self.batch.is_empty() {
+        if self.out.len() == 0 {
             self.batch_version = policy.version();
         }
         for i in 0..n {
@@ -258,7 +271,7 @@ impl<O: Pod + Default> ActorLoop<O> {
                 self.actions[i] as i64,
                 train,
                 &self.next[rows.clone()],
-                &mut self.batch,
+                &mut self.out,
             );
             self.returns[i] += step.reward;
             self.lengths[i] += 1;
@@ -271,31 +284,79 @@ impl<O: Pod + Default> ActorLoop<O> {
                 });
                 self.returns[i] = 0.0;
                 self.lengths[i] = 0;
-                self.windows[i].start(&self.obs[rows], &mut self.batch);
+                self.windows[i].start(&self.obs[rows], &mut self.out);
             } else {
                 self.obs[rows.clone()].copy_from_slice(&self.next[rows.clone()]);
                 if train.terminated {
                     // The game goes on after a lost life: a new chain starts here.
-                    self.windows[i].start(&self.obs[rows], &mut self.batch);
+                    self.windows[i].start(&self.obs[rows], &mut self.out);
                 }
             }
         }
         self.steps += n as u64;
         steps.add(n as u64);
 
-        if self.batch.len() < self.cfg.batch_rows {
+        if self.out.len() < self.cfg.batch_rows {
             return Ok(None);
         }
-        let mut full = Self::new_batch(&self.cfg, self.row_bytes, n);
-        std::mem::swap(&mut full, &mut self.batch);
-        for w in &mut self.windows {
-            w.carry(&full, &mut self.batch);
-        }
+        let mut full = match &mut self.out {
+            Output::Rows(batch) => {
+                let mut full = Self::new_batch(&self.cfg, self.row_bytes, n);
+                std::mem::swap(&mut full, batch);
+                for w in &mut self.windows {
+                    w.carry(&full, batch);
+                }
+                full
+            }
+            Output::Frames(writer) => writer.take(),
+        };
         full.actor_id = self.cfg.actor_id;
         full.seq = self.seq;
         full.version = self.batch_version.unwrap_or(0);
         self.seq += 1;
         Ok(Some(full))
+    }
+}
+
+/// What the n-step windows write into: whole observation rows (carried from batch to
+/// batch), or frames of the actor's stream for stacked observations (each frame once).
+#[derive(Debug)]
+enum Output {
+    Rows(TransitionBatch),
+    Frames(FrameWriter),
+}
+
+impl Output {
+    /// Transitions in the batch being built.
+    fn len(&self) -> usize {
+        match self {
+            Self::Rows(batch) => batch.len(),
+            Self::Frames(writer) => writer.batch().len(),
+        }
+    }
+}
+
+impl Rows for Output {
+    fn store(&mut self, env: usize, obs: &[u8]) -> u64 {
+        match self {
+            Self::Rows(batch) => batch.store(env, obs),
+            Self::Frames(writer) => writer.store(env, obs),
+        }
+    }
+
+    fn transition(
+        &mut self,
+        env: usize,
+        obs: u64,
+        action: i64,
+        reward: f32,
+        discount: f32,
+        next: u64,
+    ) {
+        match self {
+            Self::Rows(batch) => batch.transition(env, obs, action, reward, discount, next),
+            Self::Frames(writer) => writer.transition(env, obs, action, reward, discount, next),
+        }
     }
 }
 
@@ -462,7 +523,7 @@ mod tests {
         for (i, b) in out.batches.iter().enumerate() {
             assert_eq!(b.seq, i as u64);
             assert!(b.len() >= 64);
-            b.validate(16).unwrap();
+            b.validate(16, 1).unwrap();
             assert!(b
                 .discounts
                 .iter()
@@ -555,6 +616,7 @@ mod life_loss_tests {
             num_actions: 2,
             max_episode_steps: 100,
             reward_threshold: None,
+            frame_stack: 1,
         };
         let cfg = ActorConfig {
             actor_id: 0,

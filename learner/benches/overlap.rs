@@ -371,7 +371,13 @@ fn table(net: Net, batch: usize) -> Arc<Table> {
             capacity: net.capacity(),
             shards: 4,
             obs_row_bytes: env.obs.row_bytes(),
-            obs_rows_per_item: ReplayConfig::obs_rows_for(ENVS, N_STEP, net.actor_batch()),
+            // CatchPixels' actors send frame streams (each frame once).
+            stack: env.frame_stack,
+            obs_rows_per_item: if env.frame_stack > 1 {
+                ReplayConfig::FRAMES_PER_ITEM
+            } else {
+                ReplayConfig::obs_rows_for(ENVS, N_STEP, net.actor_batch())
+            },
             limiter: RateLimiterConfig::sample_to_insert_ratio(
                 SPI,
                 1000,
@@ -621,6 +627,7 @@ fn replay_throughput(net: Net, b: usize, seconds: f64) -> (f64, f64) {
             capacity: net.capacity(),
             shards: 4,
             obs_row_bytes: rb,
+            stack: 1,
             obs_rows_per_item: ReplayConfig::obs_rows_for(ENVS, N_STEP, items),
             limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
         })

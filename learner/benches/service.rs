@@ -63,6 +63,7 @@ impl Shape {
                 num_actions: 6,
                 max_episode_steps: 27_000,
                 reward_threshold: None,
+                frame_stack: 1,
             },
         }
     }
@@ -87,6 +88,10 @@ fn table(shape: Shape) -> Arc<Table> {
             capacity: shape.capacity(),
             shards: 4,
             obs_row_bytes: shape.row_bytes(),
+            // Whole observations, also for the Atari shape: synthetic rows are not
+            // frame streams, so this is the heavier layout (real Atari actors send each
+            // frame once).
+            stack: 1,
             obs_rows_per_item: 2.0,
             // No rate limiting: measure the transport, not the replay ratio.
             limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),

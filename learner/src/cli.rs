@@ -248,6 +248,13 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 4)]
     pub replay_shards: usize,
 
+    /// Frames allocated per transition where replay stores each frame of stacked
+    /// observations once (Atari): one per step plus a stack per episode start. 1.05
+    /// covers Atari's long episodes (Pong measured 1.009); raise it for short episodes
+    /// (CatchPixels: 1.4), or replay holds fewer transitions than its capacity.
+    #[arg(long, default_value_t = 1.05)]
+    pub replay_frames_per_item: f64,
+
     /// Initial exploration rate.
     #[arg(long, default_value_t = 1.0)]
     pub eps_start: f32,
@@ -410,6 +417,12 @@ impl TrainArgs {
                 bail!("--{name} must be at least 1");
             }
         }
+        if !(1.0..=8.0).contains(&args.replay_frames_per_item) {
+            bail!(
+                "--replay-frames-per-item must be between 1 and 8, got {}",
+                args.replay_frames_per_item
+            );
+        }
         if args.replay_shards > usize::from(u16::MAX) {
             bail!("--replay-shards must be at most {}", u16::MAX);
         }
@@ -556,6 +569,7 @@ impl TrainArgs {
                 samples_per_insert: args.samples_per_insert,
                 tolerance: args.samples_per_insert_tolerance,
                 learning_starts: args.learning_starts,
+                frames_per_item: args.replay_frames_per_item,
             },
             actors: ActorsConfig {
                 count: actors,

@@ -68,6 +68,9 @@ pub struct ReplayOptions {
     pub tolerance: f64,
     /// Transitions stored before the first update (SB3's `learning_starts`).
     pub learning_starts: u64,
+    /// Frames allocated per transition when replay stores frames of stacked
+    /// observations (each episode start adds a stack, so short episodes need more).
+    pub frames_per_item: f64,
 }
 
 /// The actors of this process (embedded mode) and how every actor, local or remote,

@@ -106,6 +106,7 @@ impl Metrics {
                 "replay/obs_rows_per_item",
                 replay.obs_rows as f64 / replay.size.max(1) as f64,
             ),
+            ("replay/dropped", replay.dropped as f64),
             ("replay/insert_blocked_s", replay.insert_blocked_s),
             ("replay/sample_blocked_s", replay.sample_blocked_s),
             (

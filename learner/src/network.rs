@@ -80,6 +80,7 @@ mod tests {
             num_actions: 3,
             max_episode_steps: 100,
             reward_threshold: None,
+            frame_stack: 1,
         }
     }
 

@@ -511,6 +511,7 @@ mod tests {
                 capacity,
                 shards: 1,
                 obs_row_bytes: row,
+                stack: 1,
                 obs_rows_per_item: 2.0,
                 limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
             })
@@ -634,6 +635,7 @@ mod tests {
                 capacity: 2000,
                 shards: 2,
                 obs_row_bytes: row,
+                stack: 1,
                 obs_rows_per_item: 2.0,
                 limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
             })

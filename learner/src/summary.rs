@@ -74,7 +74,10 @@ pub struct RunSummary {
     /// Bytes allocated per transition of replay capacity.
     pub replay_bytes_per_item: f64,
     pub replay: ReplayStats,
+    /// Bytes of one stored row: an observation, or one frame of a stacked one.
     pub obs_row_bytes: usize,
+    /// Frames per observation (replay stores each frame once when above 1).
+    pub frame_stack: usize,
     /// Updates skipped for a non-finite loss.
     pub nonfinite: u64,
 }
@@ -160,14 +163,26 @@ impl std::fmt::Display for RunSummary {
             writeln!(f, "  non-finite:      {} updates skipped", self.nonfinite)?;
         }
         let r = &self.replay;
+        let row = if self.frame_stack > 1 {
+            "frame"
+        } else {
+            "observation"
+        };
         writeln!(
             f,
-            "  replay:          {} transitions, {:.3} observation rows each ({:.0} bytes allocated per transition, {:.3}x one observation)",
+            "  replay:          {} transitions, {:.3} stored {row}s each ({:.0} bytes allocated per transition, {:.3}x one {row})",
             r.size,
             r.obs_rows as f64 / r.size.max(1) as f64,
             self.replay_bytes_per_item,
             self.replay_bytes_per_item / self.obs_row_bytes.max(1) as f64,
         )?;
+        if r.dropped > 0 {
+            writeln!(
+                f,
+                "  replay dropped:  {} transitions whose stacked frames were no longer stored",
+                r.dropped
+            )?;
+        }
         writeln!(
             f,
             "  replay ratio:    {:.1} samples per insert ({} inserted, {} sampled); blocked: actors {:.1} s, learner {:.1} s",
@@ -241,6 +256,7 @@ mod tests {
             replay_bytes_per_item: 50.0,
             replay: ReplayStats::default(),
             obs_row_bytes: 16,
+            frame_stack: 1,
             nonfinite: 0,
         };
         let text = s.to_string();

@@ -10,10 +10,14 @@ use std::process::{Command, Output};
 use millrace_tests::{output_text as text, read_json};
 
 fn learner(args: &[&str]) -> Output {
+    learner_logging(args, "warn")
+}
+
+fn learner_logging(args: &[&str], log: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_learner"))
         .args(args)
         .arg("--no-progress")
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", log)
         .env_remove("MILLRACE_INJECT_FAULT")
         .output()
         .expect("learner runs")
@@ -21,6 +25,10 @@ fn learner(args: &[&str]) -> Output {
 
 /// A short CPU run on `env` into `logdir`, ending at its step budget (exit status 2).
 fn short_run(env: &str, logdir: &Path, extra: &[&str]) -> Output {
+    learner(&short_args(env, logdir, extra))
+}
+
+fn short_args<'a>(env: &'a str, logdir: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "--env",
         env,
@@ -43,7 +51,7 @@ fn short_run(env: &str, logdir: &Path, extra: &[&str]) -> Output {
         "1000",
     ];
     args.extend_from_slice(extra);
-    learner(&args)
+    args
 }
 
 #[test]
@@ -84,6 +92,34 @@ fn a_short_embedded_atari_run_completes_checkpoints_and_exports() {
     assert_eq!(description["preprocessing"]["dtype"], "uint8");
     assert_eq!(description["layers"][0]["type"], "conv2d");
     assert_eq!(description["layers"][0]["out_channels"], 32);
+
+    // Resuming reads replay back: each frame once, the links between them, the
+    // transitions (frame mode), all of them.
+    let ckpt = dir.path().join("checkpoint");
+    let more = [
+        "--resume",
+        ckpt.to_str().unwrap(),
+        "--max-steps",
+        "1400",
+        "--eval-every",
+        "1000000",
+    ];
+    let out = learner_logging(&short_args("PongNoFrameskip-v4", dir.path(), &more), "info");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let log = text(&out);
+    let line = log
+        .lines()
+        .find(|l| l.contains("replay: holds"))
+        .unwrap_or_else(|| panic!("no replay line: {log}"));
+    let held: usize = line
+        .split("holds ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(held >= 1000, "most of 1,200 steps' transitions: {line}");
+    assert!(line.contains(", 0 skipped"), "{line}");
+    assert!(!log.contains("replay dropped"), "{log}");
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::frames::FrameLinks;
 use crate::spec::SpecError;
 
 /// Transitions as columns already in tensor layout (struct of arrays), with each
@@ -17,6 +18,10 @@ use crate::spec::SpecError;
 /// inside them (a truncated episode still bootstraps), so the learner's target is simply
 /// `r + discount · Q_target(next)` and never needs γ, n or episode flags. A batch is
 /// self-contained: indices refer to its own rows only.
+///
+/// Stacked pixel observations travel in *frame mode* instead (`frames` is set): `obs`
+/// holds single frames, and [`FrameLinks`] says how they stack and which observations
+/// the transitions go between, across batches of the same actor.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TransitionBatch {
     /// Which actor produced the batch (the learner overwrites what a remote actor
@@ -42,6 +47,9 @@ pub struct TransitionBatch {
     /// Initial replay priorities, one per transition (Ape-X: the actor's own TD
     /// errors), or empty to let replay choose.
     pub priorities: Vec<f32>,
+    /// Frame mode: the stream links of the frames in `obs` (then `obs_index` and
+    /// `next_index` are empty and `obs_row_bytes` is the size of one frame).
+    pub frames: Option<Box<FrameLinks>>,
 }
 
 impl TransitionBatch {
@@ -132,12 +140,77 @@ impl TransitionBatch {
         self.rewards.clear();
         self.discounts.clear();
         self.priorities.clear();
+        if let Some(f) = &mut self.frames {
+            f.clear();
+        }
     }
 
     /// Checks that every column has the same number of rows, the expected row size, and
     /// indices that point at rows of this batch. Anything that arrives from outside goes
     /// through this before it is stored.
-    pub fn validate(&self, obs_row_bytes: usize) -> Result<(), SpecError> {
+    ///
+    /// `obs_row_bytes` is the size of a whole observation; `stack > 1` expects frame
+    /// mode with that many frames of `obs_row_bytes / stack` bytes per observation.
+    pub fn validate(&self, obs_row_bytes: usize, stack: usize) -> Result<(), SpecError> {
+        let rows = self.actions.len();
+        if stack > 1 {
+            if !obs_row_bytes.is_multiple_of(stack) {
+                return Err(SpecError::BadValue(format!(
+                    "an observation of {obs_row_bytes} bytes is not {stack} equal frames"
+                )));
+            }
+            return self.validate_frames(obs_row_bytes / stack, stack);
+        }
+        if self.frames.is_some() {
+            return Err(SpecError::BadValue(
+                "frame-mode batch where whole observations are expected".into(),
+            ));
+        }
+        self.validate_rows(obs_row_bytes)?;
+        let checks = [
+            ("obs_index column", rows, self.obs_index.len()),
+            ("next_index column", rows, self.next_index.len()),
+        ];
+        for (what, expected, got) in checks {
+            if expected != got {
+                return Err(SpecError::Length {
+                    what,
+                    expected,
+                    got,
+                });
+            }
+        }
+        let obs_rows = self.obs_rows();
+        if let Some(i) = self
+            .obs_index
+            .iter()
+            .chain(&self.next_index)
+            .find(|i| **i as usize >= obs_rows)
+        {
+            return Err(SpecError::BadValue(format!(
+                "observation index {i} outside the batch's {obs_rows} rows"
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate_frames(&self, frame_bytes: usize, stack: usize) -> Result<(), SpecError> {
+        let Some(links) = &self.frames else {
+            return Err(SpecError::BadValue(
+                "whole observations where a frame-mode batch is expected".into(),
+            ));
+        };
+        self.validate_rows(frame_bytes)?;
+        if !(self.obs_index.is_empty() && self.next_index.is_empty()) {
+            return Err(SpecError::BadValue(
+                "a frame-mode batch with row indices".into(),
+            ));
+        }
+        links.validate(stack, self.obs_rows(), self.len())
+    }
+
+    /// The row size, whole rows, and columns as long as the actions column.
+    fn validate_rows(&self, obs_row_bytes: usize) -> Result<(), SpecError> {
         let rows = self.actions.len();
         if self.obs_row_bytes != obs_row_bytes {
             return Err(SpecError::Length {
@@ -161,8 +234,6 @@ impl TransitionBatch {
             });
         }
         let checks = [
-            ("obs_index column", rows, self.obs_index.len()),
-            ("next_index column", rows, self.next_index.len()),
             ("rewards column", rows, self.rewards.len()),
             ("discounts column", rows, self.discounts.len()),
         ];
@@ -174,17 +245,6 @@ impl TransitionBatch {
                     got,
                 });
             }
-        }
-        let obs_rows = self.obs_rows();
-        if let Some(i) = self
-            .obs_index
-            .iter()
-            .chain(&self.next_index)
-            .find(|i| **i as usize >= obs_rows)
-        {
-            return Err(SpecError::BadValue(format!(
-                "observation index {i} outside the batch's {obs_rows} rows"
-            )));
         }
         Ok(())
     }
@@ -233,7 +293,7 @@ mod tests {
         b.push_f32(&[1.0, 2.0], 1, 0.5, 0.99, &[3.0, 4.0]);
         b.push_f32(&[5.0, 6.0], 0, 1.0, 0.0, &[7.0, 8.0]);
         assert_eq!(b.len(), 2);
-        assert_eq!(b.validate(8), Ok(()));
+        assert_eq!(b.validate(8, 1), Ok(()));
         let next: &[f32] = bytemuck::cast_slice(b.obs_row(b.next_index[1]));
         assert_eq!(next, [7.0, 8.0]);
         // Shared rows: a third transition from the last next observation.
@@ -241,7 +301,7 @@ mod tests {
         let n = b.push_obs_f32(&[9.0, 9.5]);
         b.push_transition(o, 1, 0.0, 0.99, n);
         assert_eq!((b.len(), b.obs_rows()), (3, 5));
-        assert_eq!(b.validate(8), Ok(()));
+        assert_eq!(b.validate(8, 1), Ok(()));
     }
 
     #[test]
@@ -263,7 +323,7 @@ mod tests {
         b.priorities = vec![0.0];
         assert_eq!(b.check_values(2), Ok(()));
         b.priorities = vec![1.0, 2.0];
-        assert!(b.validate(4).is_err(), "one priority per transition");
+        assert!(b.validate(4, 1).is_err(), "one priority per transition");
     }
 
     #[test]
@@ -272,18 +332,18 @@ mod tests {
         b.push_f32(&[1.0, 2.0], 1, 0.5, 0.99, &[3.0, 4.0]);
         b.rewards.push(1.0);
         assert_eq!(
-            b.validate(8),
+            b.validate(8, 1),
             Err(SpecError::Length {
                 what: "rewards column",
                 expected: 1,
                 got: 2
             })
         );
-        assert!(matches!(b.validate(4), Err(SpecError::Length { .. })));
+        assert!(matches!(b.validate(4, 1), Err(SpecError::Length { .. })));
         b.rewards.pop();
         b.obs.pop();
         assert!(
-            matches!(b.validate(8), Err(SpecError::Length { .. })),
+            matches!(b.validate(8, 1), Err(SpecError::Length { .. })),
             "partial row"
         );
     }
@@ -293,9 +353,9 @@ mod tests {
         let mut b = TransitionBatch::with_capacity(4, 1, 2);
         b.push_f32(&[1.0], 1, 0.5, 0.99, &[3.0]);
         b.next_index[0] = 2;
-        assert!(matches!(b.validate(4), Err(SpecError::BadValue(_))));
+        assert!(matches!(b.validate(4, 1), Err(SpecError::BadValue(_))));
         b.next_index[0] = 1;
         b.obs_index[0] = u32::MAX;
-        assert!(matches!(b.validate(4), Err(SpecError::BadValue(_))));
+        assert!(matches!(b.validate(4, 1), Err(SpecError::BadValue(_))));
     }
 }

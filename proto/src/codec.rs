@@ -318,6 +318,7 @@ mod tests {
                 num_actions: 2,
                 max_episode_steps: 500,
                 reward_threshold: Some(475.0),
+                frame_stack: 1,
             },
             agent: 0,
             params_version: 12,

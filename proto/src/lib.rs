@@ -10,6 +10,7 @@
 pub mod batch;
 pub mod codec;
 pub mod env;
+pub mod frames;
 #[cfg(feature = "tokio")]
 pub mod io;
 pub mod params;
@@ -18,6 +19,7 @@ pub mod wire;
 
 pub use batch::TransitionBatch;
 pub use env::EnvConfig;
+pub use frames::{FrameLinks, NO_FRAME};
 pub use params::{Params, ParamsCell, StepCounter};
 pub use spec::{
     ConvLayer, DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError,

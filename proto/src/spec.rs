@@ -50,6 +50,15 @@ pub struct EnvSpec {
     pub max_episode_steps: u32,
     /// Gymnasium's `reward_threshold`, the default target return.
     pub reward_threshold: Option<f32>,
+    /// Frames stacked along the first axis of each observation (4 for Atari's stack of
+    /// 84×84 frames), 1 where observations are not stacks. Replay stores each frame of a
+    /// stacked observation once (see [`crate::frames`]).
+    #[serde(default = "one")]
+    pub frame_stack: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -407,6 +416,7 @@ mod tests {
             num_actions: 2,
             max_episode_steps: 500,
             reward_threshold: Some(475.0),
+            frame_stack: 1,
         };
         let text = serde_json::to_string(&spec).unwrap();
         assert_eq!(serde_json::from_str::<EnvSpec>(&text).unwrap(), spec);

@@ -11,10 +11,11 @@ pub mod key;
 pub mod limiter;
 pub mod selector;
 pub mod shard;
+pub mod split;
 pub mod table;
 
 pub use key::ItemKey;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 pub use selector::{Selector, Uniform};
-pub use shard::{OutOfMemory, SampleBuffers, Shard, TooLarge};
+pub use shard::{Cursor, OutOfMemory, SampleBuffers, Shard, TooLarge};
 pub use table::{Closed, ReplayConfig, ReplayError, ReplayStats, Table};

@@ -1,9 +1,9 @@
-//! One replay shard: preallocated rings of observation rows and of transitions (stored
-//! as columns) that index them.
+//! One replay shard: preallocated rings of observation rows (or single frames of stacked
+//! observations) and of transitions (stored as columns) that index them.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
-use millrace_proto::TransitionBatch;
+use millrace_proto::{FrameLinks, TransitionBatch, NO_FRAME};
 
 use crate::key::ItemKey;
 use crate::selector::Selector;
@@ -28,26 +28,65 @@ impl SampleBuffers<'_> {
     }
 }
 
-/// One inserted batch, still live: its observation rows, its items, and the sequence
-/// number of its first item.
+/// One inserted batch (or, in frame mode, one shard's part of one), still live: its
+/// items, the rows it stored, and the oldest row its items need.
 #[derive(Clone, Copy, Debug)]
 struct Extent {
-    rows: usize,
     items: usize,
     first_seq: u64,
-    /// Where its first observation row is in the ring (valid while it is live:
-    /// batches are evicted whole, oldest first).
-    obs_start: usize,
+    /// Sequence number of its first stored row; its rows follow contiguously.
+    rows_first: u64,
+    rows: usize,
+    /// The oldest row any of its items reads (their stacks included); `NONE` if it has
+    /// no items. Rows from the oldest that any live extent needs onwards stay stored.
+    needs: u64,
 }
 
-/// Two preallocated FIFO rings: observation rows, and transitions (struct-of-arrays)
-/// that point at them.
+/// A frame-mode stream's frames in this shard: `(number, row sequence number)`, oldest
+/// first, for resolving the numbers later batches link to.
+#[derive(Debug, Default)]
+struct Stream {
+    frames: VecDeque<(u64, u64)>,
+}
+
+/// Where a snapshot has got to in a shard: items and rows before these are copied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cursor {
+    pub item: u64,
+    pub row: u64,
+}
+
+/// A batch's transitions as they will be stored: `(index in the batch, sequence number
+/// of the newest row of its observation, of its next observation, oldest row needed)`.
+struct Plan {
+    keep: Vec<(usize, u64, u64, u64)>,
+    /// Frame mode: the links of the batch's rows, as row sequence numbers.
+    links: Vec<u64>,
+}
+
+impl Plan {
+    fn needs(&self) -> u64 {
+        self.keep.iter().map(|k| k.3).min().unwrap_or(NONE)
+    }
+}
+
+/// No row (a stack's bottom, a broken link, an extent without items).
+const NONE: u64 = u64::MAX;
+
+/// Two preallocated FIFO rings: stored rows, and transitions (struct-of-arrays) that
+/// point at them.
 ///
-/// Each inserted batch is one extent: its rows go to the observation ring, its
-/// transitions to the item ring with indices translated to observation positions.
-/// Batches are self-contained and evicted whole and oldest first, so a live transition
-/// never points at an overwritten row, and storage per transition is about one
-/// observation (see [`TransitionBatch`]) rather than two.
+/// Rows are whole observations (row mode) or single frames of stacked observations
+/// (frame mode, `stack > 1`): each frame is stored once with a link to the frame below
+/// it in its stack, an item points at the newest frame of each of its observations,
+/// and sampling walks the links to rebuild the stacks straight into the caller's
+/// buffers. Rows are numbered in insertion order (position `seq % row_capacity`) and
+/// stay stored while any live item needs them; items are evicted a batch at a time,
+/// oldest first, and the rows nobody needs any more go with them. In row mode batches
+/// are self-contained; in frame mode a batch links to frames earlier batches of the
+/// same actor stored here, resolved through the actor's [`Stream`] of frame numbers.
+/// A transition whose stack cannot be rebuilt (a link to a frame no longer stored) is
+/// dropped and counted, never stored wrong.
 ///
 /// Items are numbered in insertion order (their sequence number); item `seq` lives at
 /// position `seq % capacity` while it is live, so a sampled item's [`ItemKey`] finds it
@@ -55,9 +94,15 @@ struct Extent {
 pub struct Shard {
     index: u16,
     capacity: usize,
-    obs_capacity: usize,
+    row_capacity: usize,
     row_bytes: usize,
-    obs: Vec<u8>,
+    stack: usize,
+    rows: Vec<u8>,
+    /// Frame mode: per row, the sequence number of the row below it in its stack.
+    links: Vec<u64>,
+    next_row: u64,
+    /// Oldest stored row: rows `row_start..next_row` are live.
+    row_start: u64,
     obs_pos: Vec<u32>,
     next_pos: Vec<u32>,
     actions: Vec<i64>,
@@ -67,11 +112,11 @@ pub struct Shard {
     versions: Vec<u64>,
     /// Live batches, oldest first.
     extents: VecDeque<Extent>,
+    streams: HashMap<u32, Stream>,
     /// Sequence number of the next item; live items are the `len` before it.
     next_seq: u64,
     len: usize,
-    obs_cursor: usize,
-    obs_len: usize,
+    dropped: u64,
     selector: Box<dyn Selector>,
 }
 
@@ -80,9 +125,10 @@ impl std::fmt::Debug for Shard {
         f.debug_struct("Shard")
             .field("index", &self.index)
             .field("capacity", &self.capacity)
-            .field("obs_capacity", &self.obs_capacity)
+            .field("row_capacity", &self.row_capacity)
+            .field("stack", &self.stack)
             .field("len", &self.len)
-            .field("obs_len", &self.obs_len)
+            .field("obs_len", &self.obs_len())
             .finish_non_exhaustive()
     }
 }
@@ -121,48 +167,62 @@ fn zeroed<T: Clone + Default>(len: usize) -> Result<Vec<T>, OutOfMemory> {
 }
 
 impl Shard {
-    /// Bytes a shard of this size allocates (observation rows and item columns).
-    pub fn bytes_for(capacity: usize, obs_capacity: usize, row_bytes: usize) -> usize {
-        obs_capacity
-            .saturating_mul(row_bytes)
+    /// Bytes a shard of this size allocates: rows of `row_bytes` (with their links in
+    /// frame mode) and item columns.
+    pub fn bytes_for(
+        capacity: usize,
+        row_capacity: usize,
+        row_bytes: usize,
+        stack: usize,
+    ) -> usize {
+        let link = if stack > 1 { 8 } else { 0 };
+        row_capacity
+            .saturating_mul(row_bytes + link)
             .saturating_add(capacity.saturating_mul(Self::ITEM_BYTES))
     }
 
     /// Bytes of the per-item columns.
     const ITEM_BYTES: usize = 4 + 4 + 8 + 4 + 4 + 8;
 
-    /// Allocates all storage up front: `capacity` items and `obs_capacity` observation
-    /// rows of `row_bytes` each, or `OutOfMemory` if the allocator refuses. `selector`
-    /// must select among positions `0..capacity` that it was told about through
-    /// `insert` and `delete`. `index` is the shard's place in its table (item keys).
+    /// Allocates all storage up front: `capacity` items and `row_capacity` rows of
+    /// `row_bytes` each (frames, when `stack > 1` rows make one observation), or
+    /// `OutOfMemory` if the allocator refuses. `selector` must select among positions
+    /// `0..capacity` that it was told about through `insert` and `delete`. `index` is
+    /// the shard's place in its table (item keys).
     ///
-    /// More than `u32::MAX` observation rows is refused as `OutOfMemory` too.
+    /// More than `u32::MAX` rows is refused as `OutOfMemory` too.
     ///
     /// # Panics
-    /// If either capacity is 0.
+    /// If either capacity or `stack` is 0.
     pub fn new(
         index: u16,
         capacity: usize,
-        obs_capacity: usize,
+        row_capacity: usize,
         row_bytes: usize,
+        stack: usize,
         selector: Box<dyn Selector>,
     ) -> Result<Self, OutOfMemory> {
-        assert!(capacity > 0 && obs_capacity > 0, "a shard needs room");
-        let obs_bytes = obs_capacity
+        assert!(capacity > 0 && row_capacity > 0, "a shard needs room");
+        assert!(stack > 0, "an observation is at least one row");
+        let bytes = row_capacity
             .checked_mul(row_bytes)
             .ok_or(OutOfMemory { bytes: usize::MAX })?;
-        if u32::try_from(obs_capacity).is_err() {
-            // Observation positions are stored as u32.
+        if u32::try_from(row_capacity).is_err() {
+            // Row positions are stored as u32.
             return Err(OutOfMemory {
-                bytes: Self::bytes_for(capacity, obs_capacity, row_bytes),
+                bytes: Self::bytes_for(capacity, row_capacity, row_bytes, stack),
             });
         }
         Ok(Self {
             index,
             capacity,
-            obs_capacity,
+            row_capacity,
             row_bytes,
-            obs: zeroed(obs_bytes)?,
+            stack,
+            rows: zeroed(bytes)?,
+            links: zeroed(if stack > 1 { row_capacity } else { 0 })?,
+            next_row: 0,
+            row_start: 0,
             obs_pos: zeroed(capacity)?,
             next_pos: zeroed(capacity)?,
             actions: zeroed(capacity)?,
@@ -170,10 +230,10 @@ impl Shard {
             discounts: zeroed(capacity)?,
             versions: zeroed(capacity)?,
             extents: VecDeque::new(),
+            streams: HashMap::new(),
             next_seq: 0,
             len: 0,
-            obs_cursor: 0,
-            obs_len: 0,
+            dropped: 0,
             selector,
         })
     }
@@ -190,9 +250,15 @@ impl Shard {
         self.capacity
     }
 
-    /// Observation rows held by live items.
+    /// Rows (frames, in frame mode) from the oldest a live item needs to the newest:
+    /// what the live items take (older rows are overwritten as room is needed).
     pub fn obs_len(&self) -> usize {
-        self.obs_len
+        (self.next_row - self.oldest_needed()) as usize
+    }
+
+    /// Transitions dropped because a frame their stacks need was no longer stored.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// Sampling weight of this shard (see [`Selector`]).
@@ -200,9 +266,10 @@ impl Shard {
         self.selector.total()
     }
 
-    /// Bytes of storage allocated per item of capacity, observation rows included.
+    /// Bytes of storage allocated per item of capacity, rows included.
     pub fn bytes_per_item(&self) -> f64 {
-        (self.obs.len() as f64 / self.capacity as f64) + Self::ITEM_BYTES as f64
+        Self::bytes_for(self.capacity, self.row_capacity, self.row_bytes, self.stack) as f64
+            / self.capacity as f64
     }
 
     /// Sequence number of the oldest live item.
@@ -214,6 +281,17 @@ impl Shard {
         (seq % self.capacity as u64) as usize
     }
 
+    fn row_pos(&self, seq: u64) -> usize {
+        (seq % self.row_capacity as u64) as usize
+    }
+
+    /// The sequence number of the live row at position `pos`.
+    fn row_seq(&self, pos: u32) -> u64 {
+        let cap = self.row_capacity as u64;
+        let offset = (u64::from(pos) + cap - self.row_start % cap) % cap;
+        self.row_start + offset
+    }
+
     /// The position of a live item's key, or `None` if it was evicted since (or
     /// belongs to another shard).
     pub fn position(&self, key: ItemKey) -> Option<usize> {
@@ -222,50 +300,72 @@ impl Shard {
     }
 
     /// Copies a (validated) batch in, evicting the oldest batches to make room. Items
-    /// get the batch's priorities, or `default_priority` where it has none.
+    /// get the batch's priorities, or `default_priority` where it has none. Returns how
+    /// many transitions were stored (in frame mode, those whose stacks can be rebuilt).
     pub fn insert(
         &mut self,
         batch: &TransitionBatch,
         default_priority: f64,
-    ) -> Result<(), TooLarge> {
+    ) -> Result<usize, TooLarge> {
         let (items, rows) = (batch.len(), batch.obs_rows());
-        if items > self.capacity || rows > self.obs_capacity {
+        if items > self.capacity || rows > self.row_capacity {
             return Err(TooLarge {
                 items,
                 rows,
                 capacity: self.capacity,
-                obs_capacity: self.obs_capacity,
+                obs_capacity: self.row_capacity,
             });
         }
-        while self.len + items > self.capacity || self.obs_len + rows > self.obs_capacity {
-            let old = self.extents.pop_front().expect("room is held by extents");
-            for seq in old.first_seq..old.first_seq + old.items as u64 {
-                self.selector.delete(self.pos(seq));
-            }
-            self.len -= old.items;
-            self.obs_len -= old.rows;
+        let base = self.next_row;
+        let mut plan = match &batch.frames {
+            None => Plan {
+                keep: (0..items)
+                    .map(|i| {
+                        let (o, n) = (batch.obs_index[i], batch.next_index[i]);
+                        (i, base + u64::from(o), base + u64::from(n), base)
+                    })
+                    .collect(),
+                links: Vec::new(),
+            },
+            Some(links) => self.plan_frames(batch.actor_id, links),
+        };
+        if !self.make_room(plan.keep.len(), rows, plan.needs()) {
+            // The frames this batch links back to take more room than the shard has:
+            // keep only the transitions whose stacks lie within the batch itself.
+            plan.keep.retain(|k| k.3 >= base);
+            let fits = self.make_room(plan.keep.len(), rows, plan.needs());
+            debug_assert!(fits, "a batch that fits an empty shard");
         }
+        self.dropped += (items - plan.keep.len()) as u64;
 
-        // Observation rows: the longest runs that fit before the ring wraps.
+        // Rows: the longest runs that fit before the ring wraps.
         let rb = self.row_bytes;
-        let base = self.obs_cursor;
         let mut row = 0;
         while row < rows {
-            let run = (rows - row).min(self.obs_capacity - self.obs_cursor);
-            let dst = self.obs_cursor;
-            self.obs[dst * rb..(dst + run) * rb]
+            let at = self.row_pos(base + row as u64);
+            let run = (rows - row).min(self.row_capacity - at);
+            self.rows[at * rb..(at + run) * rb]
                 .copy_from_slice(&batch.obs[row * rb..(row + run) * rb]);
-            self.obs_cursor = (self.obs_cursor + run) % self.obs_capacity;
             row += run;
         }
-        self.obs_len += rows;
+        for (j, link) in plan.links.iter().enumerate() {
+            let at = self.row_pos(base + j as u64);
+            self.links[at] = *link;
+        }
+        self.next_row += rows as u64;
+        if let Some(links) = &batch.frames {
+            let stream = self.streams.entry(batch.actor_id).or_default();
+            stream
+                .frames
+                .extend(links.number.iter().zip(base..).map(|(n, s)| (*n, s)));
+            self.prune_streams();
+        }
 
         let first_seq = self.next_seq;
-        let pos_of = |i: u32| ((base + i as usize) % self.obs_capacity) as u32;
-        for i in 0..items {
+        for &(i, obs, next, _) in &plan.keep {
             let dst = self.pos(self.next_seq);
-            self.obs_pos[dst] = pos_of(batch.obs_index[i]);
-            self.next_pos[dst] = pos_of(batch.next_index[i]);
+            self.obs_pos[dst] = self.row_pos(obs) as u32;
+            self.next_pos[dst] = self.row_pos(next) as u32;
             self.actions[dst] = batch.actions[i];
             self.rewards[dst] = batch.rewards[i];
             self.discounts[dst] = batch.discounts[i];
@@ -277,14 +377,122 @@ impl Shard {
             self.selector.insert(dst, priority);
             self.next_seq += 1;
         }
-        self.len += items;
-        self.extents.push_back(Extent {
-            rows,
-            items,
-            first_seq,
-            obs_start: base,
+        self.len += plan.keep.len();
+        if !plan.keep.is_empty() || rows > 0 {
+            self.extents.push_back(Extent {
+                items: plan.keep.len(),
+                first_seq,
+                rows_first: base,
+                rows,
+                needs: plan.needs(),
+            });
+        }
+        Ok(plan.keep.len())
+    }
+
+    /// Resolves a frame-mode batch against what is stored: the links of its frames as
+    /// row sequence numbers (they will be stored from `next_row` on), and the
+    /// transitions whose two stacks can be rebuilt.
+    fn plan_frames(&mut self, actor: u32, links: &FrameLinks) -> Plan {
+        let base = self.next_row;
+        let stream = self.streams.entry(actor).or_default();
+        if let (Some(first), Some((last, _))) = (links.number.first(), stream.frames.back()) {
+            if first <= last {
+                // The numbers went back: the actor started a new stream.
+                stream.frames.clear();
+            }
+        }
+        let stream = &self.streams[&actor];
+        let row_start = self.row_start;
+        let resolve = |n: u64| -> u64 {
+            if n == NO_FRAME {
+                return NONE;
+            }
+            if let Ok(j) = links.number.binary_search(&n) {
+                return base + j as u64;
+            }
+            let f = &stream.frames;
+            let i = f.partition_point(|(number, _)| *number < n);
+            match f.get(i) {
+                Some(&(number, seq)) if number == n && seq >= row_start => seq,
+                _ => NONE,
+            }
+        };
+        let new_links: Vec<u64> = links.prev.iter().map(|p| resolve(*p)).collect();
+        // The bottom of the stack whose newest row is `seq`, if every link is live.
+        let bottom = |seq: u64| -> Option<u64> {
+            let mut at = seq;
+            for _ in 1..self.stack {
+                let below = if at >= base {
+                    new_links[(at - base) as usize]
+                } else {
+                    self.links[self.row_pos(at)]
+                };
+                if below == NONE || below < row_start {
+                    return None;
+                }
+                at = below;
+            }
+            Some(at)
+        };
+        let mut keep = Vec::with_capacity(links.obs.len());
+        for (i, (o, n)) in links.obs.iter().zip(&links.next).enumerate() {
+            let (o, n) = (resolve(*o), resolve(*n));
+            if o == NONE || n == NONE {
+                continue;
+            }
+            if let (Some(a), Some(b)) = (bottom(o), bottom(n)) {
+                keep.push((i, o, n, a.min(b)));
+            }
+        }
+        Plan {
+            keep,
+            links: new_links,
+        }
+    }
+
+    /// Evicts the oldest extents until `items` more items and `rows` more rows fit while
+    /// the rows from `needs` on stay; `false` if they do not fit even in an empty shard.
+    ///
+    /// Rows are freed only for room, oldest first (the ring's own order), and only those
+    /// older than every row a live item needs: the newest rows stay even before an item
+    /// needs them, since later batches link to them.
+    fn make_room(&mut self, items: usize, rows: usize, needs: u64) -> bool {
+        loop {
+            let must_free = (self.next_row + rows as u64).saturating_sub(self.row_capacity as u64);
+            let fits =
+                self.len + items <= self.capacity && must_free <= needs.min(self.oldest_needed());
+            if fits {
+                self.row_start = self.row_start.max(must_free);
+                return true;
+            }
+            let Some(old) = self.extents.pop_front() else {
+                return false;
+            };
+            for seq in old.first_seq..old.first_seq + old.items as u64 {
+                self.selector.delete(self.pos(seq));
+            }
+            self.len -= old.items;
+        }
+    }
+
+    /// The oldest row a live item needs (`next_row` when none does).
+    fn oldest_needed(&self) -> u64 {
+        self.extents
+            .iter()
+            .map(|e| e.needs)
+            .fold(self.next_row, u64::min)
+    }
+
+    /// Forgets the frame numbers of rows no longer stored, and streams left with none.
+    fn prune_streams(&mut self) {
+        let row_start = self.row_start;
+        self.streams.retain(|_, s| {
+            while s.frames.front().is_some_and(|(_, seq)| *seq < row_start) {
+                s.frames.pop_front();
+            }
+            !s.frames.is_empty()
         });
-        Ok(())
     }
 
     /// Sets the priority of the item `key` names; `false` (and nothing changes) when
@@ -299,49 +507,100 @@ impl Shard {
         }
     }
 
-    /// Sequence number one past the newest item: a snapshot taken now covers the
-    /// batches before it.
-    pub fn end_seq(&self) -> u64 {
-        self.next_seq
+    /// Where a snapshot taken now ends: it covers the batches stored before it.
+    pub fn end(&self) -> Cursor {
+        Cursor {
+            item: self.next_seq,
+            row: self.next_row,
+        }
     }
 
-    /// The oldest live batch whose first item is at or after `from` and before `end`,
-    /// rebuilt as it was inserted (with priorities where the selector keeps them), and
-    /// the sequence number after it. For checkpoints, one batch per lock.
-    pub fn batch_from(&self, from: u64, end: u64) -> Option<(TransitionBatch, u64)> {
+    /// The oldest live batch not yet copied (after `from`, before `end`), rebuilt (with
+    /// priorities where the selector keeps them), and the cursor after it. For
+    /// checkpoints, one batch per lock.
+    ///
+    /// In frame mode the batches form one stream per shard (actor id `u32::MAX −
+    /// index`), numbered by row sequence numbers: each carries the frames stored since
+    /// the one before that are still stored, so restoring them in order rebuilds the
+    /// same frames, links and transitions.
+    pub fn batch_from(&self, from: Cursor, end: Cursor) -> Option<(TransitionBatch, Cursor)> {
         let rb = self.row_bytes;
-        // Extents are in sequence order: a binary search, not a walk from the oldest.
-        let i = self.extents.partition_point(|e| e.first_seq < from);
-        let e = self.extents.get(i).filter(|e| e.first_seq < end)?;
-        let mut b = TransitionBatch::with_capacity(rb, e.items, e.rows);
-        let base = e.obs_start;
-        for r in 0..e.rows {
-            let p = (base + r) % self.obs_capacity;
-            b.push_obs_bytes(&self.obs[p * rb..(p + 1) * rb]);
+        // Extents are in order: a binary search, not a walk from the oldest.
+        let i = self.extents.partition_point(|e| {
+            e.first_seq + e.items as u64 <= from.item && e.rows_first + e.rows as u64 <= from.row
+        });
+        let e = self.extents.get(i).filter(|e| {
+            e.first_seq + e.items as u64 <= end.item && e.rows_first + e.rows as u64 <= end.row
+        })?;
+        let items = e.first_seq..e.first_seq + e.items as u64;
+        let (lo, hi) = if self.stack > 1 {
+            let lo = from.row.max(self.oldest_needed());
+            (lo, (e.rows_first + e.rows as u64).max(lo))
+        } else {
+            (e.rows_first, e.rows_first + e.rows as u64)
+        };
+        let mut b = TransitionBatch::with_capacity(rb, e.items, (hi - lo) as usize);
+        for seq in lo..hi {
+            let p = self.row_pos(seq);
+            b.push_obs_bytes(&self.rows[p * rb..(p + 1) * rb]);
         }
-        let local = |p: u32| ((p as usize + self.obs_capacity - base) % self.obs_capacity) as u32;
-        for seq in e.first_seq..e.first_seq + e.items as u64 {
+        let mut links = (self.stack > 1).then(|| FrameLinks::new(self.stack as u32));
+        if let Some(l) = &mut links {
+            for seq in lo..hi {
+                let below = self.links[self.row_pos(seq)];
+                l.number.push(seq);
+                l.env.push(0);
+                l.prev.push(if below >= self.row_start {
+                    below
+                } else {
+                    NO_FRAME
+                });
+            }
+        }
+        for seq in items.clone() {
             let p = self.pos(seq);
-            b.push_transition(
-                local(self.obs_pos[p]),
-                self.actions[p],
-                self.rewards[p],
-                self.discounts[p],
-                local(self.next_pos[p]),
+            let (o, n) = (
+                self.row_seq(self.obs_pos[p]),
+                self.row_seq(self.next_pos[p]),
             );
+            match &mut links {
+                Some(l) => {
+                    b.actions.push(self.actions[p]);
+                    b.rewards.push(self.rewards[p]);
+                    b.discounts.push(self.discounts[p]);
+                    l.item_env.push(0);
+                    l.obs.push(o);
+                    l.next.push(n);
+                }
+                None => b.push_transition(
+                    (o - lo) as u32,
+                    self.actions[p],
+                    self.rewards[p],
+                    self.discounts[p],
+                    (n - lo) as u32,
+                ),
+            }
             b.version = self.versions[p];
             if let Some(priority) = self.selector.priority(p) {
                 b.priorities.push(priority as f32);
             }
         }
-        Some((b, e.first_seq + e.items as u64))
+        if links.is_some() {
+            b.actor_id = u32::MAX - u32::from(self.index);
+        }
+        b.frames = links.map(Box::new);
+        let next = Cursor {
+            item: items.end,
+            row: hi,
+        };
+        Some((b, next))
     }
 
     /// The live batches, oldest first (see [`Shard::batch_from`]).
     #[cfg(test)]
     fn batches(&self) -> impl Iterator<Item = TransitionBatch> + '_ {
-        let end = self.next_seq;
-        let mut from = 0;
+        let end = self.end();
+        let mut from = Cursor::default();
         std::iter::from_fn(move || {
             let (b, next) = self.batch_from(from, end)?;
             from = next;
@@ -349,14 +608,29 @@ impl Shard {
         })
     }
 
+    /// Copies the observation whose newest row is at `pos` into `dst` (one whole
+    /// observation), walking the links down its stack.
+    fn copy_obs(&self, pos: u32, dst: &mut [u8]) {
+        let rb = self.row_bytes;
+        let mut p = pos as usize;
+        for s in (0..self.stack).rev() {
+            dst[s * rb..(s + 1) * rb].copy_from_slice(&self.rows[p * rb..(p + 1) * rb]);
+            if s > 0 {
+                p = self.row_pos(self.links[p]);
+            }
+        }
+    }
+
     /// Gathers the item chosen by weight `u` into row `row` of `out`; returns its
     /// version, or `None` (and writes nothing) when the shard is empty.
     pub fn gather(&self, u: f64, out: &mut SampleBuffers<'_>, row: usize) -> Option<u64> {
         let pos = self.selector.sample(u)?;
-        let rb = self.row_bytes;
-        let (o, n) = (self.obs_pos[pos] as usize, self.next_pos[pos] as usize);
-        out.obs[row * rb..(row + 1) * rb].copy_from_slice(&self.obs[o * rb..(o + 1) * rb]);
-        out.next_obs[row * rb..(row + 1) * rb].copy_from_slice(&self.obs[n * rb..(n + 1) * rb]);
+        let ob = self.row_bytes * self.stack;
+        self.copy_obs(self.obs_pos[pos], &mut out.obs[row * ob..(row + 1) * ob]);
+        self.copy_obs(
+            self.next_pos[pos],
+            &mut out.next_obs[row * ob..(row + 1) * ob],
+        );
         out.actions[row] = self.actions[pos];
         out.rewards[row] = self.rewards[pos];
         out.discounts[row] = self.discounts[pos];
@@ -432,6 +706,7 @@ mod tests {
             capacity,
             obs_capacity,
             4,
+            1,
             Box::new(Uniform::new(capacity)),
         )
         .unwrap()
@@ -534,12 +809,12 @@ mod tests {
             b.version = k as u64;
             shard.insert(&b, 1.0).unwrap();
         }
-        let mut copy = Shard::new(3, 10, 16, 4, Box::new(Uniform::new(10))).unwrap();
+        let mut copy = Shard::new(3, 10, 16, 4, 1, Box::new(Uniform::new(10))).unwrap();
         let batches: Vec<_> = shard.batches().collect();
         assert_eq!(batches.len(), 3, "three batches of 3 items fit");
         assert_eq!(batches[0].version, 4);
         for b in &batches {
-            b.validate(4).unwrap();
+            b.validate(4, 1).unwrap();
             copy.insert(b, 1.0).unwrap();
         }
         let (a, b) = (gather_all(&shard), gather_all(&copy));
@@ -549,8 +824,8 @@ mod tests {
         assert_eq!(actions, [40, 41, 42, 50, 51, 52, 60, 61, 62]);
         // One batch at a time, up to a bound: a batch inserted after the bound was
         // taken is not part of the snapshot.
-        let end = shard.end_seq();
-        let (first, next) = shard.batch_from(0, end).unwrap();
+        let end = shard.end();
+        let (first, next) = shard.batch_from(Cursor::default(), end).unwrap();
         assert_eq!(first.actions, [40, 41, 42]);
         shard.insert(&chain(70, 3), 1.0).unwrap();
         let (second, next) = shard.batch_from(next, end).unwrap();
@@ -582,11 +857,186 @@ mod tests {
 
     #[test]
     fn storage_that_cannot_be_allocated_is_an_error_not_an_abort() {
-        let err = Shard::new(0, 1, 1 << 31, 1 << 40, Box::new(Uniform::new(1))).unwrap_err();
+        let err = Shard::new(0, 1, 1 << 31, 1 << 40, 1, Box::new(Uniform::new(1))).unwrap_err();
         assert_eq!(err.bytes, usize::MAX);
-        let err = Shard::new(0, 1, 1 << 33, 1, Box::new(Uniform::new(1))).unwrap_err();
+        let err = Shard::new(0, 1, 1 << 33, 1, 1, Box::new(Uniform::new(1))).unwrap_err();
         assert!(err.bytes >= 1 << 33, "more rows than u32 positions");
-        let err = Shard::new(0, 1, 1 << 20, 1 << 40, Box::new(Uniform::new(1))).unwrap_err();
+        let err = Shard::new(0, 1, 1 << 20, 1 << 40, 1, Box::new(Uniform::new(1))).unwrap_err();
         assert!(err.bytes >= 1 << 60, "{err}");
+    }
+
+    /// A frame-mode batch of actor `actor`: frames `(value, number, link)` of one byte,
+    /// transitions `(obs frame, next frame, action)`.
+    fn frames(actor: u32, frames: &[(u8, u64, u64)], items: &[(u64, u64, i64)]) -> TransitionBatch {
+        let mut b = TransitionBatch {
+            actor_id: actor,
+            obs_row_bytes: 1,
+            frames: Some(Box::new(FrameLinks::new(2))),
+            ..TransitionBatch::default()
+        };
+        for (value, number, prev) in frames {
+            b.push_obs_bytes(&[*value]);
+            let l = b.frames.as_mut().unwrap();
+            l.number.push(*number);
+            l.env.push(0);
+            l.prev.push(*prev);
+        }
+        for (obs, next, action) in items {
+            b.actions.push(*action);
+            b.rewards.push(0.0);
+            b.discounts.push(0.9);
+            let l = b.frames.as_mut().unwrap();
+            l.item_env.push(0);
+            l.obs.push(*obs);
+            l.next.push(*next);
+        }
+        b.validate(2, 2).unwrap();
+        b
+    }
+
+    fn frame_shard(capacity: usize, rows: usize) -> Shard {
+        Shard::new(3, capacity, rows, 1, 2, Box::new(Uniform::new(capacity))).unwrap()
+    }
+
+    /// Every live item as (observation, next observation, action), by action.
+    fn stacks(shard: &Shard) -> Vec<([u8; 2], [u8; 2], i64)> {
+        let n = shard.len();
+        let (mut o, mut x) = (vec![0u8; 2 * n], vec![0u8; 2 * n]);
+        let (mut a, mut r, mut d) = (vec![0i64; n], vec![0f32; n], vec![0f32; n]);
+        let mut k = vec![ItemKey::default(); n];
+        let mut out = SampleBuffers {
+            obs: &mut o,
+            next_obs: &mut x,
+            actions: &mut a,
+            rewards: &mut r,
+            discounts: &mut d,
+            keys: &mut k,
+        };
+        for i in 0..n {
+            shard.gather(i as f64 + 0.5, &mut out, i).unwrap();
+        }
+        let mut all: Vec<_> = (0..n)
+            .map(|i| ([o[2 * i], o[2 * i + 1]], [x[2 * i], x[2 * i + 1]], a[i]))
+            .collect();
+        all.sort_by_key(|t| t.2);
+        all
+    }
+
+    #[test]
+    fn frame_stacks_rebuild_across_batches_and_outlive_their_batch() {
+        let mut shard = frame_shard(4, 6);
+        shard
+            .insert(
+                &frames(
+                    1,
+                    &[(10, 0, NO_FRAME), (11, 1, 0), (12, 2, 1)],
+                    &[(1, 2, 1)],
+                ),
+                1.0,
+            )
+            .unwrap();
+        // The next batch links to frames the first one carried.
+        shard
+            .insert(&frames(1, &[(13, 3, 2)], &[(2, 3, 2)]), 1.0)
+            .unwrap();
+        assert_eq!(
+            stacks(&shard),
+            [([10, 11], [11, 12], 1), ([11, 12], [12, 13], 2)]
+        );
+        assert_eq!(shard.obs_len(), 4, "each frame once");
+        // Room for three more items evicts the first batch's item, but not the frames
+        // the second batch's item still reads (11 and 12); 10 goes.
+        shard
+            .insert(
+                &frames(
+                    1,
+                    &[(14, 4, 3), (15, 5, 4)],
+                    &[(3, 4, 3), (4, 5, 4), (3, 5, 5)],
+                ),
+                1.0,
+            )
+            .unwrap();
+        assert_eq!(
+            stacks(&shard),
+            [
+                ([11, 12], [12, 13], 2),
+                ([12, 13], [13, 14], 3),
+                ([13, 14], [14, 15], 4),
+                ([12, 13], [14, 15], 5)
+            ]
+        );
+        assert_eq!((shard.obs_len(), shard.dropped()), (5, 0));
+    }
+
+    #[test]
+    fn a_transition_whose_frames_are_gone_is_dropped_not_rebuilt_wrong() {
+        let mut shard = frame_shard(8, 8);
+        shard
+            .insert(
+                &frames(1, &[(50, 5, NO_FRAME), (51, 6, 5)], &[(6, 6, 1)]),
+                1.0,
+            )
+            .unwrap();
+        // Numbers that go back: the actor started a new stream (it reconnected), so the
+        // old stream's frame 6 is not this one's.
+        let new = [(60, 0, NO_FRAME), (61, 1, 0), (62, 7, 1)];
+        let kept = shard
+            .insert(&frames(1, &new, &[(1, 7, 2), (6, 7, 3)]), 1.0)
+            .unwrap();
+        assert_eq!(kept, 1);
+        // A link into a frame never sent; another actor's numbers.
+        let kept = shard
+            .insert(
+                &frames(1, &[(63, 8, 7), (64, 10, 9)], &[(7, 8, 4), (8, 10, 5)]),
+                1.0,
+            )
+            .unwrap();
+        assert_eq!(kept, 1);
+        let kept = shard.insert(&frames(2, &[], &[(1, 1, 6)]), 1.0).unwrap();
+        assert_eq!(kept, 0);
+        assert_eq!(shard.dropped(), 3);
+        assert_eq!(
+            stacks(&shard),
+            [
+                ([50, 51], [50, 51], 1),
+                ([60, 61], [61, 62], 2),
+                ([61, 62], [62, 63], 4)
+            ]
+        );
+    }
+
+    #[test]
+    fn frame_mode_checkpoints_restore_the_same_stacks() {
+        let mut shard = frame_shard(6, 9);
+        let mut number = 0u64;
+        // Two actors, interleaved, each linking into its own earlier batches; the ring
+        // wraps, so the first batches' items are evicted while their frames stay.
+        let mut last = [NO_FRAME; 2];
+        for round in 0..6u8 {
+            for actor in 0..2u32 {
+                let a = actor as usize;
+                let value = round * 10 + actor as u8;
+                let n = number;
+                number += 1;
+                let items: Vec<(u64, u64, i64)> = if last[a] == NO_FRAME {
+                    vec![]
+                } else {
+                    vec![(last[a], n, i64::from(value))]
+                };
+                shard
+                    .insert(&frames(actor, &[(value, n, last[a])], &items), 1.0)
+                    .unwrap();
+                last[a] = n;
+            }
+        }
+        let before = stacks(&shard);
+        assert!(before.len() >= 5, "{before:?} {} dropped", shard.dropped());
+        let mut copy = frame_shard(6, 9);
+        for b in shard.batches() {
+            b.validate(2, 2).unwrap();
+            copy.insert(&b, 1.0).unwrap();
+        }
+        assert_eq!(stacks(&copy), before);
+        assert_eq!((copy.obs_len(), copy.dropped()), (shard.obs_len(), 0));
     }
 }

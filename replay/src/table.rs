@@ -11,7 +11,7 @@ use rand::Rng;
 use crate::key::ItemKey;
 use crate::limiter::{RateLimiter, RateLimiterConfig};
 use crate::selector::Uniform;
-use crate::shard::{OutOfMemory, SampleBuffers, Shard, TooLarge};
+use crate::shard::{Cursor, OutOfMemory, SampleBuffers, Shard, TooLarge};
 
 /// Replay settings, checked by whoever builds them.
 #[derive(Clone, Debug)]
@@ -22,8 +22,12 @@ pub struct ReplayConfig {
     /// every actor's data spreads over all shards (full capacity with any actor count)
     /// while concurrent actors still tend to hit different locks.
     pub shards: usize,
-    /// Bytes of one observation row.
+    /// Bytes of one observation.
     pub obs_row_bytes: usize,
+    /// Frames per observation: above 1, replay stores each frame of the stacked
+    /// observations once (frame mode; batches must come in frame mode) and
+    /// `obs_rows_per_item` counts frames.
+    pub stack: usize,
     /// Observation rows allocated per item of capacity (≥ 1). A batch of T transitions
     /// from E environments with n-step returns holds about T + E·n rows (see
     /// [`TransitionBatch`]), so `1 + E·n/T` plus a little for truncated episodes; if
@@ -41,6 +45,15 @@ impl ReplayConfig {
         1.05 + (envs * n_step) as f64 / batch_rows.max(1) as f64
     }
 
+    /// Frames per item in frame mode: one per step, plus a chain of `stack` at each
+    /// episode's start and the frames later batches still link to after their own
+    /// batch was evicted. Measured on Pong with 64 environments: 1.003 (BENCHMARKS.md).
+    pub const FRAMES_PER_ITEM: f64 = 1.05;
+
+    fn row_bytes(&self) -> usize {
+        self.obs_row_bytes / self.stack.max(1)
+    }
+
     fn shape(&self) -> (usize, usize, usize) {
         let shards = self.shards.clamp(1, usize::from(u16::MAX));
         let per_shard = self.capacity.div_ceil(shards).max(1);
@@ -53,7 +66,13 @@ impl ReplayConfig {
     /// memory before allocating.
     pub fn bytes(&self) -> usize {
         let (shards, per_shard, obs_per_shard) = self.shape();
-        Shard::bytes_for(per_shard, obs_per_shard, self.obs_row_bytes).saturating_mul(shards)
+        Shard::bytes_for(
+            per_shard,
+            obs_per_shard,
+            self.row_bytes(),
+            self.stack.max(1),
+        )
+        .saturating_mul(shards)
     }
 }
 
@@ -80,8 +99,10 @@ pub struct ReplayStats {
     pub inserted: u64,
     pub sampled: u64,
     pub size: usize,
-    /// Observation rows held by the stored items.
+    /// Observation rows (frames, in frame mode) held for the stored items.
     pub obs_rows: usize,
+    /// Frame mode: transitions dropped because a frame their stacks need was gone.
+    pub dropped: u64,
     /// Total time inserters spent blocked by the rate limiter.
     pub insert_blocked_s: f64,
     /// Total time samplers spent blocked by the rate limiter.
@@ -129,6 +150,7 @@ pub struct Table {
     shards: Vec<Mutex<Shard>>,
     gauges: Vec<ShardGauge>,
     row_bytes: usize,
+    stack: usize,
     /// Items and observation rows per shard.
     per_shard: (usize, usize),
     gate: Mutex<Gate>,
@@ -160,7 +182,8 @@ impl Table {
                     i as u16,
                     per_shard,
                     obs_per_shard,
-                    config.obs_row_bytes,
+                    config.row_bytes(),
+                    config.stack.max(1),
                     Box::new(Uniform::new(per_shard)),
                 )
                 .map(Mutex::new)
@@ -170,6 +193,7 @@ impl Table {
             shards: built,
             gauges: (0..shards).map(|_| ShardGauge::default()).collect(),
             row_bytes: config.obs_row_bytes,
+            stack: config.stack.max(1),
             per_shard: (per_shard, obs_per_shard),
             gate: Mutex::new(Gate {
                 limiter: RateLimiter::new(config.limiter),
@@ -201,7 +225,7 @@ impl Table {
     }
 
     fn check(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
-        batch.validate(self.row_bytes)?;
+        batch.validate(self.row_bytes, self.stack)?;
         let (capacity, obs_capacity) = self.per_shard;
         if batch.len() > capacity || batch.obs_rows() > obs_capacity {
             return Err(TooLarge {
@@ -215,11 +239,12 @@ impl Table {
         Ok(())
     }
 
-    fn store(&self, shard: usize, batch: &TransitionBatch) -> Result<(), ReplayError> {
+    /// Stores a batch in one shard; returns how many transitions it kept.
+    fn store(&self, shard: usize, batch: &TransitionBatch) -> Result<usize, ReplayError> {
         let mut s = self.shard(shard);
-        s.insert(batch, DEFAULT_PRIORITY)?;
+        let kept = s.insert(batch, DEFAULT_PRIORITY)?;
         self.gauges[shard].set(&s);
-        Ok(())
+        Ok(kept)
     }
 
     /// Stores a batch, blocking while the rate limiter holds inserts back.
@@ -252,11 +277,24 @@ impl Table {
     }
 
     fn insert_now(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
-        let shard =
-            (u64::from(batch.actor_id).wrapping_add(batch.seq) % self.shards.len() as u64) as usize;
-        self.store(shard, batch)?;
+        let shards = self.shards.len();
+        let kept = if batch.frames.is_none() {
+            let shard =
+                (u64::from(batch.actor_id).wrapping_add(batch.seq) % shards as u64) as usize;
+            self.store(shard, batch)?
+        } else if shards == 1 {
+            self.store(0, batch)?
+        } else {
+            // Each environment's frames stay in one shard, where its later frames link
+            // to them; an actor's environments spread over all shards.
+            let mut kept = 0;
+            for (shard, part) in crate::split::by_environment(batch, shards) {
+                kept += self.store(shard, &part)?;
+            }
+            kept
+        };
         let mut gate = self.gate();
-        gate.limiter.insert(batch.len() as u64);
+        gate.limiter.insert(kept as u64);
         if gate.waiting > 0 {
             self.changed.notify_all();
         }
@@ -407,11 +445,11 @@ impl Table {
     /// (disk) hold up nobody. A batch evicted before the copy reaches it is skipped;
     /// the counters, read last, may include a few batches the copy does not.
     pub fn snapshot(&self, mut each: impl FnMut(usize, TransitionBatch)) -> (u64, u64) {
-        let ends: Vec<u64> = (0..self.shards.len())
-            .map(|i| self.shard(i).end_seq())
+        let ends: Vec<Cursor> = (0..self.shards.len())
+            .map(|i| self.shard(i).end())
             .collect();
         for (i, end) in ends.into_iter().enumerate() {
-            let mut from = 0;
+            let mut from = Cursor::default();
             loop {
                 let next = self.shard(i).batch_from(from, end);
                 let Some((batch, after)) = next else {
@@ -430,8 +468,8 @@ impl Table {
     /// table's shard count, so that a table with other `shards` can be refilled too.
     /// A batch larger than a shard of this table is refused with `TooLarge`.
     pub fn restore(&self, shard: usize, batch: &TransitionBatch) -> Result<(), ReplayError> {
-        batch.validate(self.row_bytes)?;
-        if batch.is_empty() {
+        self.check(batch)?;
+        if batch.is_empty() && batch.obs_rows() == 0 {
             return Ok(());
         }
         self.store(shard % self.shards.len(), batch)?;
@@ -483,9 +521,14 @@ impl Table {
         self.per_shard.0
     }
 
-    /// Bytes of one observation row.
+    /// Bytes of one observation.
     pub fn obs_row_bytes(&self) -> usize {
         self.row_bytes
+    }
+
+    /// Frames per observation (1: whole observations are stored).
+    pub fn stack(&self) -> usize {
+        self.stack
     }
 
     pub fn stats(&self) -> ReplayStats {
@@ -499,6 +542,9 @@ impl Table {
             size: self.len(),
             obs_rows: (0..self.shards.len())
                 .map(|i| self.shard(i).obs_len())
+                .sum(),
+            dropped: (0..self.shards.len())
+                .map(|i| self.shard(i).dropped())
                 .sum(),
             insert_blocked_s: self.insert_blocked_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             sample_blocked_s: self.sample_blocked_ns.load(Ordering::Relaxed) as f64 * 1e-9,
@@ -519,6 +565,7 @@ mod tests {
             capacity,
             shards,
             obs_row_bytes: 4,
+            stack: 1,
             obs_rows_per_item: 2.0,
             limiter: RateLimiterConfig::sample_to_insert_ratio(spi, min_size, 1e9, 64).unwrap(),
         }

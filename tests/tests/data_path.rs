@@ -23,6 +23,7 @@ fn sampled_batches_are_true_cartpole_transitions() {
             capacity: 10_000,
             shards: 2,
             obs_row_bytes: spec.obs.row_bytes(),
+            stack: 1,
             obs_rows_per_item: ReplayConfig::obs_rows_for(4, 1, 32),
             limiter: RateLimiterConfig::sample_to_insert_ratio(1e6, 100, 1e12, 32).unwrap(),
         })

@@ -642,6 +642,7 @@ mod tests {
             capacity,
             shards,
             obs_row_bytes: 16,
+            stack: 1,
             obs_rows_per_item: 1.5,
             limiter: RateLimiterConfig::sample_to_insert_ratio(4.0, 10, 1e9, 8).unwrap(),
         })

@@ -68,6 +68,11 @@ pub fn load(path: &Path, num_actions: usize, table: &Table) -> Result<Restored, 
             Ok(()) => restored.read += batch.len(),
             // A smaller replay (or shards) than the checkpointed run's: keep what fits.
             Err(ReplayError::TooLarge(_)) => restored.skipped += batch.len(),
+            // Whole stacks saved before replay stored frames once (or the other way
+            // round): the run resumes without them rather than not at all.
+            Err(ReplayError::Malformed(_)) if batch.frames.is_some() != (table.stack() > 1) => {
+                restored.skipped += batch.len()
+            }
             Err(e) => return Err(invalid(path, e.to_string())),
         }
     }

@@ -330,7 +330,8 @@ impl Progress {
             checkpoint: setup.layout.root.clone(),
             replay_bytes_per_item: setup.table.bytes_per_item(),
             replay: setup.table.stats(),
-            obs_row_bytes: setup.table.obs_row_bytes(),
+            obs_row_bytes: setup.table.obs_row_bytes() / setup.table.stack(),
+            frame_stack: setup.table.stack(),
             nonfinite: last.nonfinite_total,
         }
     }

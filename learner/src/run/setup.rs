@@ -62,11 +62,16 @@ pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
         capacity: cfg.replay.capacity,
         shards: cfg.replay.shards,
         obs_row_bytes: env.obs.row_bytes(),
-        obs_rows_per_item: ReplayConfig::obs_rows_for(
-            cfg.actors.envs_per_actor,
-            cfg.actors.n_step,
-            cfg.actors.batch_rows,
-        ),
+        stack: env.frame_stack,
+        obs_rows_per_item: if env.frame_stack > 1 {
+            cfg.replay.frames_per_item
+        } else {
+            ReplayConfig::obs_rows_for(
+                cfg.actors.envs_per_actor,
+                cfg.actors.n_step,
+                cfg.actors.batch_rows,
+            )
+        },
         limiter,
     };
     // Replay is allocated up front: refuse what this machine cannot hold, before
@@ -150,7 +155,7 @@ pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunEr
             .map_err(RunError::Resume)?;
         let stats = table.stats();
         tracing::info!(
-            "replay: holds {} transitions ({} read back, {} in batches too large for this replay); rate limiter at {} inserts, {} samples",
+            "replay: holds {} transitions ({} read back, {} skipped: in batches too large for this replay, or stored whole before replay stored frames once); rate limiter at {} inserts, {} samples",
             restored.held,
             restored.read,
             restored.skipped,

@@ -360,6 +360,7 @@ impl Connection {
         // would let one actor flush replay past the rate limiter (which counts
         // transitions).
         let carried = envs * (cfg.n_step as usize + 1);
+        let stack = ctx.env.frame_stack.max(1);
         let num_actions = ctx.env.num_actions;
         let mut stop = self.stop.clone();
         // Transitions received as of the last log line and the last stats report.
@@ -390,7 +391,7 @@ impl Connection {
             match msg {
                 ActorMsg::Transitions(mut batch) => {
                     if let Err(e) = batch
-                        .validate(row_bytes)
+                        .validate(row_bytes, ctx.env.frame_stack)
                         .and_then(|()| batch.check_values(num_actions))
                     {
                         return Outcome::Refused(violation(format!(
@@ -398,7 +399,8 @@ impl Connection {
                             ctx.env.id
                         )));
                     }
-                    if batch.obs_rows() > 2 * batch.len() + carried {
+                    // In frame mode a row is a frame: an episode start adds a stack.
+                    if batch.obs_rows() > stack * (2 * batch.len() + carried) {
                         return Outcome::Refused(violation(format!(
                             "{} observation rows for {} transitions from {envs} environments",
                             batch.obs_rows(),

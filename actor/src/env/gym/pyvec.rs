@@ -148,6 +148,8 @@ fn spec_from(obj: &Bound<'_, PyAny>, id: &str) -> PyResult<EnvSpec> {
             .filter(|m| *m > 0)
             .unwrap_or(u32::MAX),
         reward_threshold: obj.getattr("reward_threshold")?.extract()?,
+        // A stacking wrapper's frames are not known to be frames: whole observations.
+        frame_stack: 1,
     })
 }
 
