@@ -37,9 +37,8 @@ struct Extent {
     /// Sequence number of its first stored row; its rows follow contiguously.
     rows_first: u64,
     rows: usize,
-    /// The oldest row any of its items reads (their stacks included); `NONE` if it has
-    /// no items. Rows from the oldest that any live extent needs onwards stay stored.
-    needs: u64,
+    /// Numbers extents in insertion order (for the running minimum of what they need).
+    serial: u64,
 }
 
 /// A frame-mode stream's frames in this shard: `(number, row sequence number)`, oldest
@@ -112,6 +111,11 @@ pub struct Shard {
     versions: Vec<u64>,
     /// Live batches, oldest first.
     extents: VecDeque<Extent>,
+    /// The oldest row each live extent's items read (their stacks included), as a
+    /// monotone queue of `(row, extent serial)`: its front is the oldest row any live
+    /// item needs (rows from there on stay stored), in O(1) amortised per insert.
+    needs: VecDeque<(u64, u64)>,
+    next_extent: u64,
     streams: HashMap<u32, Stream>,
     /// Sequence number of the next item; live items are the `len` before it.
     next_seq: u64,
@@ -175,7 +179,8 @@ impl Shard {
         row_bytes: usize,
         stack: usize,
     ) -> usize {
-        let link = if stack > 1 { 8 } else { 0 };
+        // Frame mode: a link per row, and the stream index's (number, row) entry.
+        let link = if stack > 1 { 8 + 16 } else { 0 };
         row_capacity
             .saturating_mul(row_bytes + link)
             .saturating_add(capacity.saturating_mul(Self::ITEM_BYTES))
@@ -230,6 +235,8 @@ impl Shard {
             discounts: zeroed(capacity)?,
             versions: zeroed(capacity)?,
             extents: VecDeque::new(),
+            needs: VecDeque::new(),
+            next_extent: 0,
             streams: HashMap::new(),
             next_seq: 0,
             len: 0,
@@ -329,13 +336,16 @@ impl Shard {
             },
             Some(links) => self.plan_frames(batch.actor_id, links),
         };
-        if !self.make_room(plan.keep.len(), rows, plan.needs()) {
-            // The frames this batch links back to take more room than the shard has:
-            // keep only the transitions whose stacks lie within the batch itself.
-            plan.keep.retain(|k| k.3 >= base);
-            let fits = self.make_room(plan.keep.len(), rows, plan.needs());
-            debug_assert!(fits, "a batch that fits an empty shard");
-        }
+        // Rows this insert overwrites, whoever needs them: a transition whose stacks
+        // reach back that far cannot be stored (rather than evicting everything else
+        // in a vain attempt to keep its frames).
+        let must_free = (base + rows as u64).saturating_sub(self.row_capacity as u64);
+        plan.keep.retain(|k| k.3 >= must_free);
+        let fits = self.make_room(plan.keep.len(), rows, plan.needs());
+        debug_assert!(
+            fits,
+            "a batch that fits an empty shard fits after evictions"
+        );
         self.dropped += (items - plan.keep.len()) as u64;
 
         // Rows: the longest runs that fit before the ring wraps.
@@ -379,13 +389,19 @@ impl Shard {
         }
         self.len += plan.keep.len();
         if !plan.keep.is_empty() || rows > 0 {
+            let (needs, serial) = (plan.needs(), self.next_extent);
+            self.next_extent += 1;
             self.extents.push_back(Extent {
                 items: plan.keep.len(),
                 first_seq,
                 rows_first: base,
                 rows,
-                needs: plan.needs(),
+                serial,
             });
+            while self.needs.back().is_some_and(|(n, _)| *n >= needs) {
+                self.needs.pop_back();
+            }
+            self.needs.push_back((needs, serial));
         }
         Ok(plan.keep.len())
     }
@@ -469,6 +485,9 @@ impl Shard {
             let Some(old) = self.extents.pop_front() else {
                 return false;
             };
+            if self.needs.front().is_some_and(|(_, s)| *s == old.serial) {
+                self.needs.pop_front();
+            }
             for seq in old.first_seq..old.first_seq + old.items as u64 {
                 self.selector.delete(self.pos(seq));
             }
@@ -478,10 +497,9 @@ impl Shard {
 
     /// The oldest row a live item needs (`next_row` when none does).
     fn oldest_needed(&self) -> u64 {
-        self.extents
-            .iter()
-            .map(|e| e.needs)
-            .fold(self.next_row, u64::min)
+        self.needs
+            .front()
+            .map_or(self.next_row, |(n, _)| (*n).min(self.next_row))
     }
 
     /// Forgets the frame numbers of rows no longer stored, and streams left with none.
@@ -1038,5 +1056,29 @@ mod tests {
         }
         assert_eq!(stacks(&copy), before);
         assert_eq!((copy.obs_len(), copy.dropped()), (shard.obs_len(), 0));
+    }
+
+    #[test]
+    fn a_transition_reaching_into_overwritten_rows_is_dropped_alone() {
+        let mut shard = frame_shard(8, 6);
+        let chain = [(10, 0, NO_FRAME), (11, 1, 0), (12, 2, 1), (13, 3, 2)];
+        shard.insert(&frames(1, &chain, &[(1, 2, 1)]), 1.0).unwrap();
+        shard
+            .insert(&frames(1, &[(14, 4, 3)], &[(3, 4, 2)]), 1.0)
+            .unwrap();
+        // Two more rows overwrite row 0: the first batch's item (it reads 10) goes,
+        // and so does a transition reaching back to 10, but nothing else: the second
+        // batch's item stays.
+        let kept = shard
+            .insert(
+                &frames(1, &[(15, 5, 4), (16, 6, 5)], &[(5, 6, 3), (1, 6, 4)]),
+                1.0,
+            )
+            .unwrap();
+        assert_eq!((kept, shard.dropped()), (1, 1));
+        assert_eq!(
+            stacks(&shard),
+            [([12, 13], [13, 14], 2), ([14, 15], [15, 16], 3)]
+        );
     }
 }

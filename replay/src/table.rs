@@ -47,7 +47,7 @@ impl ReplayConfig {
 
     /// Frames per item in frame mode: one per step, plus a chain of `stack` at each
     /// episode's start and the frames later batches still link to after their own
-    /// batch was evicted. Measured on Pong with 64 environments: 1.003 (BENCHMARKS.md).
+    /// batch was evicted. Measured on Pong with 64 environments: 1.009 (BENCHMARKS.md).
     pub const FRAMES_PER_ITEM: f64 = 1.05;
 
     fn row_bytes(&self) -> usize {
@@ -250,7 +250,7 @@ impl Table {
     /// Stores a batch, blocking while the rate limiter holds inserts back.
     pub fn insert(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
         self.check(batch)?;
-        if batch.is_empty() {
+        if Self::holds_nothing(batch) {
             return Ok(());
         }
         // Counted only once stored (below), so a sampler never sees counted but absent
@@ -263,11 +263,17 @@ impl Table {
         self.insert_now(batch)
     }
 
+    /// A batch with nothing to store: no transitions, and no frames later batches may
+    /// link to.
+    fn holds_nothing(batch: &TransitionBatch) -> bool {
+        batch.is_empty() && (batch.frames.is_none() || batch.obs_rows() == 0)
+    }
+
     /// Stores a batch without waiting for the rate limiter (which still counts it): for
     /// a caller that keeps the ratio itself, as the lock-step mode does.
     pub fn insert_unlimited(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
         self.check(batch)?;
-        if batch.is_empty() {
+        if Self::holds_nothing(batch) {
             return Ok(());
         }
         if self.gate().closed {
@@ -278,23 +284,29 @@ impl Table {
 
     fn insert_now(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
         let shards = self.shards.len();
-        let kept = if batch.frames.is_none() {
+        if batch.frames.is_none() {
             let shard =
                 (u64::from(batch.actor_id).wrapping_add(batch.seq) % shards as u64) as usize;
-            self.store(shard, batch)?
+            self.store(shard, batch)?;
         } else if shards == 1 {
-            self.store(0, batch)?
+            self.store(0, batch)?;
         } else {
             // Each environment's frames stay in one shard, where its later frames link
             // to them; an actor's environments spread over all shards.
-            let mut kept = 0;
             for (shard, part) in crate::split::by_environment(batch, shards) {
-                kept += self.store(shard, &part)?;
+                self.store(shard, &part)?;
             }
-            kept
+        }
+        // The limiter counts transitions sent (stored, or dropped for frames that were
+        // gone); a frame-mode batch is charged at least a transition per stack of
+        // frames, so frames alone cannot cycle replay unthrottled.
+        let charge = if batch.frames.is_some() {
+            batch.len().max(batch.obs_rows().div_ceil(self.stack))
+        } else {
+            batch.len()
         };
         let mut gate = self.gate();
-        gate.limiter.insert(kept as u64);
+        gate.limiter.insert(charge as u64);
         if gate.waiting > 0 {
             self.changed.notify_all();
         }
@@ -469,7 +481,7 @@ impl Table {
     /// A batch larger than a shard of this table is refused with `TooLarge`.
     pub fn restore(&self, shard: usize, batch: &TransitionBatch) -> Result<(), ReplayError> {
         self.check(batch)?;
-        if batch.is_empty() && batch.obs_rows() == 0 {
+        if Self::holds_nothing(batch) {
             return Ok(());
         }
         self.store(shard % self.shards.len(), batch)?;
@@ -898,5 +910,57 @@ mod tests {
         seen.sort_unstable();
         assert_eq!(seen, [(0, 0), (0, 20), (0, 40), (1, 10), (1, 30), (1, 50)]);
         assert_eq!(table.len(), 30 + 12);
+    }
+
+    #[test]
+    fn frames_without_transitions_are_stored_and_charged() {
+        use millrace_proto::{FrameLinks, NO_FRAME};
+        let t = table(ReplayConfig {
+            obs_row_bytes: 2,
+            stack: 2,
+            ..config(16, 1, 1.0, 1)
+        });
+        let mut frames_only = TransitionBatch {
+            actor_id: 3,
+            obs_row_bytes: 1,
+            frames: Some(Box::new(FrameLinks::new(2))),
+            ..TransitionBatch::default()
+        };
+        for (value, number, prev) in [(7u8, 0u64, NO_FRAME), (8, 1, 0), (9, 2, 1), (10, 3, 2)] {
+            frames_only.push_obs_bytes(&[value]);
+            let l = frames_only.frames.as_mut().unwrap();
+            l.number.push(number);
+            l.env.push(0);
+            l.prev.push(prev);
+        }
+        t.insert(&frames_only).unwrap();
+        assert_eq!(t.stats().inserted, 2, "four frames charged as two stacks");
+        // A later batch links to them.
+        let mut links = FrameLinks::new(2);
+        links.item_env.push(0);
+        links.obs.push(1);
+        links.next.push(3);
+        let b = TransitionBatch {
+            actor_id: 3,
+            obs_row_bytes: 1,
+            actions: vec![1],
+            rewards: vec![0.5],
+            discounts: vec![0.9],
+            frames: Some(Box::new(links)),
+            ..TransitionBatch::default()
+        };
+        t.insert(&b).unwrap();
+        let stats = t.stats();
+        assert_eq!((stats.size, stats.dropped), (1, 0));
+        let mut out = Out::new(1);
+        out.obs = vec![0; 2];
+        out.next = vec![0; 2];
+        t.try_sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (out.obs.as_slice(), out.next.as_slice()),
+            (&[7u8, 8][..], &[9u8, 10][..])
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! parameters and heartbeats out, until either side ends it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,6 +71,8 @@ fn violation(message: impl Into<String>) -> Refusal {
 struct Session {
     /// The actor's id (its first exploration index).
     id: u32,
+    /// What its batches are known by in replay: unique to the session.
+    stream: u32,
     agent: u32,
     envs: usize,
 }
@@ -140,6 +143,7 @@ impl Connection {
         let mut received = 0;
         let session = Session {
             id,
+            stream: super::remote_stream(self.shared.sessions.fetch_add(1, Ordering::Relaxed)),
             agent,
             envs: indices.len(),
         };
@@ -349,7 +353,12 @@ impl Connection {
     async fn session(
         &self,
         rd: &mut FrameReader<OwnedReadHalf>,
-        Session { id, agent, envs }: Session,
+        Session {
+            id,
+            stream,
+            agent,
+            envs,
+        }: Session,
         received: &mut u64,
     ) -> Outcome {
         let cfg = &self.shared.cfg;
@@ -409,7 +418,7 @@ impl Connection {
                     }
                     // The connection's own identity (the agent it was welcomed as),
                     // whatever the actor claims.
-                    batch.actor_id = id;
+                    batch.actor_id = stream;
                     batch.agent = agent;
                     *received += batch.len() as u64;
                     ctx.steps.add(batch.len() as u64);

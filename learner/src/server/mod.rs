@@ -16,6 +16,7 @@ mod connection;
 mod exploration;
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -223,6 +224,16 @@ struct Shared {
     ctx: Arc<ServerContext>,
     indices: ExplorationIndices,
     budget: Arc<MemoryBudget>,
+    /// Sessions so far, for their stream ids (see [`remote_stream`]).
+    sessions: AtomicU32,
+}
+
+/// The id a remote session's batches carry into replay (`actor_id`): replay keys frame
+/// streams by it, so it must differ from every other stream's while the session's
+/// frames are stored. Local actors use `0..count` and restored checkpoints `u32::MAX −
+/// shard`; sessions count up from 2³⁰, wrapping after 2³⁰ of them.
+fn remote_stream(session: u32) -> u32 {
+    (1 << 30) | (session & ((1 << 30) - 1))
 }
 
 async fn serve(
@@ -243,6 +254,7 @@ async fn serve(
         indices: ExplorationIndices::default(),
         cfg: Arc::clone(&cfg),
         ctx,
+        sessions: AtomicU32::new(0),
     });
     // Bounds open connections, and with them the threads parked in replay inserts.
     let permits = Arc::new(Semaphore::new(cfg.max_connections));
