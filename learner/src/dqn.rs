@@ -14,9 +14,12 @@
 //!
 //! A convolutional torso (the Nature DQN, for `u8` image observations) goes through
 //! autograd: its arithmetic dominates, so graph bookkeeping is noise. Its filters are
-//! leaf views of the same flat `[K, P]` tensor (K = 1), so the fused optimizer, target
-//! sync and publishing are unchanged; the head's hand-written backward hands it the
-//! gradient at the features.
+//! leaf views of the same flat `[K, P]` tensor, K agents' torsos one grouped
+//! convolution per layer, so the fused optimizer, target sync and publishing are
+//! unchanged; the head's hand-written backward hands it the gradient at the features.
+//!
+//! Agents may differ in learning rate, gradient clip and target rule: those are `[K, 1]`
+//! tensors in the same element-wise steps ([`crate::population`]).
 //!
 //! An update whose loss or gradient is not finite is skipped on the device (a mask on
 //! the optimizer step, no host sync) and counted; [`Dqn::take_stats`] reads the counts
@@ -29,6 +32,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tch::{Device, Kind, Reduction, Tensor};
+
+use crate::population::{AgentHparams, AgentTensors, Sync};
 
 /// How the target network follows the online one.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -124,6 +129,8 @@ pub struct Dqn {
     /// and how many in a row up to now.
     nonfinite: Tensor,
     nonfinite_streak: Tensor,
+    /// Per-agent learning rates, clips and target rules.
+    agents: AgentTensors,
 }
 
 /// Loss, TD-error and Q statistics are sampled every this many updates (the update
@@ -181,13 +188,15 @@ fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tens
         .collect()
 }
 
-/// Views of the torso's filters and biases in PyTorch's shapes (population 1).
-fn conv_views(flat: &Tensor, layout: &ParamLayout) -> Vec<Tensor> {
+/// Views of the torso's filters and biases in PyTorch's shapes behind the population:
+/// `[K, out, in, kh, kw]` and `[K, out]`.
+fn conv_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
     layout
         .conv
         .iter()
         .map(|e| {
-            let shape: Vec<i64> = e.shape.iter().map(|d| *d as i64).collect();
+            let mut shape = vec![population];
+            shape.extend(e.shape.iter().map(|d| *d as i64));
             flat.narrow(1, e.offset as i64, e.len as i64)
                 .view(shape.as_slice())
         })
@@ -210,39 +219,48 @@ impl Torso {
             return None;
         }
         let layout = spec.layout();
+        let k = spec.population as i64;
         Some(Self {
-            online: conv_views(online, &layout)
+            online: conv_views(online, &layout, k)
                 .into_iter()
                 .map(|v| v.detach().set_requires_grad(true))
                 .collect(),
-            target: conv_views(target, &layout),
-            grad: conv_views(grad, &layout),
+            target: conv_views(target, &layout, k),
+            grad: conv_views(grad, &layout, k),
             strides: spec.conv.iter().map(|c| c.stride as i64).collect(),
             image: spec.image.iter().map(|d| *d as i64).collect(),
         })
     }
 }
 
-/// The torso: `x` is `[1, N, C, H, W]` `u8`; returns features `[1, N, F]` (ReLU'd,
-/// flattened in `C, H, W` order).
+/// The torso of K agents at once: `x` is `[K, N, C, H, W]` `u8` (or `[K, N, C·H·W]`),
+/// `views` alternate filters `[K, out, in, kh, kw]` and biases `[K, out]`; returns
+/// features `[K, N, F]` (ReLU'd, each agent's flattened in `C, H, W` order).
+///
+/// The agents' images go side by side along the channels, `[N, K·C, H, W]`, and each
+/// layer is one grouped convolution with K groups: agent k's filters see only agent k's
+/// channels, so K small torsos are one large convolution.
 pub fn torso_forward(views: &[Tensor], strides: &[i64], image: &[i64], x: &Tensor) -> Tensor {
-    let n = x.size()[1];
-    let mut shape = vec![n];
+    let (k, n) = (views[0].size()[0], x.size()[1]);
+    let mut shape = vec![k, n];
     shape.extend_from_slice(image);
-    let mut h = x.reshape(shape.as_slice()).to_kind(Kind::Float) * (1.0 / 255.0);
+    let mut side_by_side = vec![n, k * image[0]];
+    side_by_side.extend_from_slice(&image[1..]);
+    let mut h = x
+        .reshape(shape.as_slice())
+        .permute([1, 0, 2, 3, 4])
+        .reshape(side_by_side.as_slice())
+        .to_kind(Kind::Float)
+        * (1.0 / 255.0);
     for (l, s) in strides.iter().enumerate() {
+        let w = views[2 * l].size();
+        let filters = views[2 * l].reshape([k * w[1], w[2], w[3], w[4]]);
+        let bias = views[2 * l + 1].reshape([k * w[1]]);
         h = h
-            .conv2d(
-                &views[2 * l],
-                Some(&views[2 * l + 1]),
-                [*s, *s],
-                [0, 0],
-                [1, 1],
-                1,
-            )
+            .conv2d(&filters, Some(&bias), [*s, *s], [0, 0], [1, 1], k)
             .relu();
     }
-    h.reshape([1, n, -1])
+    h.reshape([n, k, -1]).permute([1, 0, 2])
 }
 
 /// The MLP forward pass: `x` is `[K, N, in]`, `views` alternate weight `[K, in, out]`
@@ -276,19 +294,36 @@ pub fn double_dqn_targets(
 }
 
 impl Dqn {
-    /// Fresh networks, initialised as PyTorch's `nn.Linear` and `nn.Conv2d` (uniform
-    /// ±1/√fan_in for weights and biases), from the run's own seeded generator: no
-    /// global state, so two learners in one process do not disturb each other.
+    /// Fresh networks for `spec.population` agents with `config`'s settings, agent 0
+    /// seeded with `seed` (see [`AgentHparams::seeds`]).
     pub fn new(spec: NetworkSpec, config: DqnConfig, device: Device, seed: u64) -> Self {
-        assert!(
-            spec.conv.is_empty() || spec.population == 1,
-            "a convolutional torso is for one agent"
-        );
+        let agents: Vec<AgentHparams> = AgentHparams::seeds(seed, spec.population)
+            .map(|s| AgentHparams::from_config(&config, s))
+            .collect();
+        Self::population(spec, config, &agents, device)
+    }
+
+    /// Fresh networks for a population, one agent per entry of `agents` (which must
+    /// number `spec.population`), each initialised as PyTorch's `nn.Linear` and
+    /// `nn.Conv2d` (uniform ±1/√fan_in for weights and biases) from its own seeded
+    /// generator: no global state, so two learners in one process do not disturb each
+    /// other, and an agent starts where a one-agent run with its seed starts.
+    /// `config` gives what the agents share (Adam's betas and ε, Huber's δ).
+    ///
+    /// # Panics
+    /// If `agents` does not number `spec.population`.
+    pub fn population(
+        spec: NetworkSpec,
+        config: DqnConfig,
+        agents: &[AgentHparams],
+        device: Device,
+    ) -> Self {
+        assert_eq!(agents.len(), spec.population, "one entry per agent");
         let layout = spec.layout();
         let (k, p) = (spec.population, layout.len);
-        let mut rng = SmallRng::seed_from_u64(seed);
         let mut values = vec![0.0f32; k * p];
-        for agent in values.chunks_exact_mut(p) {
+        for (agent, hp) in values.chunks_exact_mut(p).zip(agents) {
+            let mut rng = SmallRng::seed_from_u64(hp.seed);
             for layer in layout.entries.chunks(2).chain(layout.conv.chunks(2)) {
                 // [in, out] for a linear layer, [out, in, k, k] for a convolution.
                 let fan_in: usize = match layer[0].shape.as_slice() {
@@ -313,16 +348,30 @@ impl Dqn {
             adam_step: 0,
             updates: 0,
         };
-        Self::from_state(spec, config, device, state)
+        Self::restore(spec, config, agents, device, state)
     }
 
-    /// Restores from a checkpointed state (shapes checked by the caller).
+    /// Restores from a checkpointed state (shapes checked by the caller), every agent
+    /// with `config`'s settings.
     pub fn from_state(
         spec: NetworkSpec,
         config: DqnConfig,
         device: Device,
         state: DqnState,
     ) -> Self {
+        let agents = vec![AgentHparams::from_config(&config, 0); spec.population];
+        Self::restore(spec, config, &agents, device, state)
+    }
+
+    /// Restores a population's state with each agent's own settings.
+    pub fn restore(
+        spec: NetworkSpec,
+        config: DqnConfig,
+        agents: &[AgentHparams],
+        device: Device,
+        state: DqnState,
+    ) -> Self {
+        assert_eq!(agents.len(), spec.population, "one entry per agent");
         let layout = spec.layout();
         let k = spec.population as i64;
         let online = state.online.to_device(device).detach();
@@ -358,6 +407,7 @@ impl Dqn {
             detail_count: 0,
             nonfinite: Tensor::zeros([k, 1], (Kind::Float, device)),
             nonfinite_streak: Tensor::zeros([k, 1], (Kind::Float, device)),
+            agents: AgentTensors::new(agents, device),
         }
     }
 
@@ -386,8 +436,9 @@ impl Dqn {
         let (q_taken, targets) = self.gradient(batch);
         let td = &q_taken - &targets;
         self.adam_step(&td);
-        if let TargetUpdate::Polyak { tau } = self.config.target {
-            let _ = self.target.lerp_(&self.online, tau);
+        if let Some(tau) = &self.agents.tau {
+            // Agents with hard copies have τ = 0: unchanged.
+            let _ = self.target.lerp_tensor_(&self.online, tau);
         }
         if self.updates.is_multiple_of(DETAIL_STATS_EVERY) {
             let k = self.spec.population as f64;
@@ -404,10 +455,16 @@ impl Dqn {
         }
         self.updates += 1;
         self.updates_since_stats += 1;
-        if let TargetUpdate::Hard { period } = self.config.target {
-            if self.updates.is_multiple_of(period.max(1)) {
-                self.sync_target();
-            }
+        match self.agents.syncing(self.updates) {
+            Sync::All => self.sync_target(),
+            Sync::Some(due) => tch::no_grad(|| {
+                let due = Tensor::from_slice(&due)
+                    .view([-1, 1])
+                    .to_device(self.device);
+                let synced = self.online.where_self(&due, &self.target);
+                self.target.copy_(&synced);
+            }),
+            Sync::None => {}
         }
         td.squeeze_dim(2)
     }
@@ -509,11 +566,9 @@ impl Dqn {
         // Skipped agents: a zero gradient (NaN · 0 is NaN, so select, not multiply) and
         // no change to the moments or parameters.
         let grad = self.grad.where_scalarother(&ok, 0.0);
-        let norms = norms.where_scalarother(&ok, c.max_grad_norm);
-        let scale = norms
-            .clamp_min(c.max_grad_norm)
-            .reciprocal()
-            .g_mul_scalar_(c.max_grad_norm);
+        let clip = &self.agents.max_grad_norm;
+        let norms = norms.where_self(&ok, clip);
+        let scale = clip / norms.maximum(clip);
         let grad = grad * scale;
 
         self.adam_step += 1;
@@ -528,7 +583,7 @@ impl Dqn {
             .lerp_tensor_(&grad.square(), &(&okf * (1.0 - b2)));
         let denom = self.adam_v.sqrt().g_add_scalar_(c.adam_eps * bias2_sqrt);
         let mut step = &self.adam_m / denom;
-        let _ = step.g_mul_(&(okf * (-c.lr * bias2_sqrt / bias1)));
+        let _ = step.g_mul_(&(okf * &self.agents.lr * (-bias2_sqrt / bias1)));
         let _ = self.online.g_add_(&step);
     }
 
@@ -834,7 +889,10 @@ mod tests {
 
         let layout = dqn.spec.layout();
         let leaf = dqn.online.detach().copy().set_requires_grad(true);
-        let (head, conv) = (param_views(&leaf, &layout, 1), conv_views(&leaf, &layout));
+        let (head, conv) = (
+            param_views(&leaf, &layout, 1),
+            conv_views(&leaf, &layout, 1),
+        );
         let t = dqn.torso.as_ref().unwrap();
         let q_all = forward(
             &head,

@@ -5,7 +5,8 @@
 //! - [`run`]: a training run: set-up, the wiring of the threaded mode, its coordinator
 //!   and one shutdown path, and the lock-step mode.
 //! - [`update_loop`]: the learner thread, with stall accounting; [`dqn`]: the
-//!   population-stacked Q-network, double-DQN loss and fused optimizer; [`prefetch`]:
+//!   population-stacked Q-network, double-DQN loss and fused optimizer, with
+//!   [`population`]'s per-agent hyperparameters; [`prefetch`]:
 //!   staging buffers filled from replay by a sampler thread; [`publisher`]: parameters
 //!   out to actors; [`cuda`]: what tch does not expose of the CUDA runtime.
 //! - [`evaluation`]: greedy evaluation of published snapshots, and what the run keeps.
@@ -25,6 +26,7 @@ pub mod export;
 pub mod memory;
 pub mod metrics;
 pub mod network;
+pub mod population;
 pub mod prefetch;
 pub mod publisher;
 pub mod run;

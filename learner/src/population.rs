@@ -1,0 +1,162 @@
+//! A population's per-agent hyperparameters, as the `[K, 1]` tensors one stacked update
+//! applies to all agents at once.
+//!
+//! Agents of one population share the network's shapes, the batch size and the replay
+//! ratio (one update serves them all); what may differ per agent is what scales or gates
+//! an element-wise step: the learning rate, the gradient clip, how the target network
+//! follows (a hard copy every `period` updates, or Polyak averaging with `tau`), and the
+//! seed its parameters start from. Agent k of a population learns exactly as a
+//! one-agent run with the same seed and hyperparameters would, given the same batches.
+
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::dqn::{DqnConfig, TargetUpdate};
+
+/// What may differ between the agents of one population.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct AgentHparams {
+    /// Seeds the agent's initial parameters.
+    pub seed: u64,
+    pub lr: f64,
+    pub max_grad_norm: f64,
+    pub target: TargetUpdate,
+}
+
+impl AgentHparams {
+    /// An agent with `config`'s settings.
+    pub fn from_config(config: &DqnConfig, seed: u64) -> Self {
+        Self {
+            seed,
+            lr: config.lr,
+            max_grad_norm: config.max_grad_norm,
+            target: config.target,
+        }
+    }
+
+    /// The seeds of `k` agents of one configuration: the run's seed for agent 0 (so a
+    /// population of one is the single-agent run), seeds derived from it for the rest.
+    pub fn seeds(seed: u64, k: usize) -> impl Iterator<Item = u64> {
+        (0..k as u64).map(move |i| {
+            if i == 0 {
+                seed
+            } else {
+                millrace_actor::derive_seed(seed, 1 << 40 | i)
+            }
+        })
+    }
+}
+
+/// The per-agent hyperparameters on the device, `[K, 1]` each.
+#[derive(Debug)]
+pub struct AgentTensors {
+    pub lr: Tensor,
+    pub max_grad_norm: Tensor,
+    /// Polyak τ per agent (0 for agents with hard copies), if any agent averages.
+    pub tau: Option<Tensor>,
+    /// Hard-copy period per agent (`None` for agents that average).
+    pub periods: Vec<Option<u64>>,
+}
+
+impl AgentTensors {
+    pub fn new(agents: &[AgentHparams], device: Device) -> Self {
+        let column = |f: &dyn Fn(&AgentHparams) -> f64| {
+            let v: Vec<f64> = agents.iter().map(f).collect();
+            Tensor::from_slice(&v)
+                .to_kind(Kind::Float)
+                .view([agents.len() as i64, 1])
+                .to_device(device)
+        };
+        let taus: Vec<f64> = agents
+            .iter()
+            .map(|a| match a.target {
+                TargetUpdate::Polyak { tau } => tau,
+                TargetUpdate::Hard { .. } => 0.0,
+            })
+            .collect();
+        let tau = taus.iter().any(|t| *t > 0.0).then(|| {
+            Tensor::from_slice(&taus)
+                .to_kind(Kind::Float)
+                .view([agents.len() as i64, 1])
+                .to_device(device)
+        });
+        Self {
+            lr: column(&|a| a.lr),
+            max_grad_norm: column(&|a| a.max_grad_norm),
+            tau,
+            periods: agents
+                .iter()
+                .map(|a| match a.target {
+                    TargetUpdate::Hard { period } => Some(period.max(1)),
+                    TargetUpdate::Polyak { .. } => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Which agents copy their online network into their target after update number
+    /// `updates` (counted from 1): all, some (a mask), or none.
+    pub fn syncing(&self, updates: u64) -> Sync {
+        let due: Vec<bool> = self
+            .periods
+            .iter()
+            .map(|p| p.is_some_and(|p| updates.is_multiple_of(p)))
+            .collect();
+        if due.iter().all(|d| *d) {
+            Sync::All
+        } else if due.iter().any(|d| *d) {
+            Sync::Some(due)
+        } else {
+            Sync::None
+        }
+    }
+}
+
+/// The agents whose target networks are copied after an update.
+#[derive(Debug, PartialEq)]
+pub enum Sync {
+    All,
+    Some(Vec<bool>),
+    None,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(target: TargetUpdate) -> AgentHparams {
+        AgentHparams {
+            seed: 0,
+            lr: 1e-3,
+            max_grad_norm: 10.0,
+            target,
+        }
+    }
+
+    #[test]
+    fn each_agent_syncs_on_its_own_period() {
+        let t = AgentTensors::new(
+            &[
+                agent(TargetUpdate::Hard { period: 2 }),
+                agent(TargetUpdate::Hard { period: 3 }),
+                agent(TargetUpdate::Polyak { tau: 0.01 }),
+            ],
+            Device::Cpu,
+        );
+        assert_eq!(t.syncing(1), Sync::None);
+        assert_eq!(t.syncing(2), Sync::Some(vec![true, false, false]));
+        assert_eq!(t.syncing(6), Sync::Some(vec![true, true, false]));
+        let tau = Vec::<f32>::try_from(t.tau.unwrap().view([-1])).unwrap();
+        assert_eq!(tau, [0.0, 0.0, 0.01]);
+        let same = AgentTensors::new(&[agent(TargetUpdate::Hard { period: 4 }); 2], Device::Cpu);
+        assert_eq!((same.syncing(4), same.syncing(5)), (Sync::All, Sync::None));
+        assert!(same.tau.is_none());
+    }
+
+    #[test]
+    fn agent_zero_keeps_the_runs_seed() {
+        let seeds: Vec<u64> = AgentHparams::seeds(42, 3).collect();
+        assert_eq!(seeds[0], 42);
+        assert!(seeds[1] != seeds[2] && seeds[1] != 42);
+    }
+}

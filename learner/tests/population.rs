@@ -1,0 +1,148 @@
+//! A population of K agents in one stacked update learns agent by agent exactly as K
+//! one-agent learners would, given the same batches: each agent with its own seed,
+//! learning rate, gradient clip and target rule, for MLPs (batched matmuls) and CNN
+//! torsos (grouped convolutions), K = 1, 3 and 8.
+
+use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
+use millrace_learner::population::AgentHparams;
+use millrace_proto::{DType, NetworkSpec, ObsSpec};
+use tch::{Device, Kind, Tensor};
+
+/// Agents that differ in everything that may differ.
+fn agents(k: usize) -> Vec<AgentHparams> {
+    (0..k)
+        .map(|i| AgentHparams {
+            seed: 100 + i as u64,
+            lr: 1e-3 * (1.0 + i as f64 / 2.0),
+            max_grad_norm: [10.0, 0.5, 2.0][i % 3],
+            target: if i % 4 == 3 {
+                TargetUpdate::Polyak { tau: 0.05 }
+            } else {
+                TargetUpdate::Hard {
+                    period: 2 + i as u64 % 3,
+                }
+            },
+        })
+        .collect()
+}
+
+fn mlp(k: usize) -> NetworkSpec {
+    let obs = ObsSpec {
+        shape: vec![4],
+        dtype: DType::F32,
+    };
+    NetworkSpec::mlp(&obs, &[16, 16], 3, k).unwrap()
+}
+
+fn cnn(k: usize) -> NetworkSpec {
+    let obs = ObsSpec {
+        shape: vec![4, 36, 36],
+        dtype: DType::U8,
+    };
+    let mut spec = NetworkSpec::nature_cnn(&obs, 3).unwrap();
+    spec.population = k;
+    spec
+}
+
+/// Agent `agent`'s batch for update `step`: its own data, `[1, ...]`.
+fn batch(spec: &NetworkSpec, agent: usize, step: usize, b: i64) -> Batch {
+    tch::manual_seed((agent * 1000 + step) as i64);
+    let obs2 = if spec.conv.is_empty() {
+        Tensor::randn([1, 2 * b, 4], (Kind::Float, Device::Cpu))
+    } else {
+        Tensor::randint(256, [1, 2 * b, 4, 36, 36], (Kind::Uint8, Device::Cpu))
+    };
+    Batch {
+        obs2,
+        actions: Tensor::randint(3, [1, b, 1], (Kind::Int64, Device::Cpu)),
+        rewards: Tensor::randn([1, b, 1], (Kind::Float, Device::Cpu)) * 2.0,
+        discounts: Tensor::rand([1, b, 1], (Kind::Float, Device::Cpu)).round() * 0.99,
+    }
+}
+
+/// The K agents' batches side by side, `[K, ...]`.
+fn stacked(batches: &[Batch]) -> Batch {
+    let cat =
+        |f: &dyn Fn(&Batch) -> &Tensor| Tensor::cat(&batches.iter().map(f).collect::<Vec<_>>(), 0);
+    Batch {
+        obs2: cat(&|b| &b.obs2),
+        actions: cat(&|b| &b.actions),
+        rewards: cat(&|b| &b.rewards),
+        discounts: cat(&|b| &b.discounts),
+    }
+}
+
+/// Agent by agent, the population's parameters, target and Adam state against the
+/// agent trained alone, to `tolerance` (absolute, times the values' scale above 1).
+/// Batched and grouped kernels sum in another order than single ones; Adam turns such
+/// rounding in near-zero gradients into steps of up to its learning rate, so the CNN
+/// (grouped convolutions, larger sums) gets a wider bound than the MLP.
+fn compare(spec: fn(usize) -> NetworkSpec, k: usize, updates: usize, tolerance: f64) {
+    let config = DqnConfig::default();
+    let hp = agents(k);
+    let mut population = Dqn::population(spec(k), config.clone(), &hp, Device::Cpu);
+    let mut alone: Vec<Dqn> = hp
+        .iter()
+        .map(|a| {
+            Dqn::population(
+                spec(1),
+                config.clone(),
+                std::slice::from_ref(a),
+                Device::Cpu,
+            )
+        })
+        .collect();
+    for step in 0..updates {
+        let batches: Vec<Batch> = (0..k).map(|i| batch(&spec(1), i, step, 8)).collect();
+        let td = population.update(&stacked(&batches));
+        assert_eq!(td.size(), [k as i64, 8]);
+        for (dqn, b) in alone.iter_mut().zip(&batches) {
+            let _ = dqn.update(b);
+        }
+    }
+    let (together, p) = (population.state(), spec(1).layout().len as i64);
+    for (i, dqn) in alone.iter().enumerate() {
+        let one = dqn.state();
+        for (what, a, b) in [
+            ("online", &together.online, &one.online),
+            ("target", &together.target, &one.target),
+            ("adam_v", &together.adam_v, &one.adam_v),
+        ] {
+            let row = a.narrow(0, i as i64, 1);
+            assert_eq!(row.size(), [1, p]);
+            let err = (&row - b).abs().max().double_value(&[]);
+            let scale = b.abs().max().double_value(&[]).max(1e-3);
+            eprintln!("K = {k}, agent {i}: {what} differs by {err:.2e} (scale {scale:.2e})");
+            assert!(
+                err <= tolerance * scale.max(1.0),
+                "K = {k}, agent {i}: {what} differs by {err} (scale {scale})"
+            );
+        }
+        // The agent did learn (its parameters moved from where they started).
+        let start = Dqn::population(spec(1), config.clone(), &hp[i..=i], Device::Cpu).state();
+        assert!(!start.online.allclose(&one.online, 0.0, 1e-7, false));
+    }
+}
+
+#[test]
+fn mlp_agents_learn_as_they_would_alone() {
+    for k in [1, 3, 8] {
+        compare(mlp, k, 12, 1e-5);
+    }
+}
+
+#[test]
+fn cnn_agents_learn_as_they_would_alone() {
+    for k in [1, 3, 8] {
+        compare(cnn, k, 4, 1e-4);
+    }
+}
+
+#[test]
+fn a_population_of_one_is_the_single_agent_run() {
+    let config = DqnConfig::default();
+    let one = Dqn::new(mlp(1), config.clone(), Device::Cpu, 7).state();
+    let hp = AgentHparams::from_config(&config, 7);
+    let same = Dqn::population(mlp(1), config, &[hp], Device::Cpu).state();
+    assert!(one.online.equal(&same.online));
+}
