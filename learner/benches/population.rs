@@ -1,9 +1,12 @@
 //! Agent-updates/s of one stacked update for K agents, as K grows: the real
 //! `Dqn::update` (double DQN, Adam, per-agent hyperparameters) on `[K, B, ...]` batches
 //! already resident on the device, one intra-op thread by default. Prints, per K, the
-//! update rate, agent-updates/s, and the GFLOP/s achieved (forward over observations and
-//! next observations, the target's forward, and the backward pass: about 10·B
-//! multiply-adds of the network per agent-update, twice that in FLOP).
+//! update rate, agent-updates/s, the GFLOP/s achieved (the online forward over
+//! observations and next observations, the target's forward over next observations and
+//! the backward pass over observations: five passes of B observations through the
+//! network, 10·B·(multiply-adds per observation) FLOP per agent-update), and the share
+//! of each update spent outside the gradient (clipping, Adam, target sync: element-wise
+//! passes over all K agents' parameters, timed apart by running the gradient alone).
 //!
 //! `cargo bench -p millrace-learner --bench population -- [--net mlp|cnn]
 //!  [--k 1,8,32,64,256,1024] [--batch 32] [--seconds 2] [--threads 1] [--cpu]`
@@ -28,11 +31,12 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 fn macs(spec: &NetworkSpec) -> f64 {
     let widths = spec.widths();
     let head: usize = widths.windows(2).map(|w| w[0] * w[1]).sum();
+    let channels = spec.image.first().copied().unwrap_or(0);
     let torso: usize = spec
         .conv_shapes()
         .iter()
         .zip(&spec.conv)
-        .scan(spec.image[0], |cin, ((c, h, w), layer)| {
+        .scan(channels, |cin, ((c, h, w), layer)| {
             let m = *cin * layer.kernel * layer.kernel * c * h * w;
             *cin = *c;
             Some(m)
@@ -80,7 +84,7 @@ fn main() {
             NetworkSpec::mlp(&obs, &[64, 64], 2, k).unwrap()
         }
     };
-    let flop = 2.0 * 10.0 * b as f64 * macs(&spec(1));
+    let flop = 10.0 * b as f64 * macs(&spec(1));
     println!(
         "{}, batch {b}, {threads} intra-op thread(s), {device:?}; {:.2} MFLOP per agent-update",
         if net == "cnn" {
@@ -91,8 +95,8 @@ fn main() {
         flop / 1e6
     );
     println!(
-        "{:>6} {:>12} {:>18} {:>10}",
-        "K", "updates/s", "agent-updates/s", "GFLOP/s"
+        "{:>6} {:>12} {:>18} {:>10} {:>16}",
+        "K", "updates/s", "agent-updates/s", "GFLOP/s", "optimizer share"
     );
     for k in ks {
         let agents: Vec<AgentHparams> = (0..k)
@@ -120,24 +124,33 @@ fn main() {
                 discounts: Tensor::full([k64, b, 1], 0.99, (Kind::Float, device)),
             }
         };
-        // Warm up, then time whole seconds of updates (a host sync at the end).
-        for _ in 0..3 {
-            let _ = dqn.update(&batch);
-        }
-        let _ = dqn.take_stats();
-        let start = Instant::now();
-        let mut n = 0u64;
-        while start.elapsed().as_secs_f64() < seconds {
-            let _ = dqn.update(&batch);
-            n += 1;
-        }
-        let _ = dqn.take_stats();
-        let secs = start.elapsed().as_secs_f64();
-        let per_s = n as f64 / secs;
+        // Warm up, then time whole seconds of updates (a host sync at the end), and as
+        // long of gradients alone.
+        let mut rate = |full: bool| {
+            for _ in 0..3 {
+                let _ = dqn.update(&batch);
+            }
+            let _ = dqn.take_stats();
+            let start = Instant::now();
+            let mut n = 0u64;
+            while start.elapsed().as_secs_f64() < seconds {
+                if full {
+                    let _ = dqn.update(&batch);
+                } else {
+                    let _ = dqn.gradient(&batch);
+                }
+                n += 1;
+            }
+            let _ = dqn.take_stats();
+            n as f64 / start.elapsed().as_secs_f64()
+        };
+        let per_s = rate(true);
+        let gradients_per_s = rate(false);
         println!(
-            "{k:>6} {per_s:>12.1} {:>18.0} {:>10.2}",
+            "{k:>6} {per_s:>12.1} {:>18.0} {:>10.2} {:>15.0}%",
             per_s * k as f64,
-            per_s * k as f64 * flop / 1e9
+            per_s * k as f64 * flop / 1e9,
+            100.0 * (1.0 - per_s / gradients_per_s)
         );
     }
 }

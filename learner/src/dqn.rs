@@ -33,6 +33,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tch::{Device, Kind, Reduction, Tensor};
 
+use crate::host_adam;
 use crate::population::{AgentHparams, AgentTensors, Sync};
 
 /// How the target network follows the online one.
@@ -131,6 +132,8 @@ pub struct Dqn {
     nonfinite_streak: Tensor,
     /// Per-agent learning rates, clips and target rules.
     agents: AgentTensors,
+    /// The optimizer step in one pass on the host (CPU), instead of tensor operations.
+    host_optimizer: bool,
 }
 
 /// Loss, TD-error and Q statistics are sampled every this many updates (the update
@@ -171,6 +174,27 @@ pub struct DqnState {
     pub adam_v: Tensor,
     pub adam_step: u64,
     pub updates: u64,
+}
+
+/// The values of a contiguous f32 CPU tensor, as a mutable slice.
+///
+/// # Safety
+/// `t` must be a contiguous `f32` CPU tensor whose storage nothing else (no view of it)
+/// reads or writes while the slice lives.
+unsafe fn f32s_mut(t: &mut Tensor) -> &mut [f32] {
+    debug_assert!(t.is_contiguous() && t.kind() == Kind::Float && t.device() == Device::Cpu);
+    // SAFETY: per the contract, `numel` f32s live as long as `t`, unaliased.
+    unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<f32>(), t.numel()) }
+}
+
+/// The values of a contiguous f32 CPU tensor.
+///
+/// # Safety
+/// As [`f32s_mut`], except that others may read the storage meanwhile.
+unsafe fn f32s(t: &Tensor) -> &[f32] {
+    debug_assert!(t.is_contiguous() && t.kind() == Kind::Float && t.device() == Device::Cpu);
+    // SAFETY: per the contract, `numel` f32s live as long as `t`, and nothing writes.
+    unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f32>(), t.numel()) }
 }
 
 fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
@@ -374,7 +398,8 @@ impl Dqn {
         assert_eq!(agents.len(), spec.population, "one entry per agent");
         let layout = spec.layout();
         let k = spec.population as i64;
-        let online = state.online.to_device(device).detach();
+        // Contiguous: the CPU's optimizer works on the flat storage.
+        let online = state.online.to_device(device).detach().contiguous();
         let target = state.target.to_device(device).detach();
         let target_views = param_views(&target, &layout, k);
         let online_views = param_views(&online, &layout, k);
@@ -397,8 +422,8 @@ impl Dqn {
             grad_views,
             target,
             target_views,
-            adam_m: state.adam_m.to_device(device),
-            adam_v: state.adam_v.to_device(device),
+            adam_m: state.adam_m.to_device(device).contiguous(),
+            adam_v: state.adam_v.to_device(device).contiguous(),
             torso,
             adam_step: state.adam_step,
             updates: state.updates,
@@ -408,7 +433,14 @@ impl Dqn {
             nonfinite: Tensor::zeros([k, 1], (Kind::Float, device)),
             nonfinite_streak: Tensor::zeros([k, 1], (Kind::Float, device)),
             agents: AgentTensors::new(agents, device),
+            host_optimizer: device == Device::Cpu,
         }
+    }
+
+    /// Steps the optimizer with tensor operations, as on a GPU, even on the CPU (tests
+    /// and benchmarks compare the two).
+    pub fn use_tensor_optimizer(&mut self) {
+        self.host_optimizer = false;
     }
 
     pub fn spec(&self) -> &NetworkSpec {
@@ -553,6 +585,10 @@ impl Dqn {
     /// `p -= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε)`. `t` counts attempted steps, skipped
     /// ones included (a skip is rare, and this keeps the corrections host-side).
     fn adam_step(&mut self, td: &Tensor) {
+        if self.host_optimizer {
+            self.adam_step_host(td);
+            return;
+        }
         let c = &self.config;
         let norms = self.grad.norm_scalaropt_dim(2, [1], true);
         // One finite check per agent covers the loss (through its TD errors) and the
@@ -585,6 +621,55 @@ impl Dqn {
         let mut step = &self.adam_m / denom;
         let _ = step.g_mul_(&(okf * &self.agents.lr * (-bias2_sqrt / bias1)));
         let _ = self.online.g_add_(&step);
+    }
+
+    /// [`Dqn::adam_step`] on the CPU in one pass over the parameters ([`host_adam`]).
+    fn adam_step_host(&mut self, td: &Tensor) {
+        let c = &self.config;
+        self.adam_step += 1;
+        let t = self.adam_step as f64;
+        let (b1, b2) = c.adam_betas;
+        let bias2_sqrt = (1.0 - b2.powf(t)).sqrt();
+        let settings = host_adam::Step {
+            beta1: b1 as f32,
+            beta2: b2 as f32,
+            eps: c.adam_eps as f32,
+            correction: (bias2_sqrt / (1.0 - b1.powf(t))) as f32,
+            bias2_sqrt: bias2_sqrt as f32,
+        };
+        let td = td.contiguous();
+        // SAFETY: all five are contiguous f32 CPU tensors (made so in `restore`, or
+        // just above) with their own storage, which nothing else touches during the
+        // call: the views into `online` and `grad` are not used meanwhile.
+        let ok = unsafe {
+            host_adam::step(
+                f32s_mut(&mut self.online),
+                f32s_mut(&mut self.adam_m),
+                f32s_mut(&mut self.adam_v),
+                f32s(&self.grad),
+                f32s(&td),
+                &self.agents.lr_host,
+                &self.agents.max_grad_norm_host,
+                settings,
+            )
+        };
+        // The skip counters in place too (no small tensor operations per update).
+        // SAFETY: both are contiguous f32 CPU tensors `[K, 1]` of their own (made in
+        // `restore`; the streak is reassigned only on the device path).
+        let (skipped, streak) = unsafe {
+            (
+                f32s_mut(&mut self.nonfinite),
+                f32s_mut(&mut self.nonfinite_streak),
+            )
+        };
+        for ((stepped, skipped), streak) in ok.iter().zip(skipped).zip(streak) {
+            if *stepped {
+                *streak = 0.0;
+            } else {
+                *skipped += 1.0;
+                *streak += 1.0;
+            }
+        }
     }
 
     /// Copies the online parameters into the target network.

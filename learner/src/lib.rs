@@ -23,6 +23,7 @@ pub mod doctor;
 pub mod dqn;
 pub mod evaluation;
 pub mod export;
+pub mod host_adam;
 pub mod memory;
 pub mod metrics;
 pub mod network;

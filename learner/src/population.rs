@@ -47,11 +47,14 @@ impl AgentHparams {
     }
 }
 
-/// The per-agent hyperparameters on the device, `[K, 1]` each.
+/// The per-agent hyperparameters on the device, `[K, 1]` each (and on the host, for
+/// the CPU's one-pass optimizer).
 #[derive(Debug)]
 pub struct AgentTensors {
     pub lr: Tensor,
     pub max_grad_norm: Tensor,
+    pub lr_host: Vec<f32>,
+    pub max_grad_norm_host: Vec<f32>,
     /// Polyak τ per agent (0 for agents with hard copies), if any agent averages.
     pub tau: Option<Tensor>,
     /// Hard-copy period per agent (`None` for agents that average).
@@ -83,6 +86,8 @@ impl AgentTensors {
         Self {
             lr: column(&|a| a.lr),
             max_grad_norm: column(&|a| a.max_grad_norm),
+            lr_host: agents.iter().map(|a| a.lr as f32).collect(),
+            max_grad_norm_host: agents.iter().map(|a| a.max_grad_norm as f32).collect(),
             tau,
             periods: agents
                 .iter()

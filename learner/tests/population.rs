@@ -146,3 +146,35 @@ fn a_population_of_one_is_the_single_agent_run() {
     let same = Dqn::population(mlp(1), config, &[hp], Device::Cpu).state();
     assert!(one.online.equal(&same.online));
 }
+
+#[test]
+fn the_cpus_one_pass_optimizer_steps_as_the_device_path() {
+    let config = DqnConfig::default();
+    let hp = agents(5);
+    let mut host = Dqn::population(mlp(5), config.clone(), &hp, Device::Cpu);
+    let mut device_path = Dqn::population(mlp(5), config, &hp, Device::Cpu);
+    device_path.use_tensor_optimizer();
+    for step in 0..20 {
+        let mut batches: Vec<Batch> = (0..5).map(|i| batch(&mlp(1), i, step, 8)).collect();
+        if step == 7 {
+            // A non-finite loss for agent 2: it skips this step on both paths.
+            batches[2].rewards = Tensor::full([1, 8, 1], f64::NAN, (Kind::Float, Device::Cpu));
+        }
+        let b = stacked(&batches);
+        let _ = host.update(&b);
+        let _ = device_path.update(&b);
+    }
+    let (a, b) = (host.state(), device_path.state());
+    for (what, x, y) in [
+        ("online", &a.online, &b.online),
+        ("adam_m", &a.adam_m, &b.adam_m),
+        ("adam_v", &a.adam_v, &b.adam_v),
+    ] {
+        let err = (x - y).abs().max().double_value(&[]);
+        assert!(err < 1e-5, "{what} differs by {err}");
+    }
+    assert_eq!(
+        host.take_stats().nonfinite,
+        device_path.take_stats().nonfinite
+    );
+}

@@ -357,3 +357,21 @@ async fn broadcast_params(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_streams_stay_apart_from_local_actors_and_restores() {
+        for session in [0, 1, (1 << 30) - 1, 1 << 30, u32::MAX] {
+            let id = remote_stream(session);
+            assert!(id >= 1 << 30, "above local actors' ids");
+            assert!(
+                id < u32::MAX - u32::from(u16::MAX),
+                "below restored shards' streams"
+            );
+        }
+        assert_ne!(remote_stream(0), remote_stream(1));
+    }
+}

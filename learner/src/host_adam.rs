@@ -1,0 +1,143 @@
+//! The optimizer step of a population on the CPU in one pass over its parameters.
+//!
+//! On a GPU the step is a dozen element-wise tensor operations over the flat `[K, P]`
+//! tensors (each a kernel launch, all queued without a host sync). On the CPU each of
+//! those is a pass over every agent's parameters through memory, and for small networks
+//! they cost as much as the gradient itself; here the same step (per-agent gradient-norm
+//! clipping, the finite check, Adam with per-agent learning rates) reads the gradient
+//! twice and the parameters and moments once.
+
+/// Adam's settings shared by all agents, and the step's bias corrections.
+#[derive(Clone, Copy, Debug)]
+pub struct Step {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// `√(1 − β2ᵗ) / (1 − β1ᵗ)` for this step t.
+    pub correction: f32,
+    /// `√(1 − β2ᵗ)` for this step t.
+    pub bias2_sqrt: f32,
+}
+
+/// One optimizer step for `lr.len()` agents whose flat parameters, moments and
+/// gradients are rows of `params.len() / lr.len()` values, and whose TD errors are
+/// rows of `td`: each agent's gradient is clipped to its global norm `clip[k]`, then
+/// Adam moves it with learning rate `lr[k]`. An agent whose gradient norm or TD errors
+/// are not finite is left untouched. Returns which agents stepped.
+///
+/// The same arithmetic as the device path: `p −= lr·√(1−β2ᵗ)/(1−β1ᵗ) · m / (√v +
+/// ε·√(1−β2ᵗ))`.
+#[allow(clippy::too_many_arguments)]
+pub fn step(
+    params: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    grad: &[f32],
+    td: &[f32],
+    lr: &[f32],
+    clip: &[f32],
+    s: Step,
+) -> Vec<bool> {
+    let k = lr.len();
+    let p = params.len() / k.max(1);
+    let b = td.len() / k.max(1);
+    assert!(
+        params.len() == k * p && m.len() == k * p && v.len() == k * p && grad.len() == k * p,
+        "one row of parameters, moments and gradient per agent"
+    );
+    let eps = s.eps * s.bias2_sqrt;
+    let (one_b1, one_b2) = (1.0 - s.beta1, 1.0 - s.beta2);
+    (0..k)
+        .map(|a| {
+            let rows = a * p..(a + 1) * p;
+            let g = &grad[rows.clone()];
+            // Squares summed in f32 lanes of 16 (vectorised), the lanes in f64.
+            let norm = g
+                .chunks(16)
+                .map(|c| f64::from(c.iter().map(|x| x * x).sum::<f32>()))
+                .sum::<f64>()
+                .sqrt() as f32;
+            let td_sum: f32 = td[a * b..(a + 1) * b].iter().sum();
+            if !(norm + td_sum).is_finite() {
+                return false;
+            }
+            let scale = clip[a] / norm.max(clip[a]);
+            let rate = lr[a] * s.correction;
+            // Equal lengths up front: no bounds checks in the loop, which vectorises.
+            let (pa, ma, va) = (
+                &mut params[rows.clone()],
+                &mut m[rows.clone()],
+                &mut v[rows],
+            );
+            let (pa, ma, va, g) = (&mut pa[..p], &mut ma[..p], &mut va[..p], &g[..p]);
+            for i in 0..p {
+                let gi = g[i] * scale;
+                ma[i] += one_b1 * (gi - ma[i]);
+                va[i] += one_b2 * (gi * gi - va[i]);
+                pa[i] -= rate * ma[i] / (va[i].sqrt() + eps);
+            }
+            true
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(t: i32) -> Step {
+        let (b1, b2) = (0.9f64, 0.999f64);
+        let bias2 = (1.0 - b2.powi(t)).sqrt();
+        Step {
+            beta1: b1 as f32,
+            beta2: b2 as f32,
+            eps: 1e-8,
+            correction: (bias2 / (1.0 - b1.powi(t))) as f32,
+            bias2_sqrt: bias2 as f32,
+        }
+    }
+
+    #[test]
+    fn first_step_moves_each_parameter_by_its_learning_rate() {
+        // Adam's first step is lr · sign(g) (the moments' bias corrections cancel).
+        let (mut p, mut m, mut v) = (vec![1.0f32; 4], vec![0.0; 4], vec![0.0; 4]);
+        let grad = [0.5, -2.0, 3.0, -0.25];
+        let ok = step(
+            &mut p,
+            &mut m,
+            &mut v,
+            &grad,
+            &[0.1, 0.2],
+            &[0.1, 0.01],
+            &[100.0; 2],
+            settings(1),
+        );
+        assert_eq!(ok, [true, true]);
+        for (got, want) in p.iter().zip([0.9, 1.1, 0.99, 1.01]) {
+            assert!((got - want).abs() < 1e-5, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn clipping_is_per_agent_and_a_non_finite_agent_is_untouched() {
+        let (mut p, mut m, mut v) = (vec![0.0f32; 4], vec![0.0; 4], vec![0.0; 4]);
+        // Agent 0's gradient (norm 5) is clipped to 1: m = 0.1 · g / 5.
+        let grad = [3.0, 4.0, 1.0, 1.0];
+        let ok = step(
+            &mut p,
+            &mut m,
+            &mut v,
+            &grad,
+            &[0.0, f32::NAN],
+            &[0.1; 2],
+            &[1.0, 1.0],
+            settings(1),
+        );
+        assert_eq!(ok, [true, false]);
+        assert!((m[0] - 0.1 * 0.6).abs() < 1e-6 && (m[1] - 0.1 * 0.8).abs() < 1e-6);
+        assert_eq!(
+            (&p[2..], &m[2..], &v[2..]),
+            (&[0.0f32, 0.0][..], &[0.0f32, 0.0][..], &[0.0f32, 0.0][..])
+        );
+    }
+}
