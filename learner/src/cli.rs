@@ -152,6 +152,15 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
+    /// Train K agents of this configuration together, their networks stacked into one
+    /// update: each with its own seed (agent 0 the run's, the others derived from it),
+    /// replay, actors, exploration and evaluation; lock-step, so bit-reproducible. Each
+    /// agent stops at its target (confirmed) or after --max-steps of its own; the
+    /// results table is printed and written to LOGDIR/population.csv, each agent's
+    /// policies to LOGDIR/agents/agent-NNN/checkpoint.
+    #[arg(long, default_value_t = 1)]
+    pub population: usize,
+
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical parameters and
     /// results on the same machine (CPU, embedded mode; slower than the default).
@@ -405,6 +414,7 @@ impl TrainArgs {
             bail!("--actors 0 needs --listen (remote actors), or nothing would ever act");
         }
         for (name, v) in [
+            ("population", args.population),
             ("envs-per-actor", args.envs_per_actor),
             ("actor-batch", actor_batch),
             ("batch-size", args.batch_size),
@@ -422,6 +432,17 @@ impl TrainArgs {
                 "--replay-frames-per-item must be between 1 and 8, got {}",
                 args.replay_frames_per_item
             );
+        }
+        if args.population > 1 {
+            for (given, flag) in [
+                (args.listen.is_some(), "--listen"),
+                (args.resume.is_some(), "--resume"),
+                (args.copy_stream, "--copy-stream"),
+            ] {
+                if given {
+                    bail!("--population trains its agents embedded: {flag} does not combine with it yet");
+                }
+            }
         }
         if args.replay_shards > usize::from(u16::MAX) {
             bail!("--replay-shards must be at most {}", u16::MAX);
@@ -553,6 +574,7 @@ impl TrainArgs {
             clip_rewards,
             network: args.network,
             seed: args.seed,
+            population: args.population,
             device,
             deterministic: args.deterministic,
             hidden: args.hidden,

@@ -672,6 +672,38 @@ impl Dqn {
         }
     }
 
+    /// Each agent's current run of skipped (non-finite) updates (one host read).
+    pub fn nonfinite_streaks(&self) -> Vec<u64> {
+        let host = self.nonfinite_streak.to_device(Device::Cpu).contiguous();
+        Vec::<f32>::try_from(host.view([-1]))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|x| x as u64)
+            .collect()
+    }
+
+    /// The same networks for only the agents in `rows` (in that order), each with its
+    /// entry of `agents`: a population drops its finished agents, so they stop costing
+    /// compute. Parameters, targets, Adam's moments and the counts carry over.
+    pub fn keep_agents(&self, rows: &[usize], agents: &[AgentHparams]) -> Self {
+        let index: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
+        let index = Tensor::from_slice(&index).to_device(self.device);
+        let pick = |t: &Tensor| t.index_select(0, &index);
+        let state = DqnState {
+            online: pick(&self.online),
+            target: pick(&self.target),
+            adam_m: pick(&self.adam_m),
+            adam_v: pick(&self.adam_v),
+            adam_step: self.adam_step,
+            updates: self.updates,
+        };
+        let mut spec = self.spec.clone();
+        spec.population = rows.len();
+        let mut kept = Self::restore(spec, self.config.clone(), agents, self.device, state);
+        kept.host_optimizer = self.host_optimizer;
+        kept
+    }
+
     /// Copies the online parameters into the target network.
     pub fn sync_target(&mut self) {
         tch::no_grad(|| self.target.copy_(&self.online));

@@ -28,6 +28,7 @@ pub mod memory;
 pub mod metrics;
 pub mod network;
 pub mod population;
+pub mod population_results;
 pub mod prefetch;
 pub mod publisher;
 pub mod run;
@@ -37,7 +38,7 @@ pub mod tensorboard;
 pub mod update_loop;
 
 pub use config::RunConfig;
-pub use run::{run, RunError};
+pub use run::{run, run_population, RunError};
 pub use summary::{RunSummary, StopReason};
 
 /// The message of a caught panic (`&str` and `String` payloads; others are unnamed).

@@ -87,6 +87,11 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
         cfg.checkpoint_dir().join("config.json").display(),
         cfg.to_json()
     );
+    if cfg.population > 1 {
+        let summary = millrace_learner::run_population(&cfg, interrupt)?;
+        print!("{summary}");
+        return Ok(ExitCode::from(summary.exit_code()));
+    }
     let summary = millrace_learner::run(&cfg, interrupt, bar)?;
     print!("{summary}");
     Ok(ExitCode::from(summary.reason.exit_code()))

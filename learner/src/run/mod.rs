@@ -1,9 +1,11 @@
 //! A training run: set-up shared by both modes ([`setup`]), then either the threaded
 //! mode (components wired in [`wiring`], watched and shut down by [`coordinator`]) or
-//! the lock-step mode ([`lockstep`]) for bit-reproducible runs.
+//! the lock-step mode ([`lockstep`]) for bit-reproducible runs; populations of agents
+//! trained by one stacked update run in [`population`], lock-step too.
 
 mod coordinator;
 mod lockstep;
+mod population;
 mod setup;
 mod wiring;
 
@@ -69,6 +71,15 @@ pub enum RunError {
 /// Bytes as GiB, for messages.
 fn gib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 30)
+}
+
+/// Trains a population (`--population K`) until every agent reached its target
+/// (confirmed), spent `max_steps`, or diverged, or until `interrupt`.
+pub fn run_population(
+    cfg: &RunConfig,
+    interrupt: Arc<AtomicBool>,
+) -> Result<crate::population_results::PopulationSummary, RunError> {
+    population::run(cfg, &interrupt)
 }
 
 /// Trains until the target return (confirmed), `max_steps` or `interrupt`; then

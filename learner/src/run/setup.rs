@@ -44,8 +44,9 @@ pub struct Setup {
     pub staging_depth: usize,
 }
 
-/// The replay table for this run (its rate limiter checked so it cannot deadlock).
-pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
+/// The replay configuration for this run (its rate limiter checked so it cannot
+/// deadlock).
+pub fn replay_config(cfg: &RunConfig, env: &EnvSpec) -> Result<ReplayConfig, RunError> {
     let batch = cfg.batch_size as u64;
     // The band must hold one insert plus one sampled batch (see RateLimiterConfig).
     let tolerance = cfg
@@ -58,7 +59,7 @@ pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
         tolerance,
         batch,
     )?;
-    let config = ReplayConfig {
+    Ok(ReplayConfig {
         capacity: cfg.replay.capacity,
         shards: cfg.replay.shards,
         obs_row_bytes: env.obs.row_bytes(),
@@ -73,10 +74,12 @@ pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
             )
         },
         limiter,
-    };
-    // Replay is allocated up front: refuse what this machine cannot hold, before
-    // anything starts, rather than be killed for it later.
-    let needed = config.bytes() as u64;
+    })
+}
+
+/// Refuses replay of `needed` bytes where this machine cannot hold it: replay is
+/// allocated up front, so refuse before anything starts rather than be killed later.
+pub fn check_memory(cfg: &RunConfig, needed: u64) -> Result<(), RunError> {
     if let Some(available) = available_memory().filter(|a| needed > *a) {
         return Err(RunError::ReplayTooLarge {
             capacity: cfg.replay.capacity,
@@ -84,6 +87,13 @@ pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
             available,
         });
     }
+    Ok(())
+}
+
+/// The replay table for this run.
+pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
+    let config = replay_config(cfg, env)?;
+    check_memory(cfg, config.bytes() as u64)?;
     Ok(Table::new(&config)?)
 }
 

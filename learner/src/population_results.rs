@@ -1,0 +1,259 @@
+//! What a population run reports: one row per agent (its hyperparameters, how it
+//! ended, env steps and wall time to its target, final and best evaluations), the
+//! mean and a 95% interval over the seeds of the configuration, printed and as CSV.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::dqn::TargetUpdate;
+use crate::population::AgentHparams;
+
+/// How an agent's training ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentEnd {
+    /// Its target return, confirmed on fresh episodes.
+    Solved,
+    /// Its step budget ran out first.
+    Budget,
+    /// Its loss stopped being finite; the others went on.
+    Diverged,
+    /// The run was interrupted before it ended.
+    Interrupted,
+}
+
+/// One agent's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentResult {
+    pub agent: usize,
+    pub hparams: AgentHparams,
+    pub end: AgentEnd,
+    /// Env steps when it ended (for a solved agent: those of the solving snapshot).
+    pub env_steps: u64,
+    /// Seconds from the start of the run to its end.
+    pub wall_s: f64,
+    pub final_eval: Option<f32>,
+    pub best_eval: Option<f32>,
+}
+
+/// Every agent's outcome, and the run's.
+#[derive(Debug)]
+pub struct PopulationSummary {
+    pub env: String,
+    pub agents: Vec<AgentResult>,
+    pub wall_s: f64,
+    pub updates: u64,
+    pub target: Option<f32>,
+}
+
+/// Mean and half-width of a 95% confidence interval (Student's t) of `xs`.
+pub fn mean_ci95(xs: &[f64]) -> Option<(f64, f64)> {
+    let n = xs.len();
+    if n == 0 {
+        return None;
+    }
+    let mean = xs.iter().sum::<f64>() / n as f64;
+    if n == 1 {
+        return Some((mean, f64::NAN));
+    }
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    Some((mean, t95(n - 1) * (var / n as f64).sqrt()))
+}
+
+/// Student's t quantile at 0.975 for `df` degrees of freedom.
+fn t95(df: usize) -> f64 {
+    const TABLE: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    match df {
+        0 => f64::NAN,
+        d if d <= 30 => TABLE[d - 1],
+        d if d <= 60 => 2.000 + (2.042 - 2.000) * (60 - d) as f64 / 30.0,
+        d if d <= 120 => 1.980 + (2.000 - 1.980) * (120 - d) as f64 / 60.0,
+        _ => 1.960,
+    }
+}
+
+fn target_rule(t: &TargetUpdate) -> String {
+    match t {
+        TargetUpdate::Hard { period } => format!("hard/{period}"),
+        TargetUpdate::Polyak { tau } => format!("polyak/{tau}"),
+    }
+}
+
+fn opt(x: Option<f32>) -> String {
+    x.map_or_else(|| "n/a".into(), |v| format!("{v:.1}"))
+}
+
+impl PopulationSummary {
+    /// Agents that reached their target.
+    pub fn solved(&self) -> usize {
+        self.agents
+            .iter()
+            .filter(|a| a.end == AgentEnd::Solved)
+            .count()
+    }
+
+    /// 0 when every agent solved, 2 when some ran out of steps (or diverged), 130 when
+    /// interrupted: as a single run's statuses.
+    pub fn exit_code(&self) -> u8 {
+        if self.agents.iter().any(|a| a.end == AgentEnd::Interrupted) {
+            130
+        } else if self.solved() == self.agents.len() {
+            0
+        } else {
+            2
+        }
+    }
+
+    /// The table as CSV (one row per agent).
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from(
+            "agent,seed,lr,max_grad_norm,target_update,end,env_steps,wall_s,final_eval,best_eval\n",
+        );
+        for a in &self.agents {
+            let h = &a.hparams;
+            out.push_str(&format!(
+                "{},{},{},{},{},{},{},{:.3},{},{}\n",
+                a.agent,
+                h.seed,
+                h.lr,
+                h.max_grad_norm,
+                target_rule(&h.target),
+                serde_json::to_value(a.end)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                a.env_steps,
+                a.wall_s,
+                a.final_eval.map_or(String::new(), |v| v.to_string()),
+                a.best_eval.map_or(String::new(), |v| v.to_string()),
+            ));
+        }
+        out
+    }
+
+    /// Writes the CSV atomically (a temporary file renamed into place).
+    pub fn write_csv(&self, path: &Path) -> std::io::Result<()> {
+        let tmp = path.with_extension("csv.tmp");
+        std::fs::write(&tmp, self.to_csv())?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
+impl fmt::Display for PopulationSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "population of {} on {}: {} solved (target {}), {:.1} s, {} stacked updates",
+            self.agents.len(),
+            self.env,
+            self.solved(),
+            opt(self.target),
+            self.wall_s,
+            self.updates
+        )?;
+        writeln!(
+            f,
+            "  {:>5} {:>20} {:>9} {:>6} {:>12} {:>10} {:>10} {:>8} {:>8}",
+            "agent", "seed", "lr", "clip", "target", "end", "env steps", "wall s", "best"
+        )?;
+        for a in &self.agents {
+            let h = &a.hparams;
+            writeln!(
+                f,
+                "  {:>5} {:>20} {:>9.2e} {:>6} {:>12} {:>10} {:>10} {:>8.1} {:>8}",
+                a.agent,
+                h.seed,
+                h.lr,
+                h.max_grad_norm,
+                target_rule(&h.target),
+                format!("{:?}", a.end).to_lowercase(),
+                a.env_steps,
+                a.wall_s,
+                opt(a.best_eval)
+            )?;
+        }
+        let solved: Vec<&AgentResult> = self
+            .agents
+            .iter()
+            .filter(|a| a.end == AgentEnd::Solved)
+            .collect();
+        let steps: Vec<f64> = solved.iter().map(|a| a.env_steps as f64).collect();
+        let wall: Vec<f64> = solved.iter().map(|a| a.wall_s).collect();
+        if let (Some((s, s_ci)), Some((w, w_ci))) = (mean_ci95(&steps), mean_ci95(&wall)) {
+            writeln!(
+                f,
+                "  to target, over {} solved seeds: {s:.0} ± {s_ci:.0} env steps, {w:.1} ± {w_ci:.1} s (mean ± 95% interval)",
+                solved.len()
+            )?;
+        }
+        let best: Vec<f64> = self
+            .agents
+            .iter()
+            .filter_map(|a| a.best_eval.map(f64::from))
+            .collect();
+        if let Some((b, b_ci)) = mean_ci95(&best) {
+            writeln!(
+                f,
+                "  best evaluation: {b:.1} ± {b_ci:.1} (mean ± 95% interval over seeds)"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interval_uses_students_t() {
+        let (m, h) = mean_ci95(&[1.0, 2.0, 3.0, 4.0]).unwrap();
+        assert!((m - 2.5).abs() < 1e-12);
+        // sd = 1.291, n = 4: t(3) = 3.182, half-width 3.182 · 1.291 / 2 = 2.054.
+        assert!((h - 2.054).abs() < 1e-3, "{h}");
+        assert!(mean_ci95(&[]).is_none());
+        assert!(mean_ci95(&[5.0]).unwrap().1.is_nan());
+    }
+
+    #[test]
+    fn csv_has_a_row_per_agent_and_the_exit_status_follows_the_ends() {
+        let agent = |i: usize, end: AgentEnd| AgentResult {
+            agent: i,
+            hparams: AgentHparams {
+                seed: i as u64,
+                lr: 1e-3,
+                max_grad_norm: 10.0,
+                target: TargetUpdate::Hard { period: 100 },
+            },
+            end,
+            env_steps: 1000,
+            wall_s: 1.5,
+            final_eval: Some(500.0),
+            best_eval: Some(500.0),
+        };
+        let mut s = PopulationSummary {
+            env: "CartPole-v1".into(),
+            agents: vec![agent(0, AgentEnd::Solved), agent(1, AgentEnd::Budget)],
+            wall_s: 2.0,
+            updates: 10,
+            target: Some(475.0),
+        };
+        let csv = s.to_csv();
+        assert_eq!(csv.lines().count(), 3);
+        assert!(csv
+            .lines()
+            .nth(2)
+            .unwrap()
+            .starts_with("1,1,0.001,10,hard/100,budget,1000,"));
+        assert_eq!(s.exit_code(), 2);
+        s.agents[1].end = AgentEnd::Solved;
+        assert_eq!(s.exit_code(), 0);
+        assert!(s.to_string().contains("2 solved"));
+    }
+}

@@ -1,0 +1,392 @@
+//! Population mode (`--population K`): K agents of one configuration, each with its own
+//! seed, parameters, target network, optimizer state, replay, actors, exploration and
+//! evaluation, trained by one stacked update ([`crate::dqn`]).
+//!
+//! Like the lock-step mode, one thread drives everything in a fixed order, so the same
+//! seed and flags give bit-identical results on the same machine. Each round, every
+//! running agent's actors step their environments and hand full batches to the agent's
+//! own replay; then the stacked update runs as long as every running agent's replay
+//! ratio allows a batch (a batch an agent drew while another could not waits for the
+//! next update); evaluations, confirmations and budgets are per agent. An agent that
+//! reaches its target (confirmed on fresh episodes), spends its step budget, or whose
+//! loss diverges is finished: its actors stop, and the population is rebuilt without it,
+//! so finished agents stop costing compute. Each agent keeps its `best/` and `solved/`
+//! policies under `agents/agent-NNN/checkpoint` in the log directory (`learner eval`
+//! and `export` read them), and the results table is printed and written as
+//! `population.csv`.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use millrace_actor::AnyActor;
+use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter};
+use millrace_replay::Table;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tch::Tensor;
+
+use super::RunError;
+use crate::checkpoint::{self, Layout, PolicyMeta, Which, FORMAT_VERSION};
+use crate::config::RunConfig;
+use crate::dqn::{Batch, Dqn};
+use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
+use crate::population::AgentHparams;
+use crate::population_results::{AgentEnd, AgentResult, PopulationSummary};
+use crate::prefetch::StagingBuffer;
+
+/// One agent and everything that is its own.
+struct Agent {
+    index: usize,
+    hp: AgentHparams,
+    actors: Vec<AnyActor>,
+    /// Its parameters as its actors read them (a population of one).
+    params: Arc<ParamsCell>,
+    table: Table,
+    staging: StagingBuffer,
+    /// Its staging buffer holds a batch not used yet.
+    ready: bool,
+    rng: SmallRng,
+    steps: Arc<StepCounter>,
+    tracker: EvalTracker,
+    next_eval: u64,
+    returns: VecDeque<f32>,
+    layout: Layout,
+    end: Option<(AgentEnd, u64, f64)>,
+}
+
+/// The agents of a `--population K` run: seeds from the run's seed (agent 0 has the
+/// run's own), every other setting from the flags.
+pub fn agents(cfg: &RunConfig) -> Vec<AgentHparams> {
+    AgentHparams::seeds(cfg.seed, cfg.population)
+        .map(|s| AgentHparams::from_config(&cfg.dqn, s))
+        .collect()
+}
+
+fn save_policy(
+    agent: &Agent,
+    cfg: &RunConfig,
+    network: &NetworkSpec,
+    which: Which,
+    params: &Params,
+    eval: &EvalRecord,
+    confirm: Option<&EvalRecord>,
+) -> Result<(), RunError> {
+    let meta = PolicyMeta {
+        format: FORMAT_VERSION,
+        which,
+        policy_file: String::new(),
+        env: cfg.env_spec.clone(),
+        network: network.clone(),
+        seed: agent.hp.seed,
+        params_version: params.version,
+        env_steps: params.env_steps,
+        updates: params.updates,
+        eval: eval.clone(),
+        confirm: confirm.cloned(),
+    };
+    checkpoint::save_policy(&agent.layout.dir(which), &params.data, meta)
+        .map_err(|e| RunError::SavePolicy(which, e))
+}
+
+/// Evaluates the agent's latest parameters, and confirms a candidate at once; returns
+/// whether it is solved.
+fn evaluate_agent(
+    agent: &mut Agent,
+    cfg: &RunConfig,
+    network: &NetworkSpec,
+) -> Result<bool, RunError> {
+    let mut next = Some((agent.params.latest(), Purpose::Regular));
+    while let Some((params, purpose)) = next.take() {
+        let key = match purpose {
+            Purpose::Regular => params.env_steps,
+            Purpose::Confirm => params.version,
+        };
+        let seed = eval_seed(agent.hp.seed, purpose, key);
+        let result =
+            evaluate(&cfg.env, network, &params, cfg.eval.episodes, seed).map_err(|message| {
+                RunError::Failed {
+                    component: format!("evaluation of agent {}", agent.index),
+                    message,
+                    checkpoint: "no checkpoint (population mode keeps policies only)".into(),
+                }
+            })?;
+        let done = EvalDone {
+            record: EvalRecord::new(&params, seed, &result),
+            params,
+            purpose,
+        };
+        tracing::info!(
+            "agent {}: {} {}",
+            agent.index,
+            match purpose {
+                Purpose::Regular => "eval",
+                Purpose::Confirm => "confirmation",
+            },
+            done.record
+        );
+        let d = agent.tracker.record(&done);
+        if d.new_best {
+            save_policy(
+                agent,
+                cfg,
+                network,
+                Which::Best,
+                &done.params,
+                &done.record,
+                None,
+            )?;
+        }
+        if let Some(s) = &d.solved {
+            save_policy(
+                agent,
+                cfg,
+                network,
+                Which::Solved,
+                &s.params,
+                &s.first,
+                Some(&s.confirm),
+            )?;
+        }
+        next = d.confirm.map(|p| (p, Purpose::Confirm));
+    }
+    Ok(agent.tracker.solved.is_some())
+}
+
+/// Publishes each running agent's row of the population's parameters to its actors.
+fn publish(dqn: &Dqn, running: &[usize], agents: &[Agent], version: u64) {
+    let data = dqn.online_params();
+    let p = data.len() / running.len().max(1);
+    for (row, &a) in running.iter().enumerate() {
+        let agent = &agents[a];
+        agent.params.publish(Params {
+            version,
+            env_steps: agent.steps.get(),
+            updates: dqn.updates(),
+            population: 1,
+            data: data[row * p..(row + 1) * p].to_vec(),
+        });
+    }
+}
+
+pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary, RunError> {
+    tch::set_num_threads(1);
+    let started = Instant::now();
+    let env = cfg.env_spec.clone();
+    let network = crate::network::build(cfg.network, &env, &cfg.hidden)?;
+    let hps = agents(cfg);
+    let k = hps.len();
+    // Every agent's replay is allocated up front: refuse what this machine cannot hold.
+    let one = super::setup::replay_config(cfg, &env)?;
+    super::setup::check_memory(cfg, one.bytes().saturating_mul(k) as u64)?;
+    let mut population_spec = network.clone();
+    population_spec.population = k;
+    tracing::info!(
+        "population of {k} on {}: network {}, {} actor(s) x {} envs each",
+        env.id,
+        crate::network::describe(&network),
+        cfg.actors.count,
+        cfg.actors.envs_per_actor
+    );
+    let device = cfg.device.device();
+    let mut dqn = Dqn::population(population_spec, cfg.dqn.clone(), &hps, device);
+
+    let mut agents = Vec::with_capacity(k);
+    for (index, hp) in hps.iter().enumerate() {
+        let mut acfg_seed = cfg.clone();
+        acfg_seed.seed = hp.seed;
+        let actors = (0..cfg.actors.count)
+            .map(|id| AnyActor::new(&acfg_seed.actor(id as u32, 0), &network))
+            .collect::<Result<Vec<_>, _>>()?;
+        let layout = Layout::new(
+            cfg.logdir
+                .join("agents")
+                .join(format!("agent-{index:03}"))
+                .join("checkpoint"),
+        );
+        std::fs::create_dir_all(&layout.root)?;
+        checkpoint::files::write_json(&layout.config(), &acfg_seed).map_err(RunError::Config)?;
+        agents.push(Agent {
+            index,
+            hp: *hp,
+            actors,
+            params: Arc::new(ParamsCell::new(Params {
+                version: 0,
+                env_steps: 0,
+                updates: 0,
+                population: 1,
+                data: Vec::new(),
+            })),
+            table: Table::new(&one)?,
+            staging: StagingBuffer::new(&env.obs, cfg.batch_size, None),
+            ready: false,
+            rng: SmallRng::seed_from_u64(hp.seed ^ 0x5eed),
+            steps: Arc::new(StepCounter::new(0)),
+            tracker: EvalTracker::new(cfg.eval.target_return, None),
+            next_eval: cfg.eval.every,
+            returns: VecDeque::new(),
+            layout,
+            end: None,
+        });
+    }
+    let mut running: Vec<usize> = (0..k).collect();
+    let mut version = 1;
+    publish(&dqn, &running, &agents, version);
+
+    let interrupted = 'run: loop {
+        if interrupt.load(Ordering::Relaxed) {
+            break true;
+        }
+        for &a in &running {
+            let agent = &mut agents[a];
+            for actor in &mut agent.actors {
+                let returns = &mut agent.returns;
+                let batch = actor.step(&mut agent.params, &agent.steps, &mut |e| {
+                    if returns.len() == 100 {
+                        returns.pop_front();
+                    }
+                    returns.push_back(e.episode_return);
+                })?;
+                if let Some(batch) = batch {
+                    agent.table.insert_unlimited(&batch)?;
+                }
+            }
+        }
+        // Stacked updates, as long as every running agent has a batch.
+        loop {
+            for &a in &running {
+                let agent = &mut agents[a];
+                if !agent.ready {
+                    agent.ready = agent
+                        .staging
+                        .try_fill(&agent.table, &mut agent.rng)
+                        .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?;
+                }
+            }
+            if !running.iter().all(|&a| agents[a].ready) {
+                break;
+            }
+            let parts: Vec<Batch> = running
+                .iter()
+                .map(|&a| agents[a].staging.to_device(device))
+                .collect();
+            let cat = |f: &dyn Fn(&Batch) -> &Tensor| {
+                Tensor::cat(&parts.iter().map(f).collect::<Vec<_>>(), 0)
+            };
+            let batch = Batch {
+                obs2: cat(&|b| &b.obs2),
+                actions: cat(&|b| &b.actions),
+                rewards: cat(&|b| &b.rewards),
+                discounts: cat(&|b| &b.discounts),
+            };
+            let _td = dqn.update(&batch);
+            for &a in &running {
+                agents[a].ready = false;
+            }
+            if dqn
+                .updates()
+                .is_multiple_of(cfg.learner.publish_every.max(1))
+            {
+                version += 1;
+                publish(&dqn, &running, &agents, version);
+            }
+            if dqn.updates().is_multiple_of(256) {
+                for (row, streak) in dqn.nonfinite_streaks().into_iter().enumerate() {
+                    if streak >= cfg.learner.max_nonfinite {
+                        let a = running[row];
+                        tracing::warn!(
+                            "agent {a}: {streak} non-finite updates in a row: stopped, the others go on"
+                        );
+                        agents[a].end = Some((
+                            AgentEnd::Diverged,
+                            agents[a].steps.get(),
+                            started.elapsed().as_secs_f64(),
+                        ));
+                    }
+                }
+            }
+        }
+        // Evaluations and budgets, agent by agent.
+        for &a in &running {
+            let agent = &mut agents[a];
+            if agent.end.is_some() {
+                continue;
+            }
+            let steps = agent.steps.get();
+            if steps >= agent.next_eval {
+                let every = cfg.eval.every.max(1);
+                agent.next_eval = (steps / every + 1) * every;
+                // Evaluate what the actors act with now.
+                if evaluate_agent(agent, cfg, &network)? {
+                    let at = agent
+                        .tracker
+                        .solved
+                        .as_ref()
+                        .map_or(steps, |s| s.params.env_steps);
+                    tracing::info!("agent {a}: solved at {at} env steps");
+                    agent.end = Some((AgentEnd::Solved, at, started.elapsed().as_secs_f64()));
+                    continue;
+                }
+            }
+            if steps >= cfg.max_steps {
+                agent.end = Some((AgentEnd::Budget, steps, started.elapsed().as_secs_f64()));
+            }
+        }
+        // Finished agents leave the population: the rest go on without their cost.
+        let keep: Vec<usize> = (0..running.len())
+            .filter(|&row| agents[running[row]].end.is_none())
+            .collect();
+        if keep.len() < running.len() {
+            if keep.is_empty() {
+                break 'run false;
+            }
+            let kept_hps: Vec<AgentHparams> = keep.iter().map(|&r| agents[running[r]].hp).collect();
+            dqn = dqn.keep_agents(&keep, &kept_hps);
+            running = keep.iter().map(|&r| running[r]).collect();
+            tracing::info!("{} agent(s) still training", running.len());
+        }
+    };
+    let wall = started.elapsed().as_secs_f64();
+    let results = agents
+        .iter()
+        .map(|a| {
+            let (end, env_steps, wall_s) =
+                a.end
+                    .unwrap_or((AgentEnd::Interrupted, a.steps.get(), wall));
+            AgentResult {
+                agent: a.index,
+                hparams: a.hp,
+                end,
+                env_steps,
+                wall_s,
+                final_eval: a.tracker.last.as_ref().map(|r| r.mean),
+                best_eval: a.tracker.best.as_ref().map(|r| r.mean),
+            }
+        })
+        .collect();
+    let summary = PopulationSummary {
+        env: env.id.clone(),
+        agents: results,
+        wall_s: wall,
+        updates: dqn.updates(),
+        target: cfg.eval.target_return,
+    };
+    debug_assert!(
+        interrupted
+            || summary
+                .agents
+                .iter()
+                .all(|a| a.end != AgentEnd::Interrupted)
+    );
+    write_results(&summary, &cfg.logdir)?;
+    Ok(summary)
+}
+
+fn write_results(summary: &PopulationSummary, logdir: &Path) -> Result<(), RunError> {
+    let path = logdir.join("population.csv");
+    summary.write_csv(&path)?;
+    tracing::info!("results written to {}", path.display());
+    Ok(())
+}
