@@ -158,8 +158,8 @@ pub struct TrainArgs {
     /// agent stops at its target (confirmed) or after --max-steps of its own; the
     /// results table is printed and written to LOGDIR/population.csv, each agent's
     /// policies to LOGDIR/agents/agent-NNN/checkpoint.
-    #[arg(long, default_value_t = 1)]
-    pub population: usize,
+    #[arg(long)]
+    pub population: Option<usize>,
 
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical parameters and
@@ -414,7 +414,7 @@ impl TrainArgs {
             bail!("--actors 0 needs --listen (remote actors), or nothing would ever act");
         }
         for (name, v) in [
-            ("population", args.population),
+            ("population", args.population.unwrap_or(1)),
             ("envs-per-actor", args.envs_per_actor),
             ("actor-batch", actor_batch),
             ("batch-size", args.batch_size),
@@ -433,7 +433,7 @@ impl TrainArgs {
                 args.replay_frames_per_item
             );
         }
-        if args.population > 1 {
+        if args.population.is_some() {
             for (given, flag) in [
                 (args.listen.is_some(), "--listen"),
                 (args.resume.is_some(), "--resume"),

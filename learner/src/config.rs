@@ -168,9 +168,9 @@ pub struct RunConfig {
     /// The Q-network's architecture (`auto`: from the observations).
     pub network: NetworkChoice,
     pub seed: u64,
-    /// Agents trained together by one stacked update (`--population K`), seeds derived
-    /// from `seed` (agent 0's is `seed`); 1 for a single agent.
-    pub population: usize,
+    /// Population mode (`--population K`): K agents trained together by one stacked
+    /// update, seeds derived from `seed` (agent 0's is `seed`).
+    pub population: Option<usize>,
     pub device: DeviceChoice,
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical results.

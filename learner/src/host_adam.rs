@@ -51,12 +51,7 @@ pub fn step(
         .map(|a| {
             let rows = a * p..(a + 1) * p;
             let g = &grad[rows.clone()];
-            // Squares summed in f32 lanes of 16 (vectorised), the lanes in f64.
-            let norm = g
-                .chunks(16)
-                .map(|c| f64::from(c.iter().map(|x| x * x).sum::<f32>()))
-                .sum::<f64>()
-                .sqrt() as f32;
+            let norm = sum_of_squares(g).sqrt() as f32;
             let td_sum: f32 = td[a * b..(a + 1) * b].iter().sum();
             if !(norm + td_sum).is_finite() {
                 return false;
@@ -81,6 +76,23 @@ pub fn step(
         .collect()
 }
 
+/// `Σ x²`, in 16 independent f32 lanes (a float sum in one accumulator is a chain of
+/// dependent additions that the compiler may not reorder, so it does not vectorise),
+/// the lanes added in f64.
+fn sum_of_squares(x: &[f32]) -> f64 {
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v * v;
+        }
+    }
+    let tail: f64 = rest.iter().map(|v| f64::from(v * v)).sum();
+    acc.iter().map(|a| f64::from(*a)).sum::<f64>() + tail
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +107,14 @@ mod tests {
             correction: (bias2 / (1.0 - b1.powi(t))) as f32,
             bias2_sqrt: bias2 as f32,
         }
+    }
+
+    #[test]
+    fn sum_of_squares_covers_every_lane_and_the_tail() {
+        let x: Vec<f32> = (0..37).map(|i| i as f32).collect();
+        let want: f64 = (0..37).map(|i| f64::from(i * i)).sum();
+        assert_eq!(sum_of_squares(&x), want);
+        assert_eq!(sum_of_squares(&[]), 0.0);
     }
 
     #[test]

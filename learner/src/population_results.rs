@@ -46,6 +46,8 @@ pub struct PopulationSummary {
     pub wall_s: f64,
     pub updates: u64,
     pub target: Option<f32>,
+    /// Seconds spent stepping actors, in stacked updates, and evaluating.
+    pub split: [f64; 3],
 }
 
 /// Mean and half-width of a 95% confidence interval (Student's t) of `xs`.
@@ -157,6 +159,11 @@ impl fmt::Display for PopulationSummary {
             self.wall_s,
             self.updates
         )?;
+        let [act, update, eval] = self.split;
+        writeln!(
+            f,
+            "  time: {act:.1} s acting, {update:.1} s in stacked updates, {eval:.1} s evaluating"
+        )?;
         writeln!(
             f,
             "  {:>5} {:>20} {:>9} {:>6} {:>12} {:>10} {:>10} {:>8} {:>8}",
@@ -243,6 +250,7 @@ mod tests {
             wall_s: 2.0,
             updates: 10,
             target: Some(475.0),
+            split: [1.0, 0.5, 0.5],
         };
         let csv = s.to_csv();
         assert_eq!(csv.lines().count(), 3);

@@ -60,7 +60,7 @@ struct Agent {
 /// The agents of a `--population K` run: seeds from the run's seed (agent 0 has the
 /// run's own), every other setting from the flags.
 pub fn agents(cfg: &RunConfig) -> Vec<AgentHparams> {
-    AgentHparams::seeds(cfg.seed, cfg.population)
+    AgentHparams::seeds(cfg.seed, cfg.population.unwrap_or(1))
         .map(|s| AgentHparams::from_config(&cfg.dqn, s))
         .collect()
 }
@@ -235,10 +235,12 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     let mut version = 1;
     publish(&dqn, &running, &agents, version);
 
+    let (mut acting, mut updating, mut evaluating) = (0.0, 0.0, 0.0);
     let interrupted = 'run: loop {
         if interrupt.load(Ordering::Relaxed) {
             break true;
         }
+        let t0 = Instant::now();
         for &a in &running {
             let agent = &mut agents[a];
             for actor in &mut agent.actors {
@@ -254,6 +256,8 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 }
             }
         }
+        let t1 = Instant::now();
+        acting += (t1 - t0).as_secs_f64();
         // Stacked updates, as long as every running agent has a batch.
         loop {
             for &a in &running {
@@ -308,6 +312,8 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 }
             }
         }
+        let t2 = Instant::now();
+        updating += (t2 - t1).as_secs_f64();
         // Evaluations and budgets, agent by agent.
         for &a in &running {
             let agent = &mut agents[a];
@@ -334,6 +340,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 agent.end = Some((AgentEnd::Budget, steps, started.elapsed().as_secs_f64()));
             }
         }
+        evaluating += t2.elapsed().as_secs_f64();
         // Finished agents leave the population: the rest go on without their cost.
         let keep: Vec<usize> = (0..running.len())
             .filter(|&row| agents[running[row]].end.is_none())
@@ -372,6 +379,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
         wall_s: wall,
         updates: dqn.updates(),
         target: cfg.eval.target_return,
+        split: [acting, updating, evaluating],
     };
     debug_assert!(
         interrupted
