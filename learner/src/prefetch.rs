@@ -74,7 +74,7 @@ impl Drop for DeviceCopy {
     }
 }
 
-fn kind(dtype: DType) -> Kind {
+pub(crate) fn kind(dtype: DType) -> Kind {
     match dtype {
         DType::F32 => Kind::Float,
         DType::U8 => Kind::Uint8,
@@ -86,7 +86,7 @@ fn kind(dtype: DType) -> Kind {
 /// # Safety
 /// `t` must be a contiguous CPU tensor whose storage nothing else reads or writes while
 /// the slice lives. Staging buffers guarantee this (see [`StagingBuffer`]).
-unsafe fn bytes_mut(t: &mut Tensor) -> &mut [u8] {
+pub(crate) unsafe fn bytes_mut(t: &mut Tensor) -> &mut [u8] {
     let len = t.numel() * t.kind().elt_size_in_bytes();
     // SAFETY: per the function contract the tensor's storage is `len` bytes, live as
     // long as `t`, and not aliased.
@@ -276,7 +276,7 @@ impl StagingBuffer {
 }
 
 /// Reinterprets aligned bytes from a tensor as typed elements.
-fn bytemuck_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> &mut [T] {
+pub(crate) fn bytemuck_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> &mut [T] {
     // Tensor storage is at least 64-byte aligned, so this cannot fail for our tensors.
     bytemuck::cast_slice_mut(bytes)
 }

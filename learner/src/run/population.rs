@@ -26,16 +26,15 @@ use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter};
 use millrace_replay::Table;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use tch::Tensor;
 
+use super::population_staging::PopulationStaging;
 use super::RunError;
 use crate::checkpoint::{self, Layout, PolicyMeta, Which, FORMAT_VERSION};
 use crate::config::RunConfig;
-use crate::dqn::{Batch, Dqn};
+use crate::dqn::Dqn;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
 use crate::population::AgentHparams;
 use crate::population_results::{AgentEnd, AgentResult, PopulationSummary};
-use crate::prefetch::StagingBuffer;
 
 /// One agent and everything that is its own.
 struct Agent {
@@ -45,9 +44,6 @@ struct Agent {
     /// Its parameters as its actors read them (a population of one).
     params: Arc<ParamsCell>,
     table: Table,
-    staging: StagingBuffer,
-    /// Its staging buffer holds a batch not used yet.
-    ready: bool,
     rng: SmallRng,
     steps: Arc<StepCounter>,
     tracker: EvalTracker,
@@ -172,6 +168,8 @@ fn publish(dqn: &Dqn, running: &[usize], agents: &[Agent], version: u64) {
 }
 
 pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary, RunError> {
+    // One thread: at these sizes more intra-op threads cost more in synchronisation
+    // than they save (measured: 2 threads, K = 8, 30% slower).
     tch::set_num_threads(1);
     let started = Instant::now();
     let env = cfg.env_spec.clone();
@@ -220,8 +218,6 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 data: Vec::new(),
             })),
             table: Table::new(&one)?,
-            staging: StagingBuffer::new(&env.obs, cfg.batch_size, None),
-            ready: false,
             rng: SmallRng::seed_from_u64(hp.seed ^ 0x5eed),
             steps: Arc::new(StepCounter::new(0)),
             tracker: EvalTracker::new(cfg.eval.target_return, None),
@@ -232,6 +228,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
         });
     }
     let mut running: Vec<usize> = (0..k).collect();
+    let mut staging = PopulationStaging::new(&env.obs, k, cfg.batch_size);
     let mut version = 1;
     publish(&dqn, &running, &agents, version);
 
@@ -258,37 +255,21 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
         }
         let t1 = Instant::now();
         acting += (t1 - t0).as_secs_f64();
-        // Stacked updates, as long as every running agent has a batch.
+        // Stacked updates, as long as every running agent has a batch (one an agent
+        // drew while another could not waits in its slice for the next update).
         loop {
-            for &a in &running {
+            for (row, &a) in running.iter().enumerate() {
                 let agent = &mut agents[a];
-                if !agent.ready {
-                    agent.ready = agent
-                        .staging
-                        .try_fill(&agent.table, &mut agent.rng)
-                        .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?;
-                }
+                staging
+                    .fill(row, &agent.table, &mut agent.rng)
+                    .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?;
             }
-            if !running.iter().all(|&a| agents[a].ready) {
+            if !staging.all_ready() {
                 break;
             }
-            let parts: Vec<Batch> = running
-                .iter()
-                .map(|&a| agents[a].staging.to_device(device))
-                .collect();
-            let cat = |f: &dyn Fn(&Batch) -> &Tensor| {
-                Tensor::cat(&parts.iter().map(f).collect::<Vec<_>>(), 0)
-            };
-            let batch = Batch {
-                obs2: cat(&|b| &b.obs2),
-                actions: cat(&|b| &b.actions),
-                rewards: cat(&|b| &b.rewards),
-                discounts: cat(&|b| &b.discounts),
-            };
+            let batch = staging.take(device);
             let _td = dqn.update(&batch);
-            for &a in &running {
-                agents[a].ready = false;
-            }
+            drop(batch);
             if dqn
                 .updates()
                 .is_multiple_of(cfg.learner.publish_every.max(1))
@@ -352,6 +333,9 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
             let kept_hps: Vec<AgentHparams> = keep.iter().map(|&r| agents[running[r]].hp).collect();
             dqn = dqn.keep_agents(&keep, &kept_hps);
             running = keep.iter().map(|&r| running[r]).collect();
+            // Batches drawn for the next update are dropped with the old shape (the
+            // replay ratio absorbs one batch per agent).
+            staging = PopulationStaging::new(&env.obs, running.len(), cfg.batch_size);
             tracing::info!("{} agent(s) still training", running.len());
         }
     };
