@@ -134,8 +134,6 @@ pub struct Dqn {
     agents: AgentTensors,
     /// The optimizer step in one pass on the host (CPU), instead of tensor operations.
     host_optimizer: bool,
-    /// Threads the host optimizer splits the agents over.
-    host_threads: usize,
 }
 
 /// Loss, TD-error and Q statistics are sampled every this many updates (the update
@@ -436,14 +434,7 @@ impl Dqn {
             nonfinite_streak: Tensor::zeros([k, 1], (Kind::Float, device)),
             agents: AgentTensors::new(agents, device),
             host_optimizer: device == Device::Cpu,
-            host_threads: 1,
         }
-    }
-
-    /// Splits the CPU optimizer step over `threads` threads (a population alone on a
-    /// machine; the default, 1, leaves the other cores to actors).
-    pub fn set_host_threads(&mut self, threads: usize) {
-        self.host_threads = threads.max(1);
     }
 
     /// Steps the optimizer with tensor operations, as on a GPU, even on the CPU (tests
@@ -651,8 +642,7 @@ impl Dqn {
         // just above) with their own storage, which nothing else touches during the
         // call: the views into `online` and `grad` are not used meanwhile.
         let ok = unsafe {
-            host_adam::step_parallel(
-                self.host_threads,
+            host_adam::step(
                 f32s_mut(&mut self.online),
                 f32s_mut(&mut self.adam_m),
                 f32s_mut(&mut self.adam_v),
@@ -711,7 +701,6 @@ impl Dqn {
         spec.population = rows.len();
         let mut kept = Self::restore(spec, self.config.clone(), agents, self.device, state);
         kept.host_optimizer = self.host_optimizer;
-        kept.host_threads = self.host_threads;
         kept
     }
 

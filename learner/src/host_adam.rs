@@ -79,47 +79,6 @@ pub fn step(
         .collect()
 }
 
-/// [`step`] with the agents split over `threads` scoped threads (agents are
-/// independent rows: each thread steps its own), for populations on several cores.
-#[allow(clippy::too_many_arguments)]
-pub fn step_parallel(
-    threads: usize,
-    params: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    grad: &[f32],
-    td: &[f32],
-    lr: &[f32],
-    clip: &[f32],
-    s: Step,
-) -> Vec<bool> {
-    let k = lr.len();
-    let threads = threads.clamp(1, k.max(1));
-    if threads == 1 {
-        return step(params, m, v, grad, td, lr, clip, s);
-    }
-    let p = params.len() / k;
-    let b = td.len() / k;
-    let per = k.div_ceil(threads);
-    std::thread::scope(|scope| {
-        let parts: Vec<_> = params
-            .chunks_mut(per * p)
-            .zip(m.chunks_mut(per * p))
-            .zip(v.chunks_mut(per * p))
-            .zip(grad.chunks(per * p))
-            .zip(td.chunks(per * b))
-            .zip(lr.chunks(per).zip(clip.chunks(per)))
-            .map(|(((((params, m), v), grad), td), (lr, clip))| {
-                scope.spawn(move || step(params, m, v, grad, td, lr, clip, s))
-            })
-            .collect();
-        parts
-            .into_iter()
-            .flat_map(|h| h.join().expect("an optimizer thread panicked"))
-            .collect()
-    })
-}
-
 /// While alive, this thread's floating-point unit flushes denormal results to zero and
 /// reads denormal inputs as zero (x86-64 MXCSR's FTZ and DAZ bits, as PyTorch's
 /// `set_flush_denormal`); the previous mode comes back on drop. A no-op elsewhere.
@@ -188,37 +147,6 @@ mod tests {
             eps: 1e-8,
             correction: (bias2 / (1.0 - b1.powi(t))) as f32,
             bias2_sqrt: bias2 as f32,
-        }
-    }
-
-    #[test]
-    fn threads_step_exactly_as_one() {
-        let k = 5;
-        let (p, b) = (7, 3);
-        let grad: Vec<f32> = (0..k * p).map(|i| (i as f32 * 0.37).sin()).collect();
-        let mut td: Vec<f32> = (0..k * b).map(|i| i as f32 * 0.1).collect();
-        td[2 * b] = f32::NAN; // agent 2 skips
-        let lr: Vec<f32> = (0..k).map(|i| 1e-3 * (i + 1) as f32).collect();
-        let clip = vec![0.5f32; k];
-        let run = |threads: usize| {
-            let (mut pa, mut m, mut v) = (vec![0.1f32; k * p], vec![0.0; k * p], vec![0.0; k * p]);
-            let ok = step_parallel(
-                threads,
-                &mut pa,
-                &mut m,
-                &mut v,
-                &grad,
-                &td,
-                &lr,
-                &clip,
-                settings(1),
-            );
-            (pa, m, v, ok)
-        };
-        let one = run(1);
-        assert_eq!(one.3, [true, true, false, true, true]);
-        for threads in [2, 3, 8] {
-            assert_eq!(run(threads), one, "{threads} threads");
         }
     }
 

@@ -46,8 +46,10 @@ pub struct PopulationSummary {
     pub wall_s: f64,
     pub updates: u64,
     pub target: Option<f32>,
-    /// Seconds spent stepping actors, in stacked updates, and evaluating.
+    /// Seconds spent stepping actors, in stacked updates, and evaluating, summed over
+    /// the groups (threads) the agents trained in.
     pub split: [f64; 3],
+    pub groups: usize,
 }
 
 /// Mean and half-width of a 95% confidence interval (Student's t) of `xs`.
@@ -162,7 +164,8 @@ impl fmt::Display for PopulationSummary {
         let [act, update, eval] = self.split;
         writeln!(
             f,
-            "  time: {act:.1} s acting, {update:.1} s in stacked updates, {eval:.1} s evaluating"
+            "  time, summed over {} group(s) on threads of their own: {act:.1} s acting, {update:.1} s in stacked updates, {eval:.1} s evaluating",
+            self.groups
         )?;
         writeln!(
             f,
@@ -251,6 +254,7 @@ mod tests {
             updates: 10,
             target: Some(475.0),
             split: [1.0, 0.5, 0.5],
+            groups: 1,
         };
         let csv = s.to_csv();
         assert_eq!(csv.lines().count(), 3);

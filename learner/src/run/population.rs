@@ -168,9 +168,6 @@ fn publish(dqn: &Dqn, running: &[usize], agents: &[Agent], version: u64) {
 }
 
 pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary, RunError> {
-    // One thread: at these sizes more intra-op threads cost more in synchronisation
-    // than they save (measured: 2 threads, K = 8, 30% slower).
-    tch::set_num_threads(1);
     let started = Instant::now();
     let env = cfg.env_spec.clone();
     let network = crate::network::build(cfg.network, &env, &cfg.hidden)?;
@@ -179,24 +176,107 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     // Every agent's replay is allocated up front: refuse what this machine cannot hold.
     let one = super::setup::replay_config(cfg, &env)?;
     super::setup::check_memory(cfg, one.bytes().saturating_mul(k) as u64)?;
-    let mut population_spec = network.clone();
-    population_spec.population = k;
+    // One group of agents per core on the CPU (each a stacked update on its own thread:
+    // more intra-op threads on one update cost more in synchronisation than they save
+    // at these sizes), one group on a GPU.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let groups = if cfg.device.device() == tch::Device::Cpu {
+        cores.min(k)
+    } else {
+        1
+    };
     tracing::info!(
-        "population of {k} on {}: network {}, {} actor(s) x {} envs each",
+        "population of {k} on {}: network {}, {} actor(s) x {} envs each; {groups} group(s), one thread each",
         env.id,
         crate::network::describe(&network),
         cfg.actors.count,
         cfg.actors.envs_per_actor
     );
+    tch::set_num_threads(1);
+    let per = k.div_ceil(groups);
+    let members: Vec<Vec<(usize, AgentHparams)>> = hps
+        .iter()
+        .copied()
+        .enumerate()
+        .collect::<Vec<_>>()
+        .chunks(per)
+        .map(<[_]>::to_vec)
+        .collect();
+    let outcomes: Vec<Result<Group, RunError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = members
+            .into_iter()
+            .map(|m| {
+                let (network, one) = (&network, &one);
+                scope.spawn(move || train_group(cfg, network, one, m, started, interrupt))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|p| {
+                    Err(RunError::Failed {
+                        component: "population group".into(),
+                        message: crate::panic_message(&*p),
+                        checkpoint: "no checkpoint (population mode keeps policies only)".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut results = Vec::with_capacity(k);
+    let (mut updates, mut split) = (0, [0.0; 3]);
+    for outcome in outcomes {
+        let g = outcome?;
+        results.extend(g.results);
+        updates += g.updates;
+        for (total, part) in split.iter_mut().zip(g.split) {
+            *total += part;
+        }
+    }
+    let summary = PopulationSummary {
+        env: env.id.clone(),
+        agents: results,
+        wall_s: started.elapsed().as_secs_f64(),
+        updates,
+        target: cfg.eval.target_return,
+        split,
+        groups,
+    };
+    write_results(&summary, &cfg.logdir)?;
+    Ok(summary)
+}
+
+/// What one group of agents did.
+struct Group {
+    results: Vec<AgentResult>,
+    updates: u64,
+    split: [f64; 3],
+}
+
+/// Trains the agents `members` (index in the population, hyperparameters) as one
+/// stacked population, on this thread, until each has ended.
+fn train_group(
+    cfg: &RunConfig,
+    network: &NetworkSpec,
+    one: &millrace_replay::ReplayConfig,
+    members: Vec<(usize, AgentHparams)>,
+    started: Instant,
+    interrupt: &AtomicBool,
+) -> Result<Group, RunError> {
+    let env = cfg.env_spec.clone();
+    let k = members.len();
+    let hps: Vec<AgentHparams> = members.iter().map(|(_, hp)| *hp).collect();
+    let mut population_spec = network.clone();
+    population_spec.population = k;
     let device = cfg.device.device();
     let mut dqn = Dqn::population(population_spec, cfg.dqn.clone(), &hps, device);
 
     let mut agents = Vec::with_capacity(k);
-    for (index, hp) in hps.iter().enumerate() {
+    for &(index, hp) in &members {
         let mut acfg_seed = cfg.clone();
         acfg_seed.seed = hp.seed;
         let actors = (0..cfg.actors.count)
-            .map(|id| AnyActor::new(&acfg_seed.actor(id as u32, 0), &network))
+            .map(|id| AnyActor::new(&acfg_seed.actor(id as u32, 0), network))
             .collect::<Result<Vec<_>, _>>()?;
         let layout = Layout::new(
             cfg.logdir
@@ -208,7 +288,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
         checkpoint::files::write_json(&layout.config(), &acfg_seed).map_err(RunError::Config)?;
         agents.push(Agent {
             index,
-            hp: *hp,
+            hp,
             actors,
             params: Arc::new(ParamsCell::new(Params {
                 version: 0,
@@ -217,7 +297,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 population: 1,
                 data: Vec::new(),
             })),
-            table: Table::new(&one)?,
+            table: Table::new(one)?,
             rng: SmallRng::seed_from_u64(hp.seed ^ 0x5eed),
             steps: Arc::new(StepCounter::new(0)),
             tracker: EvalTracker::new(cfg.eval.target_return, None),
@@ -306,7 +386,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 let every = cfg.eval.every.max(1);
                 agent.next_eval = (steps / every + 1) * every;
                 // Evaluate what the actors act with now.
-                if evaluate_agent(agent, cfg, &network)? {
+                if evaluate_agent(agent, cfg, network)? {
                     let at = agent
                         .tracker
                         .solved
@@ -356,24 +436,13 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 best_eval: a.tracker.best.as_ref().map(|r| r.mean),
             }
         })
-        .collect();
-    let summary = PopulationSummary {
-        env: env.id.clone(),
-        agents: results,
-        wall_s: wall,
+        .collect::<Vec<_>>();
+    debug_assert!(interrupted || results.iter().all(|a| a.end != AgentEnd::Interrupted));
+    Ok(Group {
+        results,
         updates: dqn.updates(),
-        target: cfg.eval.target_return,
         split: [acting, updating, evaluating],
-    };
-    debug_assert!(
-        interrupted
-            || summary
-                .agents
-                .iter()
-                .all(|a| a.end != AgentEnd::Interrupted)
-    );
-    write_results(&summary, &cfg.logdir)?;
-    Ok(summary)
+    })
 }
 
 fn write_results(summary: &PopulationSummary, logdir: &Path) -> Result<(), RunError> {
