@@ -173,9 +173,20 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     let network = crate::network::build(cfg.network, &env, &cfg.hidden)?;
     let hps = agents(cfg);
     let k = hps.len();
-    // Every agent's replay is allocated up front: refuse what this machine cannot hold.
+    // Every agent's replay and networks are allocated up front: say what one agent
+    // costs, and refuse a population this machine cannot hold.
     let one = super::setup::replay_config(cfg, &env)?;
-    super::setup::check_memory(cfg, one.bytes().saturating_mul(k) as u64)?;
+    // Online, target, gradient and Adam's two moments, f32.
+    let networks = network.layout().len * 5 * 4;
+    let per_agent = one.bytes() + networks;
+    tracing::info!(
+        "memory per agent: {:.1} MiB ({:.1} MiB replay, {:.2} MiB networks and optimizer); {k} agents: {:.2} GiB",
+        per_agent as f64 / f64::from(1 << 20),
+        one.bytes() as f64 / f64::from(1 << 20),
+        networks as f64 / f64::from(1 << 20),
+        (per_agent * k) as f64 / f64::from(1 << 30)
+    );
+    super::setup::check_memory(cfg, per_agent.saturating_mul(k) as u64)?;
     // One group of agents per core on the CPU (each a stacked update on its own thread:
     // more intra-op threads on one update cost more in synchronisation than they save
     // at these sizes), one group on a GPU.
