@@ -161,6 +161,11 @@ pub struct TrainArgs {
     #[arg(long)]
     pub population: Option<usize>,
 
+    /// Threads a CPU population trains on, each a group of agents with a stacked update
+    /// of its own (default: one per core). Results are reproducible for a given number.
+    #[arg(long, requires = "population")]
+    pub population_threads: Option<usize>,
+
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical parameters and
     /// results on the same machine (CPU, embedded mode; slower than the default).
@@ -415,6 +420,7 @@ impl TrainArgs {
         }
         for (name, v) in [
             ("population", args.population.unwrap_or(1)),
+            ("population-threads", args.population_threads.unwrap_or(1)),
             ("envs-per-actor", args.envs_per_actor),
             ("actor-batch", actor_batch),
             ("batch-size", args.batch_size),
@@ -575,6 +581,7 @@ impl TrainArgs {
             network: args.network,
             seed: args.seed,
             population: args.population,
+            population_threads: args.population_threads,
             device,
             deterministic: args.deterministic,
             hidden: args.hidden,

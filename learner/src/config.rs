@@ -171,6 +171,9 @@ pub struct RunConfig {
     /// Population mode (`--population K`): K agents trained together by one stacked
     /// update, seeds derived from `seed` (agent 0's is `seed`).
     pub population: Option<usize>,
+    /// Threads (groups of agents) a CPU population trains on; default: one per core.
+    /// Results depend on it (an agent's batches wait for its group's).
+    pub population_threads: Option<usize>,
     pub device: DeviceChoice,
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical results.

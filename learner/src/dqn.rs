@@ -398,8 +398,13 @@ impl Dqn {
         assert_eq!(agents.len(), spec.population, "one entry per agent");
         let layout = spec.layout();
         let k = spec.population as i64;
-        // Contiguous: the CPU's optimizer works on the flat storage.
-        let online = state.online.to_device(device).detach().contiguous();
+        // Contiguous f32: the CPU's optimizer works on the flat storage.
+        let online = state
+            .online
+            .to_kind(Kind::Float)
+            .to_device(device)
+            .detach()
+            .contiguous();
         let target = state.target.to_device(device).detach();
         let target_views = param_views(&target, &layout, k);
         let online_views = param_views(&online, &layout, k);
@@ -422,8 +427,16 @@ impl Dqn {
             grad_views,
             target,
             target_views,
-            adam_m: state.adam_m.to_device(device).contiguous(),
-            adam_v: state.adam_v.to_device(device).contiguous(),
+            adam_m: state
+                .adam_m
+                .to_kind(Kind::Float)
+                .to_device(device)
+                .contiguous(),
+            adam_v: state
+                .adam_v
+                .to_kind(Kind::Float)
+                .to_device(device)
+                .contiguous(),
             torso,
             adam_step: state.adam_step,
             updates: state.updates,
@@ -684,7 +697,8 @@ impl Dqn {
 
     /// The same networks for only the agents in `rows` (in that order), each with its
     /// entry of `agents`: a population drops its finished agents, so they stop costing
-    /// compute. Parameters, targets, Adam's moments and the counts carry over.
+    /// compute. Parameters, targets, Adam's moments, the update count and the agents'
+    /// skip counters carry over (the loss statistics since the last read do not).
     pub fn keep_agents(&self, rows: &[usize], agents: &[AgentHparams]) -> Self {
         let index: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
         let index = Tensor::from_slice(&index).to_device(self.device);
@@ -701,6 +715,8 @@ impl Dqn {
         spec.population = rows.len();
         let mut kept = Self::restore(spec, self.config.clone(), agents, self.device, state);
         kept.host_optimizer = self.host_optimizer;
+        kept.nonfinite = pick(&self.nonfinite).contiguous();
+        kept.nonfinite_streak = pick(&self.nonfinite_streak).contiguous();
         kept
     }
 

@@ -1,7 +1,8 @@
 //! `learner --population K` as users run it: K CartPole agents in one process, each
 //! reaching its own target, reported in a table and `population.csv`, each agent's
-//! saved policy playable by `learner eval`; the same seed twice gives the same results
-//! bit for bit; flags that do not combine with a population are refused.
+//! saved policy playable by `learner eval`; the same seed and thread count twice give
+//! the same results bit for bit; flags that do not combine with a population are
+//! refused.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -62,7 +63,11 @@ fn rows(logdir: &Path) -> Vec<Vec<String>> {
 #[test]
 fn each_agent_of_a_cartpole_population_solves_and_its_policy_plays() {
     let dir = tempfile::tempdir().unwrap();
-    let out = population(dir.path(), &["--max-steps", "100000"]);
+    // One thread: the three agents share one stacked update, and leave it one by one.
+    let out = population(
+        dir.path(),
+        &["--max-steps", "100000", "--population-threads", "1"],
+    );
     let log = text(&out);
     assert_eq!(out.status.code(), Some(0), "every agent solved: {log}");
     assert!(log.contains("3 solved"), "{log}");
@@ -105,19 +110,18 @@ fn each_agent_of_a_cartpole_population_solves_and_its_policy_plays() {
 
 #[test]
 fn the_same_population_twice_gives_the_same_results() {
+    // One stacked update for all three (agents leave it as they solve or spend their
+    // 24,000 steps), then two groups on two threads.
+    for threads in ["1", "2"] {
+        twice(&["--max-steps", "24000", "--population-threads", threads]);
+    }
+}
+
+fn twice(extra: &[&str]) {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    // A budget, not a target: every agent trains its 4,000 steps and is evaluated.
-    let extra = [
-        "--max-steps",
-        "4000",
-        "--target-return",
-        "1000",
-        "--eval-every",
-        "2000",
-    ];
-    let (x, y) = (population(a.path(), &extra), population(b.path(), &extra));
-    assert_eq!(x.status.code(), Some(2), "{}", text(&x));
-    assert_eq!(y.status.code(), Some(2), "{}", text(&y));
+    let (x, y) = (population(a.path(), extra), population(b.path(), extra));
+    assert!(matches!(x.status.code(), Some(0 | 2)), "{}", text(&x));
+    assert_eq!(x.status.code(), y.status.code(), "{}", text(&y));
     assert_eq!(rows(a.path()), rows(b.path()));
     for agent in 0..3 {
         let best = |d: &Path| {

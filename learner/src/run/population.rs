@@ -187,24 +187,17 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
         (per_agent * k) as f64 / f64::from(1 << 30)
     );
     super::setup::check_memory(cfg, per_agent.saturating_mul(k) as u64)?;
-    // One group of agents per core on the CPU (each a stacked update on its own thread:
-    // more intra-op threads on one update cost more in synchronisation than they save
-    // at these sizes), one group on a GPU.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let groups = if cfg.device.device() == tch::Device::Cpu {
-        cores.min(k)
+    // Groups of agents, each a stacked update on a thread of its own: one per core on
+    // the CPU unless `--population-threads` says (more intra-op threads on one update
+    // cost more in synchronisation than they save at these sizes), one on a GPU.
+    let threads = if cfg.device.device() == tch::Device::Cpu {
+        cfg.population_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     } else {
         1
     };
-    tracing::info!(
-        "population of {k} on {}: network {}, {} actor(s) x {} envs each; {groups} group(s), one thread each",
-        env.id,
-        crate::network::describe(&network),
-        cfg.actors.count,
-        cfg.actors.envs_per_actor
-    );
     tch::set_num_threads(1);
-    let per = k.div_ceil(groups);
+    let per = k.div_ceil(threads.clamp(1, k));
     let members: Vec<Vec<(usize, AgentHparams)>> = hps
         .iter()
         .copied()
@@ -213,12 +206,29 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
         .chunks(per)
         .map(<[_]>::to_vec)
         .collect();
+    let groups = members.len();
+    tracing::info!(
+        "population of {k} on {}: network {}, {} actor(s) x {} envs each; {groups} group(s) of up to {per}, one thread each",
+        env.id,
+        crate::network::describe(&network),
+        cfg.actors.count,
+        cfg.actors.envs_per_actor
+    );
+    // A group that fails stops the others (as an interrupt would).
+    let failed = AtomicBool::new(false);
     let outcomes: Vec<Result<Group, RunError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = members
             .into_iter()
             .map(|m| {
-                let (network, one) = (&network, &one);
-                scope.spawn(move || train_group(cfg, network, one, m, started, interrupt))
+                let (network, one, failed) = (&network, &one, &failed);
+                scope.spawn(move || {
+                    let stop = [interrupt, failed];
+                    let outcome = train_group(cfg, network, one, m, started, &stop);
+                    if outcome.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    outcome
+                })
             })
             .collect();
         handles
@@ -272,7 +282,7 @@ fn train_group(
     one: &millrace_replay::ReplayConfig,
     members: Vec<(usize, AgentHparams)>,
     started: Instant,
-    interrupt: &AtomicBool,
+    stop: &[&AtomicBool],
 ) -> Result<Group, RunError> {
     let env = cfg.env_spec.clone();
     let k = members.len();
@@ -325,7 +335,7 @@ fn train_group(
 
     let (mut acting, mut updating, mut evaluating) = (0.0, 0.0, 0.0);
     let interrupted = 'run: loop {
-        if interrupt.load(Ordering::Relaxed) {
+        if stop.iter().any(|s| s.load(Ordering::Relaxed)) {
             break true;
         }
         let t0 = Instant::now();
@@ -370,8 +380,8 @@ fn train_group(
             }
             if dqn.updates().is_multiple_of(256) {
                 for (row, streak) in dqn.nonfinite_streaks().into_iter().enumerate() {
-                    if streak >= cfg.learner.max_nonfinite {
-                        let a = running[row];
+                    let a = running[row];
+                    if streak >= cfg.learner.max_nonfinite && agents[a].end.is_none() {
                         tracing::warn!(
                             "agent {a}: {streak} non-finite updates in a row: stopped, the others go on"
                         );

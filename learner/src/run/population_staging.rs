@@ -13,7 +13,7 @@ use crate::prefetch::{bytemuck_mut, bytes_mut, kind};
 /// `[K, 2B, obs]`, `[K, B, 1]` ×3: agent k's rows are slice k of each.
 ///
 /// Invariant behind the `unsafe` views: the tensors never leave this struct except as
-/// [`PopulationStaging::batch`]'s shallow clones, which the update reads and drops
+/// [`PopulationStaging::take`]'s shallow clones, which the update reads and drops
 /// before the next fill (on the CPU the update is synchronous; elsewhere `batch`
 /// copies to the device).
 #[derive(Debug)]
