@@ -163,8 +163,15 @@ pub struct TrainArgs {
 
     /// Threads a CPU population trains on, each a group of agents with a stacked update
     /// of its own (default: one per core). Results are reproducible for a given number.
-    #[arg(long, requires = "population")]
+    #[arg(long)]
     pub population_threads: Option<usize>,
+
+    /// Train a sweep as one population: its agents from a file of grids and random
+    /// draws of per-agent hyperparameters (learning rate, gradient clip, target period
+    /// or τ) times seeds, with a per-agent step budget; every other setting from the
+    /// flags. The format: sweeps/README.md; an example: sweeps/cartpole.toml.
+    #[arg(long, conflicts_with = "population")]
+    pub sweep: Option<PathBuf>,
 
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical parameters and
@@ -439,7 +446,14 @@ impl TrainArgs {
                 args.replay_frames_per_item
             );
         }
-        if args.population.is_some() {
+        if args.population_threads.is_some() && args.population.is_none() && args.sweep.is_none() {
+            bail!("--population-threads is for a population (--population or --sweep)");
+        }
+        if let Some(path) = &args.sweep {
+            // Read now, so a bad file is one clear line before anything starts.
+            crate::sweep::Sweep::read(path, &DqnConfig::default(), args.seed)?;
+        }
+        if args.population.is_some() || args.sweep.is_some() {
             for (given, flag) in [
                 (args.listen.is_some(), "--listen"),
                 (args.resume.is_some(), "--resume"),
@@ -582,6 +596,7 @@ impl TrainArgs {
             seed: args.seed,
             population: args.population,
             population_threads: args.population_threads,
+            sweep: args.sweep.clone(),
             device,
             deterministic: args.deterministic,
             hidden: args.hidden,

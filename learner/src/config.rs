@@ -174,6 +174,9 @@ pub struct RunConfig {
     /// Threads (groups of agents) a CPU population trains on; default: one per core.
     /// Results depend on it (an agent's batches wait for its group's).
     pub population_threads: Option<usize>,
+    /// A sweep file (`--sweep`): the population's agents as grids and draws of
+    /// per-agent hyperparameters times seeds (see `sweeps/README.md`).
+    pub sweep: Option<PathBuf>,
     pub device: DeviceChoice,
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical results.

@@ -34,6 +34,7 @@ pub mod publisher;
 pub mod run;
 pub mod server;
 pub mod summary;
+pub mod sweep;
 pub mod tensorboard;
 pub mod update_loop;
 

@@ -87,7 +87,7 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
         cfg.checkpoint_dir().join("config.json").display(),
         cfg.to_json()
     );
-    if cfg.population.is_some() {
+    if cfg.population.is_some() || cfg.sweep.is_some() {
         let summary = millrace_learner::run_population(&cfg, interrupt)?;
         print!("{summary}");
         return Ok(ExitCode::from(summary.exit_code()));

@@ -28,6 +28,8 @@ pub enum AgentEnd {
 #[derive(Clone, Debug, Serialize)]
 pub struct AgentResult {
     pub agent: usize,
+    /// Its configuration (a sweep's grid point and draw; 0 for `--population K`).
+    pub config: usize,
     pub hparams: AgentHparams,
     pub end: AgentEnd,
     /// Env steps when it ended (for a solved agent: those of the solving snapshot).
@@ -117,13 +119,14 @@ impl PopulationSummary {
     /// The table as CSV (one row per agent).
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
-            "agent,seed,lr,max_grad_norm,target_update,end,env_steps,wall_s,final_eval,best_eval\n",
+            "agent,config,seed,lr,max_grad_norm,target_update,end,env_steps,wall_s,final_eval,best_eval\n",
         );
         for a in &self.agents {
             let h = &a.hparams;
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{:.3},{},{}\n",
+                "{},{},{},{},{},{},{},{},{:.3},{},{}\n",
                 a.agent,
+                a.config,
                 h.seed,
                 h.lr,
                 h.max_grad_norm,
@@ -176,7 +179,7 @@ impl fmt::Display for PopulationSummary {
             let h = &a.hparams;
             writeln!(
                 f,
-                "  {:>5} {:>20} {:>9.2e} {:>6} {:>12} {:>10} {:>10} {:>8.1} {:>8}",
+                "  {:>5} {:>20} {:>9.2e} {:>6.3} {:>12} {:>10} {:>10} {:>8.1} {:>8}",
                 a.agent,
                 h.seed,
                 h.lr,
@@ -188,30 +191,50 @@ impl fmt::Display for PopulationSummary {
                 opt(a.best_eval)
             )?;
         }
-        let solved: Vec<&AgentResult> = self
+        let configs = self
             .agents
             .iter()
-            .filter(|a| a.end == AgentEnd::Solved)
-            .collect();
-        let steps: Vec<f64> = solved.iter().map(|a| a.env_steps as f64).collect();
-        let wall: Vec<f64> = solved.iter().map(|a| a.wall_s).collect();
-        if let (Some((s, s_ci)), Some((w, w_ci))) = (mean_ci95(&steps), mean_ci95(&wall)) {
-            writeln!(
-                f,
-                "  to target, over {} solved seeds: {s:.0} ± {s_ci:.0} env steps, {w:.1} ± {w_ci:.1} s (mean ± 95% interval)",
-                solved.len()
-            )?;
-        }
-        let best: Vec<f64> = self
-            .agents
-            .iter()
-            .filter_map(|a| a.best_eval.map(f64::from))
-            .collect();
-        if let Some((b, b_ci)) = mean_ci95(&best) {
-            writeln!(
-                f,
-                "  best evaluation: {b:.1} ± {b_ci:.1} (mean ± 95% interval over seeds)"
-            )?;
+            .map(|a| a.config)
+            .max()
+            .map_or(0, |c| c + 1);
+        for config in 0..configs {
+            let mine: Vec<&AgentResult> =
+                self.agents.iter().filter(|a| a.config == config).collect();
+            let Some(first) = mine.first() else {
+                continue;
+            };
+            if configs > 1 {
+                let h = &first.hparams;
+                writeln!(
+                    f,
+                    "  configuration {config} (lr {:.2e}, clip {:.3}, target {}):",
+                    h.lr,
+                    h.max_grad_norm,
+                    target_rule(&h.target)
+                )?;
+            }
+            let solved: Vec<&&AgentResult> =
+                mine.iter().filter(|a| a.end == AgentEnd::Solved).collect();
+            let steps: Vec<f64> = solved.iter().map(|a| a.env_steps as f64).collect();
+            let wall: Vec<f64> = solved.iter().map(|a| a.wall_s).collect();
+            if let (Some((s, s_ci)), Some((w, w_ci))) = (mean_ci95(&steps), mean_ci95(&wall)) {
+                writeln!(
+                    f,
+                    "  to target, {} of {} seeds: {s:.0} ± {s_ci:.0} env steps, {w:.1} ± {w_ci:.1} s (mean ± 95% interval)",
+                    solved.len(),
+                    mine.len()
+                )?;
+            }
+            let best: Vec<f64> = mine
+                .iter()
+                .filter_map(|a| a.best_eval.map(f64::from))
+                .collect();
+            if let Some((b, b_ci)) = mean_ci95(&best) {
+                writeln!(
+                    f,
+                    "  best evaluation: {b:.1} ± {b_ci:.1} (mean ± 95% interval over seeds)"
+                )?;
+            }
         }
         Ok(())
     }
@@ -235,6 +258,7 @@ mod tests {
     fn csv_has_a_row_per_agent_and_the_exit_status_follows_the_ends() {
         let agent = |i: usize, end: AgentEnd| AgentResult {
             agent: i,
+            config: 0,
             hparams: AgentHparams {
                 seed: i as u64,
                 lr: 1e-3,
@@ -262,7 +286,7 @@ mod tests {
             .lines()
             .nth(2)
             .unwrap()
-            .starts_with("1,1,0.001,10,hard/100,budget,1000,"));
+            .starts_with("1,0,1,0.001,10,hard/100,budget,1000,"));
         assert_eq!(s.exit_code(), 2);
         s.agents[1].end = AgentEnd::Solved;
         assert_eq!(s.exit_code(), 0);

@@ -73,17 +73,17 @@ fn each_agent_of_a_cartpole_population_solves_and_its_policy_plays() {
     assert!(log.contains("3 solved"), "{log}");
     let rows = rows(dir.path());
     assert_eq!(rows.len(), 3, "one row per agent");
-    let seeds: Vec<&str> = rows.iter().map(|r| r[1].as_str()).collect();
+    let seeds: Vec<&str> = rows.iter().map(|r| r[2].as_str()).collect();
     assert_eq!(seeds[0], "1", "agent 0 has the run's seed");
     assert!(seeds[1] != seeds[2] && seeds[1] != "1");
     for (agent, row) in rows.iter().enumerate() {
-        assert_eq!(row[5], "solved", "{row:?}");
+        assert_eq!(row[6], "solved", "{row:?}");
         // The agent's solved policy, replayed on fresh episodes by `learner eval`.
         let ckpt = dir
             .path()
             .join(format!("agents/agent-{agent:03}/checkpoint"));
         let solved = read_json(&ckpt.join("solved/meta.json"));
-        assert_eq!(solved["seed"].to_string(), row[1]);
+        assert_eq!(solved["seed"].to_string(), row[2]);
         assert_eq!(solved["network"]["population"], 1);
         let out = Command::new(env!("CARGO_BIN_EXE_learner"))
             .args([
@@ -148,4 +148,87 @@ fn flags_that_do_not_combine_with_a_population_are_refused() {
         assert!(err.contains(needle), "{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+#[test]
+fn a_sweep_file_gives_each_agent_its_configuration_and_bad_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("sweep.toml");
+    std::fs::write(
+        &sweep,
+        "seeds = [1, 2]\nmax_steps = 3000\n[grid]\nlr = [0.001, 0.002]\ntarget_period = [100]\n",
+    )
+    .unwrap();
+    let logdir = dir.path().join("run");
+    let out = learner(&[
+        "--env",
+        "CartPole-v1",
+        "--cpu",
+        "--target-return",
+        "1000",
+        "--sweep",
+        sweep.to_str().unwrap(),
+        "--logdir",
+        logdir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "budgets, not targets: {}",
+        text(&out)
+    );
+    let rows = rows(&logdir);
+    // agent, config, seed, lr, clip, target rule, end, env steps, ...
+    let got: Vec<(&str, &str, &str, &str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r[1].as_str(),
+                r[2].as_str(),
+                r[3].as_str(),
+                r[5].as_str(),
+                r[6].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("0", "1", "0.001", "hard/100", "budget"),
+            ("0", "2", "0.001", "hard/100", "budget"),
+            ("1", "1", "0.002", "hard/100", "budget"),
+            ("1", "2", "0.002", "hard/100", "budget"),
+        ]
+    );
+    assert!(
+        rows.iter().all(|r| r[7].parse::<u64>().unwrap() >= 3000),
+        "{rows:?}"
+    );
+    assert!(
+        text(&out).contains("configuration 1 (lr 2.00e-3"),
+        "{}",
+        text(&out)
+    );
+
+    std::fs::write(&sweep, "seeds = [5, 6]\n[grid]\nlr = [1e-3, -1.0]\n").unwrap();
+    let out = learner(&["--sweep", sweep.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("agent 2 (configuration 1, seed 5): lr = -1: must be positive"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_example_sweep_in_the_repository_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sweeps/cartpole.toml");
+    let sweep = millrace_learner::sweep::Sweep::read(
+        &path,
+        &millrace_learner::dqn::DqnConfig::default(),
+        0,
+    )
+    .unwrap();
+    assert_eq!(sweep.agents.len(), 2 * 3 * 2 * 5);
+    assert_eq!(sweep.max_steps, Some(50_000));
 }

@@ -67,6 +67,8 @@ pub enum RunError {
     FinalCheckpoint(CheckpointError),
     #[error("cannot save the {0} policy: {1}")]
     SavePolicy(crate::checkpoint::Which, CheckpointError),
+    #[error(transparent)]
+    Sweep(#[from] crate::sweep::SweepError),
 }
 
 /// Bytes as GiB, for messages.

@@ -35,10 +35,13 @@ use crate::dqn::Dqn;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
 use crate::population::AgentHparams;
 use crate::population_results::{AgentEnd, AgentResult, PopulationSummary};
+use crate::sweep::{Sweep, SweepAgent};
 
 /// One agent and everything that is its own.
 struct Agent {
     index: usize,
+    /// Its configuration in a sweep (0 for `--population K`).
+    config: usize,
     hp: AgentHparams,
     actors: Vec<AnyActor>,
     /// Its parameters as its actors read them (a population of one).
@@ -53,12 +56,21 @@ struct Agent {
     end: Option<(AgentEnd, u64, f64)>,
 }
 
-/// The agents of a `--population K` run: seeds from the run's seed (agent 0 has the
-/// run's own), every other setting from the flags.
-pub fn agents(cfg: &RunConfig) -> Vec<AgentHparams> {
-    AgentHparams::seeds(cfg.seed, cfg.population.unwrap_or(1))
-        .map(|s| AgentHparams::from_config(&cfg.dqn, s))
-        .collect()
+/// The agents of the run, and each one's env step budget: a sweep file's
+/// (`--sweep`), or for `--population K` K seeds of the flags' configuration (agent 0
+/// has the run's own seed).
+pub fn agents(cfg: &RunConfig) -> Result<(Vec<SweepAgent>, u64), RunError> {
+    if let Some(path) = &cfg.sweep {
+        let sweep = Sweep::read(path, &cfg.dqn, cfg.seed)?;
+        return Ok((sweep.agents, sweep.max_steps.unwrap_or(cfg.max_steps)));
+    }
+    let agents = AgentHparams::seeds(cfg.seed, cfg.population.unwrap_or(1))
+        .map(|s| SweepAgent {
+            config: 0,
+            hparams: AgentHparams::from_config(&cfg.dqn, s),
+        })
+        .collect();
+    Ok((agents, cfg.max_steps))
 }
 
 fn save_policy(
@@ -171,8 +183,8 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     let started = Instant::now();
     let env = cfg.env_spec.clone();
     let network = crate::network::build(cfg.network, &env, &cfg.hidden)?;
-    let hps = agents(cfg);
-    let k = hps.len();
+    let (sweep, budget) = agents(cfg)?;
+    let k = sweep.len();
     // Every agent's replay and networks are allocated up front: say what one agent
     // costs, and refuse a population this machine cannot hold.
     let one = super::setup::replay_config(cfg, &env)?;
@@ -198,7 +210,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     };
     tch::set_num_threads(1);
     let per = k.div_ceil(threads.clamp(1, k));
-    let members: Vec<Vec<(usize, AgentHparams)>> = hps
+    let members: Vec<Vec<(usize, SweepAgent)>> = sweep
         .iter()
         .copied()
         .enumerate()
@@ -223,7 +235,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 let (network, one, failed) = (&network, &one, &failed);
                 scope.spawn(move || {
                     let stop = [interrupt, failed];
-                    let outcome = train_group(cfg, network, one, m, started, &stop);
+                    let outcome = train_group(cfg, network, one, m, budget, started, &stop);
                     if outcome.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -280,20 +292,28 @@ fn train_group(
     cfg: &RunConfig,
     network: &NetworkSpec,
     one: &millrace_replay::ReplayConfig,
-    members: Vec<(usize, AgentHparams)>,
+    members: Vec<(usize, SweepAgent)>,
+    budget: u64,
     started: Instant,
     stop: &[&AtomicBool],
 ) -> Result<Group, RunError> {
     let env = cfg.env_spec.clone();
     let k = members.len();
-    let hps: Vec<AgentHparams> = members.iter().map(|(_, hp)| *hp).collect();
+    let hps: Vec<AgentHparams> = members.iter().map(|(_, a)| a.hparams).collect();
     let mut population_spec = network.clone();
     population_spec.population = k;
     let device = cfg.device.device();
     let mut dqn = Dqn::population(population_spec, cfg.dqn.clone(), &hps, device);
 
     let mut agents = Vec::with_capacity(k);
-    for &(index, hp) in &members {
+    for &(
+        index,
+        SweepAgent {
+            config,
+            hparams: hp,
+        },
+    ) in &members
+    {
         let mut acfg_seed = cfg.clone();
         acfg_seed.seed = hp.seed;
         let actors = (0..cfg.actors.count)
@@ -309,6 +329,7 @@ fn train_group(
         checkpoint::files::write_json(&layout.config(), &acfg_seed).map_err(RunError::Config)?;
         agents.push(Agent {
             index,
+            config,
             hp,
             actors,
             params: Arc::new(ParamsCell::new(Params {
@@ -418,7 +439,7 @@ fn train_group(
                     continue;
                 }
             }
-            if steps >= cfg.max_steps {
+            if steps >= budget {
                 agent.end = Some((AgentEnd::Budget, steps, started.elapsed().as_secs_f64()));
             }
         }
@@ -449,6 +470,7 @@ fn train_group(
                     .unwrap_or((AgentEnd::Interrupted, a.steps.get(), wall));
             AgentResult {
                 agent: a.index,
+                config: a.config,
                 hparams: a.hp,
                 end,
                 env_steps,
