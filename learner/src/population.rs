@@ -59,6 +59,9 @@ pub struct AgentTensors {
     pub tau: Option<Tensor>,
     /// Hard-copy period per agent (`None` for agents that average).
     pub periods: Vec<Option<u64>>,
+    /// The period every agent shares, if they all copy alike (the common case: no
+    /// per-agent work after each update).
+    shared_period: Option<u64>,
 }
 
 impl AgentTensors {
@@ -83,25 +86,39 @@ impl AgentTensors {
                 .view([agents.len() as i64, 1])
                 .to_device(device)
         });
+        let periods: Vec<Option<u64>> = agents
+            .iter()
+            .map(|a| match a.target {
+                TargetUpdate::Hard { period } => Some(period.max(1)),
+                TargetUpdate::Polyak { .. } => None,
+            })
+            .collect();
+        let shared_period = periods
+            .first()
+            .copied()
+            .flatten()
+            .filter(|p| periods.iter().all(|q| *q == Some(*p)));
         Self {
             lr: column(&|a| a.lr),
             max_grad_norm: column(&|a| a.max_grad_norm),
             lr_host: agents.iter().map(|a| a.lr as f32).collect(),
             max_grad_norm_host: agents.iter().map(|a| a.max_grad_norm as f32).collect(),
             tau,
-            periods: agents
-                .iter()
-                .map(|a| match a.target {
-                    TargetUpdate::Hard { period } => Some(period.max(1)),
-                    TargetUpdate::Polyak { .. } => None,
-                })
-                .collect(),
+            periods,
+            shared_period,
         }
     }
 
     /// Which agents copy their online network into their target after update number
     /// `updates` (counted from 1): all, some (a mask), or none.
     pub fn syncing(&self, updates: u64) -> Sync {
+        if let Some(p) = self.shared_period {
+            return if updates.is_multiple_of(p) {
+                Sync::All
+            } else {
+                Sync::None
+            };
+        }
         let due: Vec<bool> = self
             .periods
             .iter()

@@ -171,15 +171,7 @@ impl TransitionBatch {
             ("obs_index column", rows, self.obs_index.len()),
             ("next_index column", rows, self.next_index.len()),
         ];
-        for (what, expected, got) in checks {
-            if expected != got {
-                return Err(SpecError::Length {
-                    what,
-                    expected,
-                    got,
-                });
-            }
-        }
+        SpecError::check_lengths(&checks)?;
         let obs_rows = self.obs_rows();
         if let Some(i) = self
             .obs_index
@@ -237,15 +229,7 @@ impl TransitionBatch {
             ("rewards column", rows, self.rewards.len()),
             ("discounts column", rows, self.discounts.len()),
         ];
-        for (what, expected, got) in checks {
-            if expected != got {
-                return Err(SpecError::Length {
-                    what,
-                    expected,
-                    got,
-                });
-            }
-        }
+        SpecError::check_lengths(&checks)?;
         Ok(())
     }
 }

@@ -83,15 +83,7 @@ impl FrameLinks {
             ("transition frames", items, self.obs.len()),
             ("next transition frames", items, self.next.len()),
         ];
-        for (what, expected, got) in checks {
-            if expected != got {
-                return Err(SpecError::Length {
-                    what,
-                    expected,
-                    got,
-                });
-            }
-        }
+        SpecError::check_lengths(&checks)?;
         if self.number.windows(2).any(|w| w[0] >= w[1]) {
             return Err(SpecError::BadValue("frame numbers do not rise".into()));
         }

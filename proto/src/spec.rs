@@ -79,6 +79,20 @@ pub enum SpecError {
     },
 }
 
+impl SpecError {
+    /// The first of `(what, expected, got)` whose lengths differ, as an error.
+    pub fn check_lengths(checks: &[(&'static str, usize, usize)]) -> Result<(), SpecError> {
+        match checks.iter().find(|(_, expected, got)| expected != got) {
+            Some(&(what, expected, got)) => Err(SpecError::Length {
+                what,
+                expected,
+                got,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// One convolution of a pixel torso: `out_channels` filters of `kernel × kernel`,
 /// stride `stride`, no padding, ReLU after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

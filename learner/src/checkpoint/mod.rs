@@ -399,6 +399,41 @@ pub fn save_policy(
     Ok(())
 }
 
+/// Whose policy is saved: a run's (or a population agent's) checkpoint layout,
+/// environment, network and seed.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyOwner<'a> {
+    pub layout: &'a Layout,
+    pub env: &'a EnvSpec,
+    pub network: &'a NetworkSpec,
+    pub seed: u64,
+}
+
+/// Saves the parameters an evaluation played (`eval`, and its confirmation if any) as
+/// `owner`'s `best/` or `solved/`.
+pub fn save_evaluated(
+    owner: &PolicyOwner<'_>,
+    which: Which,
+    params: &millrace_proto::Params,
+    eval: &EvalRecord,
+    confirm: Option<&EvalRecord>,
+) -> Result<(), CheckpointError> {
+    let meta = PolicyMeta {
+        format: FORMAT_VERSION,
+        which,
+        policy_file: String::new(),
+        env: owner.env.clone(),
+        network: owner.network.clone(),
+        seed: owner.seed,
+        params_version: params.version,
+        env_steps: params.env_steps,
+        updates: params.updates,
+        eval: eval.clone(),
+        confirm: confirm.cloned(),
+    };
+    save_policy(&owner.layout.dir(which), &params.data, meta)
+}
+
 /// The evaluation behind the policy saved as `which` in `layout`, if one is there.
 pub fn saved_eval(layout: &Layout, which: Which) -> Result<Option<EvalRecord>, CheckpointError> {
     let meta = layout.dir(which).join(META);

@@ -18,7 +18,7 @@ use super::setup::Setup;
 use super::wiring::Links;
 use super::RunError;
 use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter, WriterStats};
-use crate::checkpoint::{self, CheckpointError, PolicyMeta, Which, FORMAT_VERSION};
+use crate::checkpoint::{self, CheckpointError, Which};
 use crate::config::RunConfig;
 use crate::evaluation::{eval_seed, EvalRecord, EvalRequest, EvalTracker, Evaluator, Purpose};
 use crate::server::ServerHandle;
@@ -189,7 +189,7 @@ impl Running {
     }
 }
 
-/// Saves a snapshot an evaluation played as `best/` or `solved/`.
+/// Saves a snapshot an evaluation played as the run's `best/` or `solved/`.
 fn save_policy(
     which: Which,
     setup: &Setup,
@@ -198,20 +198,13 @@ fn save_policy(
     eval: &EvalRecord,
     confirm: Option<&EvalRecord>,
 ) -> Result<(), RunError> {
-    let meta = PolicyMeta {
-        format: FORMAT_VERSION,
-        which,
-        policy_file: String::new(),
-        env: setup.env.clone(),
-        network: setup.network.clone(),
+    let owner = checkpoint::PolicyOwner {
+        layout: &setup.layout,
+        env: &setup.env,
+        network: &setup.network,
         seed,
-        params_version: params.version,
-        env_steps: params.env_steps,
-        updates: params.updates,
-        eval: eval.clone(),
-        confirm: confirm.cloned(),
     };
-    checkpoint::save_policy(&setup.layout.dir(which), &params.data, meta)
+    checkpoint::save_evaluated(&owner, which, params, eval, confirm)
         .map_err(|e| RunError::SavePolicy(which, e))
 }
 

@@ -29,7 +29,7 @@ use rand::SeedableRng;
 
 use super::population_staging::PopulationStaging;
 use super::RunError;
-use crate::checkpoint::{self, Layout, PolicyMeta, Which, FORMAT_VERSION};
+use crate::checkpoint::{self, Layout, PolicyOwner, Which};
 use crate::config::RunConfig;
 use crate::dqn::Dqn;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
@@ -73,32 +73,6 @@ pub fn agents(cfg: &RunConfig) -> Result<(Vec<SweepAgent>, u64), RunError> {
     Ok((agents, cfg.max_steps))
 }
 
-fn save_policy(
-    agent: &Agent,
-    cfg: &RunConfig,
-    network: &NetworkSpec,
-    which: Which,
-    params: &Params,
-    eval: &EvalRecord,
-    confirm: Option<&EvalRecord>,
-) -> Result<(), RunError> {
-    let meta = PolicyMeta {
-        format: FORMAT_VERSION,
-        which,
-        policy_file: String::new(),
-        env: cfg.env_spec.clone(),
-        network: network.clone(),
-        seed: agent.hp.seed,
-        params_version: params.version,
-        env_steps: params.env_steps,
-        updates: params.updates,
-        eval: eval.clone(),
-        confirm: confirm.cloned(),
-    };
-    checkpoint::save_policy(&agent.layout.dir(which), &params.data, meta)
-        .map_err(|e| RunError::SavePolicy(which, e))
-}
-
 /// Evaluates the agent's latest parameters, and confirms a candidate at once; returns
 /// whether it is solved.
 fn evaluate_agent(
@@ -136,27 +110,21 @@ fn evaluate_agent(
             done.record
         );
         let d = agent.tracker.record(&done);
+        let owner = PolicyOwner {
+            layout: &agent.layout,
+            env: &cfg.env_spec,
+            network,
+            seed: agent.hp.seed,
+        };
+        let save = |which, params, eval, confirm| {
+            checkpoint::save_evaluated(&owner, which, params, eval, confirm)
+                .map_err(|e| RunError::SavePolicy(which, e))
+        };
         if d.new_best {
-            save_policy(
-                agent,
-                cfg,
-                network,
-                Which::Best,
-                &done.params,
-                &done.record,
-                None,
-            )?;
+            save(Which::Best, &done.params, &done.record, None)?;
         }
         if let Some(s) = &d.solved {
-            save_policy(
-                agent,
-                cfg,
-                network,
-                Which::Solved,
-                &s.params,
-                &s.first,
-                Some(&s.confirm),
-            )?;
+            save(Which::Solved, &s.params, &s.first, Some(&s.confirm))?;
         }
         next = d.confirm.map(|p| (p, Purpose::Confirm));
     }
