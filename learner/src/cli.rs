@@ -2,7 +2,7 @@
 //! the typed [`RunConfig`] (ripgrep's low-level args → high-level args). Lives in the
 //! library so that tests can hold `--help` against every flag the parser knows.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -43,9 +43,14 @@ pub enum Command {
     /// Write a saved policy as a PyTorch `nn.Sequential` state_dict (safetensors) plus a
     /// JSON description of the network and the observation preprocessing.
     Export {
-        /// A run's checkpoint directory (`<logdir>/checkpoint`).
+        /// A run's checkpoint directory (`<logdir>/checkpoint`), or with --agent a
+        /// population's log directory.
         #[arg(long)]
         checkpoint: PathBuf,
+        /// A population's agent (its number in population.csv): its checkpoint under
+        /// the log directory --checkpoint names (`agents/agent-NNN/checkpoint`).
+        #[arg(long)]
+        agent: Option<usize>,
         /// Which saved policy: the last state, the best evaluation, or the one that
         /// solved the run. Default: solved, else best, else latest.
         #[arg(long, value_enum)]
@@ -57,8 +62,13 @@ pub enum Command {
     /// Play a saved policy greedily in millrace's own environments and print the mean
     /// return with its spread.
     Eval {
+        /// A run's checkpoint directory (`<logdir>/checkpoint`), or with --agent a
+        /// population's log directory.
         #[arg(long)]
         checkpoint: PathBuf,
+        /// A population's agent (its number in population.csv).
+        #[arg(long)]
+        agent: Option<usize>,
         #[arg(long, value_enum)]
         which: Option<Which>,
         /// Episodes to play.
@@ -167,11 +177,19 @@ pub struct TrainArgs {
     pub population_threads: Option<usize>,
 
     /// Train a sweep as one population: its agents from a file of grids and random
-    /// draws of per-agent hyperparameters (learning rate, gradient clip, target period
-    /// or τ) times seeds, with a per-agent step budget; every other setting from the
-    /// flags. The format: sweeps/README.md; an example: sweeps/cartpole.toml.
+    /// draws of per-agent settings (learning rate, gradient clip, target period or τ,
+    /// γ, n-step, ε schedule; batch size, hidden layers and replay ratio, which put
+    /// agents in separate groups) times seeds, with a per-agent step budget; every
+    /// other setting from the flags. The format: sweeps/README.md; an example:
+    /// sweeps/cartpole.toml.
     #[arg(long, conflicts_with = "population")]
     pub sweep: Option<PathBuf>,
+
+    /// Most agents of a population training at once (default: as many as memory
+    /// holds). The rest wait in a queue and take the places of agents that finish, so
+    /// a sweep of any size runs as a stream.
+    #[arg(long)]
+    pub max_concurrent_agents: Option<usize>,
 
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical parameters and
@@ -358,6 +376,25 @@ fn refuse_to_overwrite(
 
 /// The device to train on: `--cpu`, `--gpu N` (checked against the devices that
 /// exist), or GPU 0 when CUDA is available.
+/// The checkpoint directory `--checkpoint` and `--agent` name: `checkpoint` itself, or
+/// agent `k`'s in the population whose log directory `checkpoint` is.
+pub fn agent_checkpoint(checkpoint: &Path, agent: Option<usize>) -> anyhow::Result<PathBuf> {
+    let Some(k) = agent else {
+        return Ok(checkpoint.to_path_buf());
+    };
+    let dir = checkpoint
+        .join("agents")
+        .join(format!("agent-{k:03}"))
+        .join("checkpoint");
+    if !dir.is_dir() {
+        bail!(
+            "--agent {k}: no {} (with --agent, --checkpoint is a population's log directory; its population.csv lists the agents)",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
 pub fn resolve_device(cpu: bool, gpu: Option<usize>) -> anyhow::Result<DeviceChoice> {
     match (cpu, gpu) {
         (true, _) => Ok(DeviceChoice::Cpu),
@@ -446,8 +483,15 @@ impl TrainArgs {
                 args.replay_frames_per_item
             );
         }
-        if args.population_threads.is_some() && args.population.is_none() && args.sweep.is_none() {
+        let population = args.population.is_some() || args.sweep.is_some();
+        if args.population_threads.is_some() && !population {
             bail!("--population-threads is for a population (--population or --sweep)");
+        }
+        if args.max_concurrent_agents.is_some() && !population {
+            bail!("--max-concurrent-agents is for a population (--population or --sweep)");
+        }
+        if args.max_concurrent_agents == Some(0) || args.population_threads == Some(0) {
+            bail!("--max-concurrent-agents and --population-threads must be at least 1");
         }
         if let Some(path) = &args.sweep {
             // Read now, so a bad file is one clear line before anything starts.
@@ -583,7 +627,7 @@ impl TrainArgs {
             Ok(spec) => Faults::parse(&spec).map_err(anyhow::Error::msg)?,
             Err(_) => Faults::default(),
         };
-        Ok(RunConfig {
+        let cfg = RunConfig {
             eval: EvalConfig {
                 every: args.eval_every,
                 episodes: args.eval_episodes,
@@ -597,6 +641,7 @@ impl TrainArgs {
             population: args.population,
             population_threads: args.population_threads,
             sweep: args.sweep.clone(),
+            max_concurrent_agents: args.max_concurrent_agents,
             device,
             deterministic: args.deterministic,
             hidden: args.hidden,
@@ -635,7 +680,13 @@ impl TrainArgs {
             resume: args.resume,
             server,
             faults,
-        })
+        };
+        if cfg.sweep.is_some() {
+            // Each agent's settings against the flags', so a bad combination is one
+            // clear line before anything starts.
+            crate::run::population_agents(&cfg)?;
+        }
+        Ok(cfg)
     }
 }
 

@@ -177,6 +177,9 @@ pub struct RunConfig {
     /// A sweep file (`--sweep`): the population's agents as grids and draws of
     /// per-agent hyperparameters times seeds (see `sweeps/README.md`).
     pub sweep: Option<PathBuf>,
+    /// Most agents of a population training at once (`None`: as many as memory holds);
+    /// the rest queue and take finished agents' places.
+    pub max_concurrent_agents: Option<usize>,
     pub device: DeviceChoice,
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical results.

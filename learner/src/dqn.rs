@@ -33,7 +33,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::host_adam;
+use crate::host_adam::{self, Bias};
 use crate::population::{AgentHparams, AgentTensors, Sync};
 
 /// How the target network follows the online one.
@@ -375,6 +375,58 @@ impl Dqn {
         Self::restore(spec, config, agents, device, state)
     }
 
+    /// The same population with fresh agents added after it (in the rows after the
+    /// present ones), each started as [`Dqn::population`] starts it. A newcomer counts
+    /// its own updates from here (for its target period and Adam's bias corrections),
+    /// so it learns as it would in a population of its own: a sweep streams queued
+    /// agents into the places of finished ones.
+    pub fn admit(&self, newcomers: &[AgentHparams]) -> Self {
+        let mut spec = self.spec.clone();
+        spec.population = newcomers.len();
+        let fresh = Self::population(spec, self.config.clone(), newcomers, self.device);
+        let cat = |a: &Tensor, b: &Tensor| Tensor::cat(&[a, b], 0);
+        let state = DqnState {
+            online: cat(&self.online, &fresh.online),
+            target: cat(&self.target, &fresh.target),
+            adam_m: cat(&self.adam_m, &fresh.adam_m),
+            adam_v: cat(&self.adam_v, &fresh.adam_v),
+            adam_step: self.adam_step,
+            updates: self.updates,
+        };
+        let mut agents = self.agents.hparams.clone();
+        agents.extend_from_slice(newcomers);
+        let mut joined = self.agents.joined.clone();
+        joined.extend(std::iter::repeat_n(self.updates, newcomers.len()));
+        self.rebuilt(state, &agents, &joined, |t, f| cat(t, f), &fresh)
+    }
+
+    /// This population's settings around `state` (for [`Dqn::keep_agents`] and
+    /// [`Dqn::admit`]): the skip counters are `counters` of this one's and `other`'s.
+    fn rebuilt(
+        &self,
+        state: DqnState,
+        agents: &[AgentHparams],
+        joined: &[u64],
+        counters: impl Fn(&Tensor, &Tensor) -> Tensor,
+        other: &Self,
+    ) -> Self {
+        let mut spec = self.spec.clone();
+        spec.population = agents.len();
+        let mut next = Self::restore_joined(
+            spec,
+            self.config.clone(),
+            agents,
+            joined,
+            self.device,
+            state,
+        );
+        next.host_optimizer = self.host_optimizer;
+        next.nonfinite = counters(&self.nonfinite, &other.nonfinite).contiguous();
+        next.nonfinite_streak =
+            counters(&self.nonfinite_streak, &other.nonfinite_streak).contiguous();
+        next
+    }
+
     /// Restores from a checkpointed state (shapes checked by the caller), every agent
     /// with `config`'s settings.
     pub fn from_state(
@@ -392,6 +444,20 @@ impl Dqn {
         spec: NetworkSpec,
         config: DqnConfig,
         agents: &[AgentHparams],
+        device: Device,
+        state: DqnState,
+    ) -> Self {
+        let joined = vec![0; agents.len()];
+        Self::restore_joined(spec, config, agents, &joined, device, state)
+    }
+
+    /// [`Dqn::restore`] for agents that joined after `joined[k]` of the population's
+    /// updates.
+    fn restore_joined(
+        spec: NetworkSpec,
+        config: DqnConfig,
+        agents: &[AgentHparams],
+        joined: &[u64],
         device: Device,
         state: DqnState,
     ) -> Self {
@@ -445,7 +511,7 @@ impl Dqn {
             detail_count: 0,
             nonfinite: Tensor::zeros([k, 1], (Kind::Float, device)),
             nonfinite_streak: Tensor::zeros([k, 1], (Kind::Float, device)),
-            agents: AgentTensors::new(agents, device),
+            agents: AgentTensors::new(agents, joined, device),
             host_optimizer: device == Device::Cpu,
         }
     }
@@ -621,35 +687,42 @@ impl Dqn {
         let grad = grad * scale;
 
         self.adam_step += 1;
-        // powf on the float count: no overflow however long the run (or odd the checkpoint).
-        let t = self.adam_step as f64;
         let (b1, b2) = c.adam_betas;
-        let bias1 = 1.0 - b1.powf(t);
-        let bias2_sqrt = (1.0 - b2.powf(t)).sqrt();
         let _ = self.adam_m.lerp_tensor_(&grad, &(&okf * (1.0 - b1)));
         let _ = self
             .adam_v
             .lerp_tensor_(&grad.square(), &(&okf * (1.0 - b2)));
-        let denom = self.adam_v.sqrt().g_add_scalar_(c.adam_eps * bias2_sqrt);
-        let mut step = &self.adam_m / denom;
-        let _ = step.g_mul_(&(okf * &self.agents.lr * (-bias2_sqrt / bias1)));
-        let _ = self.online.g_add_(&step);
+        let biases = self.agents.biases(self.adam_step, c.adam_betas);
+        let (denom, step) = if let [b] = biases[..] {
+            let denom = self
+                .adam_v
+                .sqrt()
+                .g_add_scalar_(c.adam_eps * f64::from(b.bias2_sqrt));
+            (denom, okf * &self.agents.lr * -f64::from(b.correction))
+        } else {
+            // Agents that joined later: their own step numbers, one column each.
+            let column = |f: &dyn Fn(&Bias) -> f32| {
+                let v: Vec<f32> = biases.iter().map(f).collect();
+                Tensor::from_slice(&v).view([-1, 1]).to_device(self.device)
+            };
+            let eps = column(&|b| b.bias2_sqrt) * c.adam_eps;
+            let denom = self.adam_v.sqrt() + eps;
+            (denom, okf * &self.agents.lr * -column(&|b| b.correction))
+        };
+        let _ = self.online.g_add_(&((&self.adam_m / denom) * step));
     }
 
     /// [`Dqn::adam_step`] on the CPU in one pass over the parameters ([`host_adam`]).
     fn adam_step_host(&mut self, td: &Tensor) {
         let c = &self.config;
         self.adam_step += 1;
-        let t = self.adam_step as f64;
         let (b1, b2) = c.adam_betas;
-        let bias2_sqrt = (1.0 - b2.powf(t)).sqrt();
         let settings = host_adam::Step {
             beta1: b1 as f32,
             beta2: b2 as f32,
             eps: c.adam_eps as f32,
-            correction: (bias2_sqrt / (1.0 - b1.powf(t))) as f32,
-            bias2_sqrt: bias2_sqrt as f32,
         };
+        let biases = self.agents.biases(self.adam_step, c.adam_betas);
         let td = td.contiguous();
         // SAFETY: all five are contiguous f32 CPU tensors (made so in `restore`, or
         // just above) with their own storage, which nothing else touches during the
@@ -664,6 +737,7 @@ impl Dqn {
                 &self.agents.lr_host,
                 &self.agents.max_grad_norm_host,
                 settings,
+                &biases,
             )
         };
         // The skip counters in place too (no small tensor operations per update).
@@ -696,10 +770,11 @@ impl Dqn {
     }
 
     /// The same networks for only the agents in `rows` (in that order), each with its
-    /// entry of `agents`: a population drops its finished agents, so they stop costing
-    /// compute. Parameters, targets, Adam's moments, the update count and the agents'
-    /// skip counters carry over (the loss statistics since the last read do not).
-    pub fn keep_agents(&self, rows: &[usize], agents: &[AgentHparams]) -> Self {
+    /// settings: a population drops its finished agents, so they stop costing compute.
+    /// Parameters, targets, Adam's moments, the update count, when each agent joined and
+    /// the agents' skip counters carry over (the loss statistics since the last read do
+    /// not).
+    pub fn keep_agents(&self, rows: &[usize]) -> Self {
         let index: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
         let index = Tensor::from_slice(&index).to_device(self.device);
         let pick = |t: &Tensor| t.index_select(0, &index);
@@ -711,13 +786,9 @@ impl Dqn {
             adam_step: self.adam_step,
             updates: self.updates,
         };
-        let mut spec = self.spec.clone();
-        spec.population = rows.len();
-        let mut kept = Self::restore(spec, self.config.clone(), agents, self.device, state);
-        kept.host_optimizer = self.host_optimizer;
-        kept.nonfinite = pick(&self.nonfinite).contiguous();
-        kept.nonfinite_streak = pick(&self.nonfinite_streak).contiguous();
-        kept
+        let agents: Vec<AgentHparams> = rows.iter().map(|&r| self.agents.hparams[r]).collect();
+        let joined: Vec<u64> = rows.iter().map(|&r| self.agents.joined[r]).collect();
+        self.rebuilt(state, &agents, &joined, |t, _| pick(t), self)
     }
 
     /// Copies the online parameters into the target network.

@@ -7,23 +7,43 @@
 //! clipping, the finite check, Adam with per-agent learning rates) reads the gradient
 //! twice and the parameters and moments once.
 
-/// Adam's settings shared by all agents, and the step's bias corrections.
+/// Adam's settings shared by all agents.
 #[derive(Clone, Copy, Debug)]
 pub struct Step {
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
-    /// `√(1 − β2ᵗ) / (1 − β1ᵗ)` for this step t.
+}
+
+/// Adam's bias corrections for an agent's step number t.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bias {
+    /// `√(1 − β2ᵗ) / (1 − β1ᵗ)`.
     pub correction: f32,
-    /// `√(1 − β2ᵗ)` for this step t.
+    /// `√(1 − β2ᵗ)`.
     pub bias2_sqrt: f32,
+}
+
+impl Bias {
+    /// The corrections of step `t` (counted from 1) with betas `b1`, `b2`.
+    pub fn at(t: u64, (b1, b2): (f64, f64)) -> Self {
+        // powf on the float count: no overflow however long the run.
+        let t = t as f64;
+        let bias2_sqrt = (1.0 - b2.powf(t)).sqrt();
+        Self {
+            correction: (bias2_sqrt / (1.0 - b1.powf(t))) as f32,
+            bias2_sqrt: bias2_sqrt as f32,
+        }
+    }
 }
 
 /// One optimizer step for `lr.len()` agents whose flat parameters, moments and
 /// gradients are rows of `params.len() / lr.len()` values, and whose TD errors are
 /// rows of `td`: each agent's gradient is clipped to its global norm `clip[k]`, then
 /// Adam moves it with learning rate `lr[k]`. An agent whose gradient norm or TD errors
-/// are not finite is left untouched. Returns which agents stepped.
+/// are not finite is left untouched. `bias` holds each agent's bias corrections (its
+/// own step number: agents that joined the population later count fewer steps), or
+/// one entry that every agent shares. Returns which agents stepped.
 ///
 /// The same arithmetic as the device path: `p −= lr·√(1−β2ᵗ)/(1−β1ᵗ) · m / (√v +
 /// ε·√(1−β2ᵗ))`.
@@ -37,6 +57,7 @@ pub fn step(
     lr: &[f32],
     clip: &[f32],
     s: Step,
+    bias: &[Bias],
 ) -> Vec<bool> {
     let k = lr.len();
     let p = params.len() / k.max(1);
@@ -45,7 +66,10 @@ pub fn step(
         params.len() == k * p && m.len() == k * p && v.len() == k * p && grad.len() == k * p,
         "one row of parameters, moments and gradient per agent"
     );
-    let eps = s.eps * s.bias2_sqrt;
+    assert!(
+        bias.len() == 1 || bias.len() == k,
+        "one bias correction, or one per agent"
+    );
     let (one_b1, one_b2) = (1.0 - s.beta1, 1.0 - s.beta2);
     // Moments of parameters that stopped learning (a dead ReLU's) decay towards 0 and
     // become denormal, which the CPU handles a hundred times slower: flush them.
@@ -60,7 +84,9 @@ pub fn step(
                 return false;
             }
             let scale = clip[a] / norm.max(clip[a]);
-            let rate = lr[a] * s.correction;
+            let bias = bias[a.min(bias.len() - 1)];
+            let rate = lr[a] * bias.correction;
+            let eps = s.eps * bias.bias2_sqrt;
             // Equal lengths up front: no bounds checks in the loop, which vectorises.
             let (pa, ma, va) = (
                 &mut params[rows.clone()],
@@ -141,16 +167,14 @@ fn sum_of_squares(x: &[f32]) -> f64 {
 mod tests {
     use super::*;
 
-    fn settings(t: i32) -> Step {
-        let (b1, b2) = (0.9f64, 0.999f64);
-        let bias2 = (1.0 - b2.powi(t)).sqrt();
-        Step {
-            beta1: b1 as f32,
-            beta2: b2 as f32,
-            eps: 1e-8,
-            correction: (bias2 / (1.0 - b1.powi(t))) as f32,
-            bias2_sqrt: bias2 as f32,
-        }
+    const SETTINGS: Step = Step {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+
+    fn bias(t: u64) -> Bias {
+        Bias::at(t, (0.9, 0.999))
     }
 
     #[test]
@@ -174,7 +198,8 @@ mod tests {
             &[0.1, 0.2],
             &[0.1, 0.01],
             &[100.0; 2],
-            settings(1),
+            SETTINGS,
+            &[bias(1)],
         );
         assert_eq!(ok, [true, true]);
         for (got, want) in p.iter().zip([0.9, 1.1, 0.99, 1.01]) {
@@ -195,13 +220,65 @@ mod tests {
             &[0.0, f32::NAN],
             &[0.1; 2],
             &[1.0, 1.0],
-            settings(1),
+            SETTINGS,
+            &[bias(1)],
         );
         assert_eq!(ok, [true, false]);
         assert!((m[0] - 0.1 * 0.6).abs() < 1e-6 && (m[1] - 0.1 * 0.8).abs() < 1e-6);
         assert_eq!(
             (&p[2..], &m[2..], &v[2..]),
             (&[0.0f32, 0.0][..], &[0.0f32, 0.0][..], &[0.0f32, 0.0][..])
+        );
+    }
+
+    #[test]
+    fn each_agent_corrects_for_its_own_step_number() {
+        // Agent 1 joined later: its step is its first, agent 0's its fourth. Each moves
+        // as it would alone with its own step number.
+        let grad = [0.5f32, -2.0, 0.5, -2.0];
+        let (mut p, mut m, mut v) = (
+            vec![1.0f32; 4],
+            vec![0.1f32, 0.1, 0.0, 0.0],
+            vec![0.01f32, 0.01, 0.0, 0.0],
+        );
+        let ok = step(
+            &mut p,
+            &mut m,
+            &mut v,
+            &grad,
+            &[0.0; 2],
+            &[0.1; 2],
+            &[100.0; 2],
+            SETTINGS,
+            &[bias(4), bias(1)],
+        );
+        assert_eq!(ok, [true, true]);
+        for (a, t) in [(0, 4), (1, 1)] {
+            let (mut p1, mut m1, mut v1) = (
+                vec![1.0f32; 2],
+                vec![[0.1f32, 0.0][a]; 2],
+                vec![[0.01f32, 0.0][a]; 2],
+            );
+            step(
+                &mut p1,
+                &mut m1,
+                &mut v1,
+                &grad[..2],
+                &[0.0],
+                &[0.1],
+                &[100.0],
+                SETTINGS,
+                &[bias(t)],
+            );
+            assert_eq!(
+                (&p[2 * a..2 * a + 2], &m[2 * a..2 * a + 2]),
+                (&p1[..], &m1[..])
+            );
+        }
+        // A first step is lr · sign(g).
+        assert!(
+            (p[2] - 0.9).abs() < 1e-6 && (p[3] - 1.1).abs() < 1e-6,
+            "{p:?}"
         );
     }
 }

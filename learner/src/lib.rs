@@ -12,7 +12,8 @@
 //! - [`evaluation`]: greedy evaluation of published snapshots, and what the run keeps.
 //! - [`server`]: remote actors over TCP.
 //! - [`checkpoint`], [`export`]: what a run keeps, and the policy in PyTorch's names.
-//! - [`summary`], [`metrics`], [`tensorboard`]: what a run reports.
+//! - [`summary`], [`metrics`], [`tensorboard`], [`tensorboard_hparams`]: what a run
+//!   reports.
 //! - [`doctor`], [`memory`]: the set-up checked, and failures explained.
 
 pub mod checkpoint;
@@ -28,6 +29,7 @@ pub mod memory;
 pub mod metrics;
 pub mod network;
 pub mod population;
+pub mod population_board;
 pub mod population_results;
 pub mod prefetch;
 pub mod publisher;
@@ -36,6 +38,7 @@ pub mod server;
 pub mod summary;
 pub mod sweep;
 pub mod tensorboard;
+pub mod tensorboard_hparams;
 pub mod update_loop;
 
 pub use config::RunConfig;

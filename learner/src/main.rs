@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use millrace_learner::cli::{Args, Command, TrainArgs, Which};
-use millrace_learner::{checkpoint, evaluation, export};
+use millrace_learner::{checkpoint, cli, evaluation, export};
 
 /// Log output that shares the terminal with the progress bar.
 #[derive(Clone)]
@@ -188,16 +188,21 @@ fn main() -> ExitCode {
         None => train(args.train),
         Some(Command::Export {
             checkpoint,
+            agent,
             which,
             out,
-        }) => export_policy(&checkpoint, which, &out),
+        }) => {
+            cli::agent_checkpoint(&checkpoint, agent).and_then(|c| export_policy(&c, which, &out))
+        }
         Some(Command::Eval {
             checkpoint,
+            agent,
             which,
             episodes,
             seed,
             json,
-        }) => eval_policy(&checkpoint, which, episodes, seed, json),
+        }) => cli::agent_checkpoint(&checkpoint, agent)
+            .and_then(|c| eval_policy(&c, which, episodes, seed, json)),
         Some(Command::Doctor) => doctor(),
     };
     match result {

@@ -12,6 +12,7 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::dqn::{DqnConfig, TargetUpdate};
+use crate::host_adam::Bias;
 
 /// What may differ between the agents of one population.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -62,10 +63,23 @@ pub struct AgentTensors {
     /// The period every agent shares, if they all copy alike (the common case: no
     /// per-agent work after each update).
     shared_period: Option<u64>,
+    /// Each agent's settings, in population order.
+    pub hparams: Vec<AgentHparams>,
+    /// How many updates the population had made when each agent joined (0 for those
+    /// it started with): an agent's own update number, which its target period and
+    /// Adam's bias corrections count, is the population's minus this.
+    pub joined: Vec<u64>,
+    /// Whether every agent joined at once (their update numbers agree).
+    joined_together: bool,
 }
 
 impl AgentTensors {
-    pub fn new(agents: &[AgentHparams], device: Device) -> Self {
+    /// The tensors of `agents`, which joined after `joined[k]` population updates.
+    ///
+    /// # Panics
+    /// If `joined` does not have one entry per agent.
+    pub fn new(agents: &[AgentHparams], joined: &[u64], device: Device) -> Self {
+        assert_eq!(agents.len(), joined.len(), "one join count per agent");
         let column = |f: &dyn Fn(&AgentHparams) -> f64| {
             let v: Vec<f64> = agents.iter().map(f).collect();
             Tensor::from_slice(&v)
@@ -106,14 +120,23 @@ impl AgentTensors {
             tau,
             periods,
             shared_period,
+            hparams: agents.to_vec(),
+            joined: joined.to_vec(),
+            joined_together: joined.windows(2).all(|w| w[0] == w[1]),
         }
     }
 
-    /// Which agents copy their online network into their target after update number
-    /// `updates` (counted from 1): all, some (a mask), or none.
+    /// Agent `k`'s own number for the population's update number `count`.
+    fn own(&self, k: usize, count: u64) -> u64 {
+        count.saturating_sub(self.joined[k])
+    }
+
+    /// Which agents copy their online network into their target after the population's
+    /// update number `updates` (counted from 1), each by its own update number: all,
+    /// some (a mask), or none.
     pub fn syncing(&self, updates: u64) -> Sync {
-        if let Some(p) = self.shared_period {
-            return if updates.is_multiple_of(p) {
+        if let (Some(p), true) = (self.shared_period, self.joined_together) {
+            return if self.own(0, updates).is_multiple_of(p) {
                 Sync::All
             } else {
                 Sync::None
@@ -122,7 +145,8 @@ impl AgentTensors {
         let due: Vec<bool> = self
             .periods
             .iter()
-            .map(|p| p.is_some_and(|p| updates.is_multiple_of(p)))
+            .enumerate()
+            .map(|(k, p)| p.is_some_and(|p| self.own(k, updates).is_multiple_of(p)))
             .collect();
         if due.iter().all(|d| *d) {
             Sync::All
@@ -131,6 +155,20 @@ impl AgentTensors {
         } else {
             Sync::None
         }
+    }
+}
+
+impl AgentTensors {
+    /// Adam's bias corrections for the population's step number `step`: one that every
+    /// agent shares when they joined together, else one per agent by its own step
+    /// number.
+    pub fn biases(&self, step: u64, betas: (f64, f64)) -> Vec<Bias> {
+        if self.joined_together {
+            return vec![Bias::at(self.own(0, step).max(1), betas)];
+        }
+        (0..self.joined.len())
+            .map(|k| Bias::at(self.own(k, step).max(1), betas))
+            .collect()
     }
 }
 
@@ -163,6 +201,7 @@ mod tests {
                 agent(TargetUpdate::Hard { period: 3 }),
                 agent(TargetUpdate::Polyak { tau: 0.01 }),
             ],
+            &[0; 3],
             Device::Cpu,
         );
         assert_eq!(t.syncing(1), Sync::None);
@@ -170,9 +209,28 @@ mod tests {
         assert_eq!(t.syncing(6), Sync::Some(vec![true, true, false]));
         let tau = Vec::<f32>::try_from(t.tau.unwrap().view([-1])).unwrap();
         assert_eq!(tau, [0.0, 0.0, 0.01]);
-        let same = AgentTensors::new(&[agent(TargetUpdate::Hard { period: 4 }); 2], Device::Cpu);
+        let same = AgentTensors::new(
+            &[agent(TargetUpdate::Hard { period: 4 }); 2],
+            &[0; 2],
+            Device::Cpu,
+        );
         assert_eq!((same.syncing(4), same.syncing(5)), (Sync::All, Sync::None));
         assert!(same.tau.is_none());
+        assert_eq!(same.biases(3, (0.9, 0.999)).len(), 1);
+    }
+
+    #[test]
+    fn an_agent_that_joined_later_counts_its_own_updates() {
+        let t = AgentTensors::new(
+            &[agent(TargetUpdate::Hard { period: 4 }); 2],
+            &[0, 3],
+            Device::Cpu,
+        );
+        // Update 4 is agent 0's fourth and agent 1's first; update 7 agent 1's fourth.
+        assert_eq!(t.syncing(4), Sync::Some(vec![true, false]));
+        assert_eq!(t.syncing(7), Sync::Some(vec![false, true]));
+        let b = t.biases(4, (0.9, 0.999));
+        assert_eq!(b, [Bias::at(4, (0.9, 0.999)), Bias::at(1, (0.9, 0.999))]);
     }
 
     #[test]

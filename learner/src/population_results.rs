@@ -5,10 +5,45 @@
 use std::fmt;
 use std::path::Path;
 
+use millrace_actor::EpsilonSchedule;
 use serde::Serialize;
 
+use crate::config::RunConfig;
 use crate::dqn::TargetUpdate;
 use crate::population::AgentHparams;
+
+/// An agent's settings besides its [`AgentHparams`]: how its actors acted and the
+/// shape and pace of its update (a sweep's values, or the flags').
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AgentSetup {
+    pub gamma: f32,
+    pub n_step: usize,
+    pub epsilon: EpsilonSchedule,
+    pub batch_size: usize,
+    pub hidden: Vec<usize>,
+    pub samples_per_insert: f64,
+}
+
+impl AgentSetup {
+    pub fn of(cfg: &RunConfig) -> Self {
+        Self {
+            gamma: cfg.actors.gamma,
+            n_step: cfg.actors.n_step,
+            epsilon: cfg.actors.epsilon,
+            batch_size: cfg.batch_size,
+            hidden: cfg.hidden.clone(),
+            samples_per_insert: cfg.replay.samples_per_insert,
+        }
+    }
+
+    /// `start,end,steps` of the ε schedule (a constant ε decays over 0 steps).
+    fn epsilon_csv(&self) -> String {
+        match self.epsilon {
+            EpsilonSchedule::Linear { start, end, steps } => format!("{start},{end},{steps}"),
+            EpsilonSchedule::Constant(e) => format!("{e},{e},0"),
+        }
+    }
+}
 
 /// How an agent's training ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -30,7 +65,11 @@ pub struct AgentResult {
     pub agent: usize,
     /// Its configuration (a sweep's grid point and draw; 0 for `--population K`).
     pub config: usize,
+    /// Its configuration's values as its sweep file gave them (empty for
+    /// `--population K`).
+    pub label: String,
     pub hparams: AgentHparams,
+    pub setup: AgentSetup,
     pub end: AgentEnd,
     /// Env steps when it ended (for a solved agent: those of the solving snapshot).
     pub env_steps: u64,
@@ -49,9 +88,14 @@ pub struct PopulationSummary {
     pub updates: u64,
     pub target: Option<f32>,
     /// Seconds spent stepping actors, in stacked updates, and evaluating, summed over
-    /// the groups (threads) the agents trained in.
+    /// the threads the agents trained on.
     pub split: [f64; 3],
+    /// Groups of agents that share an update's shapes and pace (one after another on
+    /// each thread), and the threads.
     pub groups: usize,
+    pub threads: usize,
+    /// Most agents that trained at once.
+    pub concurrent: usize,
 }
 
 /// Mean and half-width of a 95% confidence interval (Student's t) of `xs`.
@@ -84,7 +128,8 @@ fn t95(df: usize) -> f64 {
     }
 }
 
-fn target_rule(t: &TargetUpdate) -> String {
+/// A target rule as `hard/PERIOD` or `polyak/TAU`.
+pub fn target_rule(t: &TargetUpdate) -> String {
     match t {
         TargetUpdate::Hard { period } => format!("hard/{period}"),
         TargetUpdate::Polyak { tau } => format!("polyak/{tau}"),
@@ -119,18 +164,25 @@ impl PopulationSummary {
     /// The table as CSV (one row per agent).
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
-            "agent,config,seed,lr,max_grad_norm,target_update,end,env_steps,wall_s,final_eval,best_eval\n",
+            "agent,config,seed,lr,max_grad_norm,target_update,gamma,n_step,eps_start,eps_end,eps_decay_steps,batch_size,hidden,samples_per_insert,end,env_steps,wall_s,final_eval,best_eval\n",
         );
         for a in &self.agents {
-            let h = &a.hparams;
+            let (h, s) = (&a.hparams, &a.setup);
+            let hidden: Vec<String> = s.hidden.iter().map(usize::to_string).collect();
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{:.3},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{}\n",
                 a.agent,
                 a.config,
                 h.seed,
                 h.lr,
                 h.max_grad_norm,
                 target_rule(&h.target),
+                s.gamma,
+                s.n_step,
+                s.epsilon_csv(),
+                s.batch_size,
+                hidden.join("x"),
+                s.samples_per_insert,
                 serde_json::to_value(a.end)
                     .ok()
                     .and_then(|v| v.as_str().map(String::from))
@@ -167,20 +219,21 @@ impl fmt::Display for PopulationSummary {
         let [act, update, eval] = self.split;
         writeln!(
             f,
-            "  time, summed over {} group(s) on threads of their own: {act:.1} s acting, {update:.1} s in stacked updates, {eval:.1} s evaluating",
-            self.groups
+            "  {} group(s) on {} thread(s), up to {} agents at once; time summed over threads: {act:.1} s acting, {update:.1} s in stacked updates, {eval:.1} s evaluating",
+            self.groups, self.threads, self.concurrent
         )?;
         writeln!(
             f,
-            "  {:>5} {:>20} {:>9} {:>6} {:>12} {:>10} {:>10} {:>8} {:>8}",
-            "agent", "seed", "lr", "clip", "target", "end", "env steps", "wall s", "best"
+            "  {:>5} {:>6} {:>20} {:>9} {:>6} {:>12} {:>10} {:>10} {:>8} {:>8}",
+            "agent", "config", "seed", "lr", "clip", "target", "end", "env steps", "wall s", "best"
         )?;
         for a in &self.agents {
             let h = &a.hparams;
             writeln!(
                 f,
-                "  {:>5} {:>20} {:>9.2e} {:>6.3} {:>12} {:>10} {:>10} {:>8.1} {:>8}",
+                "  {:>5} {:>6} {:>20} {:>9.2e} {:>6.3} {:>12} {:>10} {:>10} {:>8.1} {:>8}",
                 a.agent,
+                a.config,
                 h.seed,
                 h.lr,
                 h.max_grad_norm,
@@ -204,14 +257,7 @@ impl fmt::Display for PopulationSummary {
                 continue;
             };
             if configs > 1 {
-                let h = &first.hparams;
-                writeln!(
-                    f,
-                    "  configuration {config} (lr {:.2e}, clip {:.3}, target {}):",
-                    h.lr,
-                    h.max_grad_norm,
-                    target_rule(&h.target)
-                )?;
+                writeln!(f, "  configuration {config} ({}):", first.label)?;
             }
             let solved: Vec<&&AgentResult> =
                 mine.iter().filter(|a| a.end == AgentEnd::Solved).collect();
@@ -259,6 +305,19 @@ mod tests {
         let agent = |i: usize, end: AgentEnd| AgentResult {
             agent: i,
             config: 0,
+            label: String::new(),
+            setup: AgentSetup {
+                gamma: 0.99,
+                n_step: 3,
+                epsilon: EpsilonSchedule::Linear {
+                    start: 1.0,
+                    end: 0.04,
+                    steps: 8000,
+                },
+                batch_size: 32,
+                hidden: vec![64, 64],
+                samples_per_insert: 0.5,
+            },
             hparams: AgentHparams {
                 seed: i as u64,
                 lr: 1e-3,
@@ -279,6 +338,8 @@ mod tests {
             target: Some(475.0),
             split: [1.0, 0.5, 0.5],
             groups: 1,
+            threads: 1,
+            concurrent: 2,
         };
         let csv = s.to_csv();
         assert_eq!(csv.lines().count(), 3);
@@ -286,7 +347,7 @@ mod tests {
             .lines()
             .nth(2)
             .unwrap()
-            .starts_with("1,0,1,0.001,10,hard/100,budget,1000,"));
+            .starts_with("1,0,1,0.001,10,hard/100,0.99,3,1,0.04,8000,32,64x64,0.5,budget,1000,"));
         assert_eq!(s.exit_code(), 2);
         s.agents[1].end = AgentEnd::Solved;
         assert_eq!(s.exit_code(), 0);

@@ -1,28 +1,139 @@
 //! Sweep files (`learner --sweep sweep.toml`): the agents of a population as grids and
-//! random draws of per-agent hyperparameters, times seeds, with a per-agent step
-//! budget. The format, with an example, is `sweeps/README.md`.
+//! random draws of per-agent settings, times seeds, with a per-agent step budget. The
+//! format, with an example, is `sweeps/README.md`.
 //!
 //! A configuration is one point of the grid combined with one random draw; every
-//! configuration runs once per seed. What may differ per agent is what one stacked
-//! update can give each agent ([`AgentHparams`]): learning rate, gradient clip, target
-//! rule. Settings that change shapes or the replay ratio (batch size, network, samples
-//! per insert) come from the flags, for the whole sweep.
+//! configuration runs once per seed. Three kinds of setting may differ per agent:
+//! - what one stacked update can give each agent ([`AgentHparams`]): learning rate,
+//!   gradient clip, target rule;
+//! - how the agent's actors act and build transitions: γ, n-step, the ε schedule;
+//! - what changes the update's shapes or pace (batch size, hidden layers, replay
+//!   ratio): agents that differ in these train in separate groups, one after another
+//!   (see `run::population`).
+//!
+//! Everything a file does not set comes from the flags.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::Path;
 
+use millrace_actor::EpsilonSchedule;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
+use crate::config::RunConfig;
 use crate::dqn::{DqnConfig, TargetUpdate};
 use crate::population::AgentHparams;
 
-/// One agent of a sweep: its configuration's number and its hyperparameters.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// One agent of a sweep: its configuration's number, its learner hyperparameters and
+/// the rest of what its file sets for it.
+#[derive(Clone, Debug, PartialEq)]
 pub struct SweepAgent {
     pub config: usize,
     pub hparams: AgentHparams,
+    pub settings: Settings,
+    /// The configuration's values as the file gave them (`lr=0.001 n_step=3`; empty
+    /// for `--population K`).
+    pub label: String,
+}
+
+/// What a sweep sets for an agent besides its [`AgentHparams`] (`None`: the flags').
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Settings {
+    pub gamma: Option<f32>,
+    pub n_step: Option<usize>,
+    pub eps_start: Option<f32>,
+    pub eps_end: Option<f32>,
+    pub eps_decay_steps: Option<u64>,
+    pub batch_size: Option<usize>,
+    pub hidden: Option<Vec<usize>>,
+    pub samples_per_insert: Option<f64>,
+}
+
+impl SweepAgent {
+    /// The run's configuration as this agent trains it: its seed and every setting the
+    /// sweep gives it, the flags' for the rest.
+    pub fn apply(&self, base: &RunConfig) -> RunConfig {
+        let mut cfg = base.clone();
+        let s = &self.settings;
+        cfg.seed = self.hparams.seed;
+        cfg.dqn.lr = self.hparams.lr;
+        cfg.dqn.max_grad_norm = self.hparams.max_grad_norm;
+        cfg.dqn.target = self.hparams.target;
+        cfg.actors.gamma = s.gamma.unwrap_or(cfg.actors.gamma);
+        cfg.actors.n_step = s.n_step.unwrap_or(cfg.actors.n_step);
+        if s.eps_start.is_some() || s.eps_end.is_some() || s.eps_decay_steps.is_some() {
+            let (start, end, steps) = match cfg.actors.epsilon {
+                EpsilonSchedule::Linear { start, end, steps } => (start, end, steps),
+                EpsilonSchedule::Constant(e) => (e, e, 0),
+            };
+            cfg.actors.epsilon = EpsilonSchedule::Linear {
+                start: s.eps_start.unwrap_or(start),
+                end: s.eps_end.unwrap_or(end),
+                steps: s.eps_decay_steps.unwrap_or(steps),
+            };
+        }
+        cfg.batch_size = s.batch_size.unwrap_or(cfg.batch_size);
+        if let Some(hidden) = &s.hidden {
+            cfg.hidden.clone_from(hidden);
+        }
+        cfg.replay.samples_per_insert = s
+            .samples_per_insert
+            .unwrap_or(cfg.replay.samples_per_insert);
+        cfg
+    }
+}
+
+/// What puts agents in one group (one stacked update): the update's shapes and pace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupKey {
+    pub batch_size: usize,
+    pub hidden: Vec<usize>,
+    pub samples_per_insert: f64,
+}
+
+impl GroupKey {
+    pub fn of(cfg: &RunConfig) -> Self {
+        Self {
+            batch_size: cfg.batch_size,
+            hidden: cfg.hidden.clone(),
+            samples_per_insert: cfg.replay.samples_per_insert,
+        }
+    }
+}
+
+impl std::fmt::Display for GroupKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "batch {}, hidden {:?}, {} samples per insert",
+            self.batch_size, self.hidden, self.samples_per_insert
+        )
+    }
+}
+
+/// Checks what an agent's settings must satisfy together with the flags' (the checks
+/// the flags get for a single run); the reason if not.
+pub fn check_applied(cfg: &RunConfig) -> Result<(), String> {
+    if cfg.replay.learning_starts < cfg.batch_size as u64 {
+        return Err(format!(
+            "batch_size {} is more than --learning-starts {}",
+            cfg.batch_size, cfg.replay.learning_starts
+        ));
+    }
+    let per_shard = cfg.replay.capacity.div_ceil(cfg.replay.shards);
+    let batch_rows = cfg.actors.batch_rows.max(cfg.actors.envs_per_actor);
+    let largest = batch_rows + cfg.actors.envs_per_actor * cfg.actors.n_step;
+    if 2 * largest > per_shard {
+        return Err(format!(
+            "n_step {} makes actor batches of up to {largest} transitions, too many for {per_shard} per replay shard (--replay-capacity, --replay-shards)",
+            cfg.actors.n_step
+        ));
+    }
+    crate::network::build(cfg.network, &cfg.env_spec, &cfg.hidden)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// A sweep read from its file.
@@ -39,7 +150,7 @@ struct File {
     seeds: Seeds,
     max_steps: Option<u64>,
     #[serde(default)]
-    grid: BTreeMap<String, Vec<f64>>,
+    grid: BTreeMap<String, Vec<Value>>,
     random: Option<Random>,
 }
 
@@ -62,11 +173,44 @@ struct Random {
 enum Draw {
     Uniform([f64; 2]),
     LogUniform([f64; 2]),
-    Choice(Vec<f64>),
+    Choice(Vec<Value>),
+}
+
+/// A value in a sweep file: a number, or a list of numbers (`hidden`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+enum Value {
+    Number(f64),
+    List(Vec<f64>),
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::Number(x) => write!(f, "{x}"),
+            Value::List(xs) => {
+                let xs: Vec<String> = xs.iter().map(f64::to_string).collect();
+                write!(f, "[{}]", xs.join(", "))
+            }
+        }
+    }
 }
 
 /// The fields a sweep may set per agent.
-const FIELDS: [&str; 4] = ["lr", "max_grad_norm", "target_period", "tau"];
+const FIELDS: [&str; 12] = [
+    "lr",
+    "max_grad_norm",
+    "target_period",
+    "tau",
+    "gamma",
+    "n_step",
+    "eps_start",
+    "eps_end",
+    "eps_decay_steps",
+    "batch_size",
+    "hidden",
+    "samples_per_insert",
+];
 
 /// Most agents one sweep file may describe.
 pub const MAX_AGENTS: usize = 1 << 20;
@@ -91,9 +235,83 @@ pub enum SweepError {
         config: usize,
         seed: u64,
         field: String,
-        value: f64,
+        value: String,
         why: String,
     },
+    #[error("{file}: agent {agent} (configuration {config}, seed {seed}): {why}")]
+    Settings {
+        file: String,
+        agent: usize,
+        config: usize,
+        seed: u64,
+        why: String,
+    },
+}
+
+/// A whole number in `lo..=hi`, if `v` is one.
+fn whole(v: f64, lo: u64, hi: u64) -> Option<u64> {
+    (v.fract() == 0.0 && v >= lo as f64 && v <= hi as f64).then_some(v as u64)
+}
+
+/// Sets `field` to `value` in `hp` and `s`; why not, if the value is out of range.
+fn set(field: &str, value: &Value, hp: &mut AgentHparams, s: &mut Settings) -> Result<(), String> {
+    let Value::Number(v) = *value else {
+        return match (field, value) {
+            ("hidden", Value::List(sizes)) => {
+                let sizes: Option<Vec<usize>> = sizes
+                    .iter()
+                    .map(|x| whole(*x, 1, 1 << 16).map(|x| x as usize))
+                    .collect();
+                match sizes {
+                    Some(sizes) if (1..=8).contains(&sizes.len()) => {
+                        s.hidden = Some(sizes);
+                        Ok(())
+                    }
+                    _ => Err(
+                        "must be 1 to 8 layer sizes, each a whole number from 1 to 65536".into(),
+                    ),
+                }
+            }
+            _ => Err("must be a number, not a list".into()),
+        };
+    };
+    let positive = v.is_finite() && v > 0.0;
+    let probability = (0.0..=1.0).contains(&v);
+    match field {
+        "lr" | "max_grad_norm" | "samples_per_insert" if !positive => {
+            return Err("must be positive".into())
+        }
+        "lr" => hp.lr = v,
+        "max_grad_norm" => hp.max_grad_norm = v,
+        "samples_per_insert" => s.samples_per_insert = Some(v),
+        "target_period" => {
+            let period =
+                whole(v, 1, 1 << 40).ok_or("must be a whole number of updates, at least 1")?;
+            hp.target = TargetUpdate::Hard { period };
+        }
+        "tau" if !(v > 0.0 && v <= 1.0) => return Err("must be in (0, 1]".into()),
+        "tau" => hp.target = TargetUpdate::Polyak { tau: v },
+        "gamma" | "eps_start" | "eps_end" if !probability => return Err("must be in [0, 1]".into()),
+        "gamma" => s.gamma = Some(v as f32),
+        "eps_start" => s.eps_start = Some(v as f32),
+        "eps_end" => s.eps_end = Some(v as f32),
+        "n_step" => {
+            s.n_step =
+                Some(whole(v, 1, 100).ok_or("must be a whole number from 1 to 100")? as usize);
+        }
+        "eps_decay_steps" => {
+            s.eps_decay_steps =
+                Some(whole(v, 0, 1 << 40).ok_or("must be a whole number of env steps")?);
+        }
+        "batch_size" => {
+            s.batch_size = Some(
+                whole(v, 1, 1 << 16).ok_or("must be a whole number from 1 to 65536")? as usize,
+            );
+        }
+        "hidden" => return Err("must be a list of layer sizes, e.g. [64, 64]".into()),
+        _ => unreachable!("fields were checked"),
+    }
+    Ok(())
 }
 
 impl Sweep {
@@ -125,7 +343,7 @@ impl Sweep {
                 return Err(field_err(
                     field,
                     &format!(
-                        "not a per-agent setting (a sweep sets {}; batch size, network and replay ratio come from the flags)",
+                        "not a per-agent setting (a sweep sets {}; everything else comes from the flags)",
                         FIELDS.join(", ")
                     ),
                 ));
@@ -145,14 +363,14 @@ impl Sweep {
         }
 
         // Grid points: every combination, fields in name order.
-        let mut points: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new()];
+        let mut points: Vec<BTreeMap<String, Value>> = vec![BTreeMap::new()];
         for (field, values) in &file.grid {
             points = points
                 .into_iter()
                 .flat_map(|p| {
                     values.iter().map(move |v| {
                         let mut q = p.clone();
-                        q.insert(field.clone(), *v);
+                        q.insert(field.clone(), v.clone());
                         q
                     })
                 })
@@ -160,29 +378,41 @@ impl Sweep {
         }
         // Random draws, each combined with every grid point.
         let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eee_9000);
-        let draws: Vec<BTreeMap<String, f64>> = match &file.random {
+        let draws: Vec<BTreeMap<String, Value>> = match &file.random {
             None => vec![BTreeMap::new()],
             Some(r) if r.samples == 0 => {
                 return Err(field_err("random.samples", "at least one draw"))
             }
-            Some(r) => (0..r.samples)
-                .map(|_| {
-                    r.fields
-                        .iter()
-                        .map(|(field, d)| {
-                            let v = match d {
-                                Draw::Uniform([lo, hi]) => lo + (hi - lo) * rng.random::<f64>(),
-                                Draw::LogUniform([lo, hi]) => {
-                                    (lo.ln() + (hi.ln() - lo.ln()) * rng.random::<f64>()).exp()
-                                }
-                                Draw::Choice(values) if values.is_empty() => f64::NAN,
-                                Draw::Choice(values) => values[rng.random_range(0..values.len())],
-                            };
-                            (field.clone(), v)
-                        })
-                        .collect()
-                })
-                .collect(),
+            Some(r) => {
+                if let Some((field, _)) = r
+                    .fields
+                    .iter()
+                    .find(|(_, d)| matches!(d, Draw::Choice(v) if v.is_empty()))
+                {
+                    return Err(field_err(field, "an empty list of choices"));
+                }
+                (0..r.samples)
+                    .map(|_| {
+                        r.fields
+                            .iter()
+                            .map(|(field, d)| {
+                                let v = match d {
+                                    Draw::Uniform([lo, hi]) => {
+                                        Value::Number(lo + (hi - lo) * rng.random::<f64>())
+                                    }
+                                    Draw::LogUniform([lo, hi]) => Value::Number(
+                                        (lo.ln() + (hi.ln() - lo.ln()) * rng.random::<f64>()).exp(),
+                                    ),
+                                    Draw::Choice(values) => {
+                                        values[rng.random_range(0..values.len())].clone()
+                                    }
+                                };
+                                (field.clone(), v)
+                            })
+                            .collect()
+                    })
+                    .collect()
+            }
         };
         let configs = points.len().saturating_mul(draws.len());
         if configs.saturating_mul(seeds.len()) > MAX_AGENTS {
@@ -200,57 +430,47 @@ impl Sweep {
             .flat_map(|p| draws.iter().map(move |d| (p, d)))
             .enumerate()
         {
+            let values: BTreeMap<&String, &Value> = point.iter().chain(draw).collect();
+            let mut label = String::new();
+            for (field, value) in &values {
+                let _ = write!(
+                    label,
+                    "{}{field}={value}",
+                    if label.is_empty() { "" } else { " " }
+                );
+            }
             for &s in &seeds {
                 let agent = agents.len();
-                let values: BTreeMap<&String, f64> =
-                    point.iter().chain(draw).map(|(k, v)| (k, *v)).collect();
-                let bad = |field: &str, value: f64, why: &str| SweepError::Value {
+                let bad = |field: &str, value: &Value, why: String| SweepError::Value {
                     file: name.into(),
                     agent,
                     config: c,
                     seed: s,
                     field: field.into(),
-                    value,
-                    why: why.into(),
+                    value: value.to_string(),
+                    why,
                 };
                 let mut hp = AgentHparams::from_config(base, s);
-                for (field, &v) in &values {
-                    match field.as_str() {
-                        "lr" if !(v.is_finite() && v > 0.0) => {
-                            return Err(bad(field, v, "must be positive"))
-                        }
-                        "lr" => hp.lr = v,
-                        "max_grad_norm" if !(v.is_finite() && v > 0.0) => {
-                            return Err(bad(field, v, "must be positive"))
-                        }
-                        "max_grad_norm" => hp.max_grad_norm = v,
-                        "target_period" if !(v >= 1.0 && v.fract() == 0.0 && v <= 1e12) => {
-                            return Err(bad(
-                                field,
-                                v,
-                                "must be a whole number of updates, at least 1",
-                            ))
-                        }
-                        "target_period" => hp.target = TargetUpdate::Hard { period: v as u64 },
-                        "tau" if !(v > 0.0 && v <= 1.0) => {
-                            return Err(bad(field, v, "must be in (0, 1]"))
-                        }
-                        "tau" => hp.target = TargetUpdate::Polyak { tau: v },
-                        _ => unreachable!("fields were checked"),
-                    }
+                let mut settings = Settings::default();
+                for (field, value) in &values {
+                    set(field, value, &mut hp, &mut settings)
+                        .map_err(|why| bad(field, value, why))?;
                 }
-                if values.keys().any(|k| *k == "tau")
-                    && values.keys().any(|k| *k == "target_period")
-                {
+                if let (Some(tau), true) = (
+                    values.get(&"tau".to_string()),
+                    values.contains_key(&"target_period".to_string()),
+                ) {
                     return Err(bad(
                         "tau",
-                        values[&"tau".to_string()],
-                        "and target_period both set: one target rule",
+                        tau,
+                        "and target_period both set: one target rule".into(),
                     ));
                 }
                 agents.push(SweepAgent {
                     config: c,
                     hparams: hp,
+                    settings,
+                    label: label.clone(),
                 });
             }
         }
@@ -335,8 +555,32 @@ mod tests {
         );
         for (text, needle) in [
             (
-                "seeds = 2\n[grid]\nbatch_size = [32]\n",
-                "batch_size: not a per-agent setting",
+                "seeds = 2\n[grid]\nbuffer_size = [32]\n",
+                "buffer_size: not a per-agent setting",
+            ),
+            (
+                "seeds = 1\n[grid]\nn_step = [0]\n",
+                "n_step = 0: must be a whole number",
+            ),
+            (
+                "seeds = 1\n[grid]\ngamma = [1.5]\n",
+                "gamma = 1.5: must be in [0, 1]",
+            ),
+            (
+                "seeds = 1\n[grid]\nhidden = [64]\n",
+                "hidden = 64: must be a list",
+            ),
+            (
+                "seeds = 1\n[grid]\nhidden = [[64, 0]]\n",
+                "hidden = [64, 0]: must be 1 to 8",
+            ),
+            (
+                "seeds = 1\n[grid]\nlr = [[1, 2]]\n",
+                "must be a number, not a list",
+            ),
+            (
+                "seeds = 1\n[random]\nsamples = 1\nlr = { choice = [] }\n",
+                "lr: an empty list of choices",
             ),
             ("seeds = 0\n", "seeds: at least one seed"),
             ("seeds = 1\nfoo = 1\n", "unknown field"),

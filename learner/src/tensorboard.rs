@@ -27,13 +27,18 @@ pub struct Summary {
     pub value: Vec<SummaryValue>,
 }
 
-/// `tensorflow.Summary.Value` with a `simple_value`.
+/// `tensorflow.Summary.Value`: a `simple_value`, or a plugin's tensor with its
+/// metadata (see [`crate::tensorboard_hparams`]).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct SummaryValue {
     #[prost(string, tag = "1")]
     pub tag: String,
     #[prost(float, optional, tag = "2")]
     pub simple_value: Option<f32>,
+    #[prost(message, optional, tag = "8")]
+    pub tensor: Option<crate::tensorboard_hparams::TensorProto>,
+    #[prost(message, optional, tag = "9")]
+    pub metadata: Option<crate::tensorboard_hparams::SummaryMetadata>,
 }
 
 /// TFRecord's CRC mask: rotate right by 15 and add a constant.
@@ -65,35 +70,93 @@ impl std::fmt::Debug for EventWriter {
     }
 }
 
-fn now() -> f64 {
+/// Seconds since the Unix epoch.
+pub fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
 }
 
-impl EventWriter {
-    /// Creates the directory if needed and starts a new event file.
-    pub fn create(dir: &Path) -> io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let host = std::fs::read_to_string("/etc/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "localhost".into());
-        let path = dir.join(format!(
-            "events.out.tfevents.{}.{host}.{}",
-            now() as u64,
-            std::process::id()
-        ));
-        let mut writer = Self {
-            out: BufWriter::new(File::create(&path)?),
-            path,
-        };
-        writer.write_event(&Event {
+impl Summary {
+    /// Scalars as simple values (non-finite ones left out: TensorBoard cannot plot
+    /// them).
+    pub fn scalars(values: &[(&str, f64)]) -> Self {
+        let value = values
+            .iter()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(tag, v)| SummaryValue {
+                tag: (*tag).to_string(),
+                simple_value: Some(*v as f32),
+                ..SummaryValue::default()
+            })
+            .collect();
+        Self { value }
+    }
+}
+
+/// Appends `events` to the event file at `path` (created with its header if new),
+/// and closes it: for many runs written now and then, no file stays open.
+pub fn append(path: &Path, events: &[Event]) -> io::Result<()> {
+    let fresh = !path.exists();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut out = BufWriter::new(file);
+    if fresh {
+        write_record(&mut out, &prost::Message::encode_to_vec(&Event::header()))?;
+    }
+    for event in events {
+        write_record(&mut out, &prost::Message::encode_to_vec(event))?;
+    }
+    out.flush()
+}
+
+/// A new event file's name: `events.out.tfevents.<time>.<host>.<pid>`.
+pub fn file_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    format!(
+        "events.out.tfevents.{}.{host}.{}",
+        now() as u64,
+        std::process::id()
+    )
+}
+
+impl Event {
+    /// The record an event file starts with.
+    pub fn header() -> Self {
+        Self {
             wall_time: now(),
             step: 0,
             file_version: Some("brain.Event:2".into()),
             summary: None,
-        })?;
+        }
+    }
+
+    /// `summary` at `step`, now.
+    pub fn at(step: u64, summary: Summary) -> Self {
+        Self {
+            wall_time: now(),
+            step: step as i64,
+            file_version: None,
+            summary: Some(summary),
+        }
+    }
+}
+
+impl EventWriter {
+    /// Creates the directory if needed and starts a new event file.
+    pub fn create(dir: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(file_name());
+        let mut writer = Self {
+            out: BufWriter::new(File::create(&path)?),
+            path,
+        };
+        writer.write_event(&Event::header())?;
         writer.flush()?;
         Ok(writer)
     }
@@ -108,20 +171,12 @@ impl EventWriter {
 
     /// Writes several scalars at one step as one event.
     pub fn scalars(&mut self, step: u64, values: &[(&str, f64)]) -> io::Result<()> {
-        let value = values
-            .iter()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(tag, v)| SummaryValue {
-                tag: (*tag).to_string(),
-                simple_value: Some(*v as f32),
-            })
-            .collect();
-        self.write_event(&Event {
-            wall_time: now(),
-            step: step as i64,
-            file_version: None,
-            summary: Some(Summary { value }),
-        })
+        self.summary(step, Summary::scalars(values))
+    }
+
+    /// Writes a summary at one step as one event.
+    pub fn summary(&mut self, step: u64, summary: Summary) -> io::Result<()> {
+        self.write_event(&Event::at(step, summary))
     }
 
     pub fn flush(&mut self) -> io::Result<()> {

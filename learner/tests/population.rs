@@ -2,7 +2,8 @@
 //! learners would, given the same batches (to float tolerance: batched kernels may sum
 //! in another order): each agent with its own seed,
 //! learning rate, gradient clip and target rule, for MLPs (batched matmuls) and CNN
-//! torsos (grouped convolutions), K = 1, 3 and 8.
+//! torsos (grouped convolutions), K = 1, 3 and 8; and agents that join a running
+//! population learn as they would alone.
 
 use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
 use millrace_learner::population::AgentHparams;
@@ -150,7 +151,7 @@ fn a_population_without_its_finished_agents_keeps_the_others_state() {
         let _ = population.update(&stacked(&batches));
     }
     let before = population.state();
-    let kept = population.keep_agents(&[3, 1], &[hp[3], hp[1]]);
+    let kept = population.keep_agents(&[3, 1]);
     let after = kept.state();
     assert_eq!(after.online.size()[0], 2);
     for (row, from) in [(0, 3), (1, 1)] {
@@ -199,4 +200,66 @@ fn the_cpus_one_pass_optimizer_steps_as_the_device_path() {
         host.take_stats().nonfinite,
         device_path.take_stats().nonfinite
     );
+}
+
+/// A sweep streams queued agents into finished ones' places: agents admitted after the
+/// population's 5th update (one with a hard target period, one with Polyak averaging)
+/// learn as they would alone, counting their own updates for the target period and
+/// Adam's bias corrections; the founders carry on unchanged. On both optimizer paths.
+#[test]
+fn agents_admitted_later_learn_as_they_would_alone() {
+    for tensor_optimizer in [false, true] {
+        let config = DqnConfig::default();
+        let hp = agents(5);
+        let fresh = |a: &AgentHparams| {
+            let mut d =
+                Dqn::population(mlp(1), config.clone(), std::slice::from_ref(a), Device::Cpu);
+            if tensor_optimizer {
+                d.use_tensor_optimizer();
+            }
+            d
+        };
+        let mut population = Dqn::population(mlp(3), config.clone(), &hp[..3], Device::Cpu);
+        if tensor_optimizer {
+            population.use_tensor_optimizer();
+        }
+        let mut alone: Vec<Dqn> = hp.iter().map(fresh).collect();
+        for step in 0..5 {
+            let batches: Vec<Batch> = (0..3).map(|i| batch(&mlp(1), i, step, 8)).collect();
+            let _ = population.update(&stacked(&batches));
+            for (i, b) in batches.iter().enumerate() {
+                let _ = alone[i].update(b);
+            }
+        }
+        // Agent 1 finishes; agents 3 and 4 take its place and one more.
+        let mut population = population.keep_agents(&[0, 2]).admit(&hp[3..5]);
+        let rows = [0, 2, 3, 4];
+        for step in 5..12 {
+            let batches: Vec<Batch> = rows.iter().map(|&i| batch(&mlp(1), i, step, 8)).collect();
+            let _ = population.update(&stacked(&batches));
+            for (&i, b) in rows.iter().zip(&batches) {
+                let _ = alone[i].update(b);
+            }
+        }
+        let together = population.state();
+        for (row, &i) in rows.iter().enumerate() {
+            let one = alone[i].state();
+            for (what, a, b) in [
+                ("online", &together.online, &one.online),
+                ("target", &together.target, &one.target),
+                ("adam_m", &together.adam_m, &one.adam_m),
+                ("adam_v", &together.adam_v, &one.adam_v),
+            ] {
+                let err = (&a.narrow(0, row as i64, 1) - b)
+                    .abs()
+                    .max()
+                    .double_value(&[]);
+                let scale = b.abs().max().double_value(&[]).max(1.0);
+                assert!(
+                    err <= 1e-5 * scale,
+                    "tensor optimizer {tensor_optimizer}, agent {i}: {what} differs by {err}"
+                );
+            }
+        }
+    }
 }

@@ -1,13 +1,16 @@
-//! `learner --population K` as users run it: K CartPole agents in one process, each
-//! reaching its own target, reported in a table and `population.csv`, each agent's
-//! saved policy playable by `learner eval`; the same seed and thread count twice give
-//! the same results bit for bit; flags that do not combine with a population are
-//! refused.
+//! `learner --population K` and `--sweep` as users run them: K CartPole agents in one
+//! process, each reaching its own target, reported in a table, `population.csv` and
+//! TensorBoard's HParams view (read by TensorBoard itself), each agent's saved policy
+//! playable by `learner eval --agent`; a sweep over actor settings and update shapes
+//! in groups, streamed through fewer places than agents; the same seed and thread
+//! count twice give the same results bit for bit; flags that do not combine with a
+//! population are refused.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use millrace_tests::read_json;
+use millrace_tests::{read_json, venv_python};
 
 fn learner(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_learner"))
@@ -43,18 +46,19 @@ fn population(logdir: &Path, extra: &[&str]) -> Output {
     learner(&args)
 }
 
-/// The CSV's rows without the wall-time column (which differs between runs).
-fn rows(logdir: &Path) -> Vec<Vec<String>> {
+/// The CSV's rows by column, without the wall-time column (which differs between
+/// runs).
+fn rows(logdir: &Path) -> Vec<BTreeMap<String, String>> {
     let csv = std::fs::read_to_string(logdir.join("population.csv")).unwrap();
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let wall = header.iter().position(|h| *h == "wall_s").unwrap();
     lines
         .map(|l| {
-            l.split(',')
-                .enumerate()
-                .filter(|(i, _)| *i != wall)
-                .map(|(_, v)| v.to_string())
+            header
+                .iter()
+                .zip(l.split(','))
+                .filter(|(h, _)| **h != "wall_s")
+                .map(|(h, v)| (h.to_string(), v.to_string()))
                 .collect()
         })
         .collect()
@@ -73,29 +77,23 @@ fn each_agent_of_a_cartpole_population_solves_and_its_policy_plays() {
     assert!(log.contains("3 solved"), "{log}");
     let rows = rows(dir.path());
     assert_eq!(rows.len(), 3, "one row per agent");
-    let seeds: Vec<&str> = rows.iter().map(|r| r[2].as_str()).collect();
+    let seeds: Vec<&str> = rows.iter().map(|r| r["seed"].as_str()).collect();
     assert_eq!(seeds[0], "1", "agent 0 has the run's seed");
     assert!(seeds[1] != seeds[2] && seeds[1] != "1");
     for (agent, row) in rows.iter().enumerate() {
-        assert_eq!(row[6], "solved", "{row:?}");
+        assert_eq!(row["end"], "solved", "{row:?}");
         // The agent's solved policy, replayed on fresh episodes by `learner eval`.
         let ckpt = dir
             .path()
             .join(format!("agents/agent-{agent:03}/checkpoint"));
         let solved = read_json(&ckpt.join("solved/meta.json"));
-        assert_eq!(solved["seed"].to_string(), row[2]);
+        assert_eq!(solved["seed"].to_string(), row["seed"]);
         assert_eq!(solved["network"]["population"], 1);
         let out = Command::new(env!("CARGO_BIN_EXE_learner"))
-            .args([
-                "eval",
-                "--episodes",
-                "20",
-                "--seed",
-                "99",
-                "--json",
-                "--checkpoint",
-            ])
-            .arg(&ckpt)
+            .args(["eval", "--episodes", "20", "--seed", "99", "--json"])
+            .arg("--checkpoint")
+            .arg(dir.path())
+            .args(["--agent", &agent.to_string()])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", text(&out));
@@ -115,6 +113,15 @@ fn the_same_population_twice_gives_the_same_results() {
     for threads in ["1", "2"] {
         twice(&["--max-steps", "24000", "--population-threads", threads]);
     }
+    // Two places for three agents: the third joins when one of the first two ends.
+    twice(&[
+        "--max-steps",
+        "24000",
+        "--population-threads",
+        "1",
+        "--max-concurrent-agents",
+        "2",
+    ]);
 }
 
 fn twice(extra: &[&str]) {
@@ -178,16 +185,15 @@ fn a_sweep_file_gives_each_agent_its_configuration_and_bad_ones_are_refused() {
         text(&out)
     );
     let rows = rows(&logdir);
-    // agent, config, seed, lr, clip, target rule, end, env steps, ...
     let got: Vec<(&str, &str, &str, &str, &str)> = rows
         .iter()
         .map(|r| {
             (
-                r[1].as_str(),
-                r[2].as_str(),
-                r[3].as_str(),
-                r[5].as_str(),
-                r[6].as_str(),
+                r["config"].as_str(),
+                r["seed"].as_str(),
+                r["lr"].as_str(),
+                r["target_update"].as_str(),
+                r["end"].as_str(),
             )
         })
         .collect();
@@ -201,11 +207,12 @@ fn a_sweep_file_gives_each_agent_its_configuration_and_bad_ones_are_refused() {
         ]
     );
     assert!(
-        rows.iter().all(|r| r[7].parse::<u64>().unwrap() >= 3000),
+        rows.iter()
+            .all(|r| r["env_steps"].parse::<u64>().unwrap() >= 3000),
         "{rows:?}"
     );
     assert!(
-        text(&out).contains("configuration 1 (lr 2.00e-3"),
+        text(&out).contains("configuration 1 (lr=0.002 target_period=100)"),
         "{}",
         text(&out)
     );
@@ -231,4 +238,142 @@ fn the_example_sweep_in_the_repository_is_valid() {
     .unwrap();
     assert_eq!(sweep.agents.len(), 2 * 3 * 2 * 5);
     assert_eq!(sweep.max_steps, Some(50_000));
+}
+
+/// A sweep over actor settings (n-step, γ) and update shapes (batch size: two groups,
+/// one after another), through 3 places for 8 agents: every agent runs with its own
+/// settings (its saved configuration and the CSV say so), queued agents take finished
+/// ones' places, and TensorBoard's own HParams plugin reads one session per agent with
+/// those settings and results, seeds of a configuration grouped.
+#[test]
+fn a_sweep_streams_agents_with_their_own_actor_settings_in_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("sweep.toml");
+    std::fs::write(
+        &sweep,
+        "seeds = [1, 2]\nmax_steps = 2000\n[grid]\nn_step = [1, 3]\nbatch_size = [16, 32]\n[random]\nsamples = 1\ngamma = { choice = [0.95] }\n",
+    )
+    .unwrap();
+    let logdir = dir.path().join("run");
+    let out = learner(&[
+        "--env",
+        "CartPole-v1",
+        "--cpu",
+        "--target-return",
+        "1000",
+        "--eval-every",
+        "1000",
+        "--eval-episodes",
+        "5",
+        "--sweep",
+        sweep.to_str().unwrap(),
+        "--max-concurrent-agents",
+        "3",
+        "--population-threads",
+        "1",
+        "--logdir",
+        logdir.to_str().unwrap(),
+    ]);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(2), "budgets, not targets: {log}");
+    assert!(
+        log.contains("2 group(s) on 1 thread(s), up to 3 agents at once"),
+        "{log}"
+    );
+    let rows = rows(&logdir);
+    assert_eq!(rows.len(), 8);
+    for (agent, r) in rows.iter().enumerate() {
+        // Configurations: batch size outermost, then n-step (fields in name order).
+        let (batch, n) = (["16", "32"][agent / 4], ["1", "3"][agent / 2 % 2]);
+        assert_eq!(
+            (
+                r["batch_size"].as_str(),
+                r["n_step"].as_str(),
+                r["gamma"].as_str()
+            ),
+            (batch, n, "0.95"),
+            "{r:?}"
+        );
+        assert_eq!(r["end"], "budget");
+        assert!(r["env_steps"].parse::<u64>().unwrap() >= 2000, "{r:?}");
+        let saved =
+            read_json(&logdir.join(format!("agents/agent-{agent:03}/checkpoint/config.json")));
+        assert_eq!(saved["actors"]["n_step"].to_string(), n);
+        assert_eq!(saved["batch_size"].to_string(), batch);
+        assert_eq!(saved["seed"].to_string(), r["seed"]);
+    }
+
+    // TensorBoard's HParams view, as TensorBoard's own plugin reads it.
+    let out = Command::new(venv_python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/read_hparams.py"))
+        .arg(&logdir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for name in ["lr", "n_step", "gamma", "batch_size", "hidden", "seed"] {
+        assert!(
+            view["hparams"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h == name),
+            "{view}"
+        );
+    }
+    let groups = view["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 4, "one group per configuration: {view}");
+    let mut sessions = 0;
+    for g in groups {
+        let group_sessions = g["sessions"].as_array().unwrap();
+        assert_eq!(group_sessions.len(), 2, "its two seeds: {g}");
+        for s in group_sessions {
+            sessions += 1;
+            let agent: usize = s["name"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("agents/agent-")
+                .parse()
+                .unwrap();
+            let r = &rows[agent];
+            for field in ["n_step", "batch_size", "gamma"] {
+                let value = g["hparams"][field].as_f64();
+                assert_eq!(value, r[field].parse().ok(), "{field}: {g}");
+            }
+            assert_eq!(s["status"], "STATUS_SUCCESS", "{s}");
+            assert_eq!(
+                s["metrics"]["result/env_steps"].to_string(),
+                format!("{}.0", r["env_steps"]),
+                "{s}"
+            );
+            assert_eq!(s["metrics"]["result/solved"], 0.0, "{s}");
+            assert!(
+                s["metrics"]["eval/mean_return"].as_f64().unwrap() > 0.0,
+                "{s}"
+            );
+        }
+    }
+    assert_eq!(sessions, 8);
+
+    // An agent's saved policy by its number; an agent that is not there is named.
+    let eval = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_learner"))
+            .args(["eval", "--checkpoint", logdir.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = eval(&[
+        "--agent",
+        "5",
+        "--which",
+        "best",
+        "--episodes",
+        "3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = eval(&["--agent", "8"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("--agent 8: no "), "{}", text(&out));
 }

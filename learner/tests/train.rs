@@ -98,18 +98,7 @@ fn deterministic_runs_are_bit_identical() {
 }
 
 fn python() -> PathBuf {
-    let venv = std::env::var_os("MILLRACE_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/millrace/venv")
-        });
-    let python = venv.join("bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/setup.sh (it installs gymnasium, safetensors, torch)",
-        python.display()
-    );
-    python
+    millrace_tests::venv_python()
 }
 
 fn json_line(out: &Output) -> serde_json::Value {

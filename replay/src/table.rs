@@ -269,6 +269,12 @@ impl Table {
         batch.is_empty() && (batch.frames.is_none() || batch.obs_rows() == 0)
     }
 
+    /// Whether the rate limiter lets an insert through now (what [`Table::insert`] waits
+    /// for): for a caller that keeps the ratio itself and holds back its own producers.
+    pub fn can_insert(&self) -> bool {
+        self.gate().limiter.can_insert()
+    }
+
     /// Stores a batch without waiting for the rate limiter (which still counts it): for
     /// a caller that keeps the ratio itself, as the lock-step mode does.
     pub fn insert_unlimited(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {

@@ -87,8 +87,6 @@ pub fn read_json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A binary of this workspace, built beside the test executable (`cargo build --bins`
-/// first; `scripts/test.sh` does).
 /// A finished process's stdout then stderr, for assertion messages.
 pub fn output_text(out: &std::process::Output) -> String {
     format!(
@@ -98,6 +96,25 @@ pub fn output_text(out: &std::process::Output) -> String {
     )
 }
 
+/// The project virtualenv's Python (`scripts/setup.sh` installs Gymnasium, torch,
+/// safetensors and TensorBoard there).
+pub fn venv_python() -> PathBuf {
+    let venv = std::env::var_os("MILLRACE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/millrace/venv")
+        });
+    let python = venv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup.sh",
+        python.display()
+    );
+    python
+}
+
+/// A binary of this workspace, built beside the test executable (`cargo build --bins`
+/// first; `scripts/test.sh` does).
 pub fn binary(name: &str) -> PathBuf {
     // Test executables live in target/<profile>/deps; binaries one level up.
     let exe = std::env::current_exe().expect("the test executable's path");

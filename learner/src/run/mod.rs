@@ -76,6 +76,13 @@ fn gib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 30)
 }
 
+/// The agents of a population run (`--population K` or `--sweep`), each with its
+/// configuration as it trains, and each agent's env step budget; a sweep whose
+/// settings do not hold together with the flags is refused, naming the agent.
+pub fn population_agents(cfg: &RunConfig) -> Result<(Vec<population::Member>, u64), RunError> {
+    population::agents(cfg)
+}
+
 /// Trains a population (`--population K`) until every agent reached its target
 /// (confirmed), spent `max_steps`, or diverged, or until `interrupt`.
 pub fn run_population(

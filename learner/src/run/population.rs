@@ -34,43 +34,187 @@ use crate::config::RunConfig;
 use crate::dqn::Dqn;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
 use crate::population::AgentHparams;
-use crate::population_results::{AgentEnd, AgentResult, PopulationSummary};
-use crate::sweep::{Sweep, SweepAgent};
+use crate::population_board::{self, AgentBoard};
+use crate::population_results::{AgentEnd, AgentResult, AgentSetup, PopulationSummary};
+use crate::sweep::{check_applied, GroupKey, Settings, Sweep, SweepAgent, SweepError};
+
+/// An agent of the run: its place in the population, its sweep entry, and its
+/// configuration as it trains (the flags with its sweep settings applied).
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub index: usize,
+    pub sweep: SweepAgent,
+    pub cfg: RunConfig,
+}
 
 /// One agent and everything that is its own.
 struct Agent {
     index: usize,
     /// Its configuration in a sweep (0 for `--population K`).
     config: usize,
+    label: String,
     hp: AgentHparams,
-    actors: Vec<AnyActor>,
-    /// Its parameters as its actors read them (a population of one).
-    params: Arc<ParamsCell>,
-    table: Table,
-    rng: SmallRng,
+    setup: AgentSetup,
+    /// What it trains with while it trains (dropped when it ends, so a finished
+    /// agent's replay is freed for the agents queued behind it).
+    live: Option<Live>,
     steps: Arc<StepCounter>,
     tracker: EvalTracker,
     next_eval: u64,
     returns: VecDeque<f32>,
     layout: Layout,
     end: Option<(AgentEnd, u64, f64)>,
+    /// Its TensorBoard run (`None` if it could not be written: training goes on).
+    board: Option<AgentBoard>,
 }
 
-/// The agents of the run, and each one's env step budget: a sweep file's
-/// (`--sweep`), or for `--population K` K seeds of the flags' configuration (agent 0
-/// has the run's own seed).
-pub fn agents(cfg: &RunConfig) -> Result<(Vec<SweepAgent>, u64), RunError> {
-    if let Some(path) = &cfg.sweep {
-        let sweep = Sweep::read(path, &cfg.dqn, cfg.seed)?;
-        return Ok((sweep.agents, sweep.max_steps.unwrap_or(cfg.max_steps)));
-    }
-    let agents = AgentHparams::seeds(cfg.seed, cfg.population.unwrap_or(1))
-        .map(|s| SweepAgent {
-            config: 0,
-            hparams: AgentHparams::from_config(&cfg.dqn, s),
+/// What an agent needs only while it trains.
+struct Live {
+    actors: Vec<AnyActor>,
+    /// Its parameters as its actors read them (a population of one).
+    params: Arc<ParamsCell>,
+    table: Table,
+    rng: SmallRng,
+}
+
+impl Agent {
+    /// The agent `m`, with its actors, replay and checkpoint directory.
+    fn new(m: &Member, network: &NetworkSpec, root: &Path) -> Result<Self, RunError> {
+        let cfg = &m.cfg;
+        let actors = (0..cfg.actors.count)
+            .map(|id| AnyActor::new(&cfg.actor(id as u32, 0), network))
+            .collect::<Result<Vec<_>, _>>()?;
+        let dir = root.join("agents").join(format!("agent-{:03}", m.index));
+        let layout = Layout::new(dir.join("checkpoint"));
+        std::fs::create_dir_all(&layout.root)?;
+        checkpoint::files::write_json(&layout.config(), cfg).map_err(RunError::Config)?;
+        let replay = super::setup::replay_config(cfg, &cfg.env_spec)?;
+        let hp = m.sweep.hparams;
+        let setup = AgentSetup::of(cfg);
+        let settings = population_board::settings(m.sweep.config, &hp, &setup);
+        let board = AgentBoard::create(&dir, m.sweep.config, &settings)
+            .inspect_err(|e| tracing::warn!("agent {}: no TensorBoard run: {e}", m.index))
+            .ok();
+        Ok(Self {
+            index: m.index,
+            config: m.sweep.config,
+            label: m.sweep.label.clone(),
+            hp,
+            setup,
+            live: Some(Live {
+                actors,
+                params: Arc::new(ParamsCell::new(Params {
+                    version: 0,
+                    env_steps: 0,
+                    updates: 0,
+                    population: 1,
+                    data: Vec::new(),
+                })),
+                table: Table::new(&replay)?,
+                rng: SmallRng::seed_from_u64(hp.seed ^ 0x5eed),
+            }),
+            steps: Arc::new(StepCounter::new(0)),
+            tracker: EvalTracker::new(cfg.eval.target_return, None),
+            next_eval: cfg.eval.every,
+            returns: VecDeque::new(),
+            layout,
+            end: None,
+            board,
         })
-        .collect();
-    Ok((agents, cfg.max_steps))
+    }
+
+    /// Writes to the agent's TensorBoard run; a failure is said once, and the run
+    /// dropped (training goes on).
+    fn board(&mut self, write: impl FnOnce(&AgentBoard) -> std::io::Result<()>) {
+        if let Some(Err(e)) = self.board.as_ref().map(write) {
+            tracing::warn!(
+                "agent {}: TensorBoard write failed, no more: {e}",
+                self.index
+            );
+            self.board = None;
+        }
+    }
+
+    fn live(&mut self) -> &mut Live {
+        self.live
+            .as_mut()
+            .expect("a training agent keeps its actors and replay")
+    }
+
+    fn result(&self, wall: f64) -> AgentResult {
+        let (end, env_steps, wall_s) =
+            self.end
+                .unwrap_or((AgentEnd::Interrupted, self.steps.get(), wall));
+        AgentResult {
+            agent: self.index,
+            config: self.config,
+            label: self.label.clone(),
+            hparams: self.hp,
+            setup: self.setup.clone(),
+            end,
+            env_steps,
+            wall_s,
+            final_eval: self.tracker.last.as_ref().map(|r| r.mean),
+            best_eval: self.tracker.best.as_ref().map(|r| r.mean),
+        }
+    }
+}
+
+/// The agents of the run, each with its configuration, and each agent's env step
+/// budget: a sweep file's (`--sweep`), or for `--population K` K seeds of the flags'
+/// configuration (agent 0 has the run's own seed). An agent whose settings do not hold
+/// together with the flags' is refused, named.
+pub fn agents(cfg: &RunConfig) -> Result<(Vec<Member>, u64), RunError> {
+    let (sweep, budget) = match &cfg.sweep {
+        Some(path) => {
+            let sweep = Sweep::read(path, &cfg.dqn, cfg.seed)?;
+            (sweep.agents, sweep.max_steps.unwrap_or(cfg.max_steps))
+        }
+        None => (
+            AgentHparams::seeds(cfg.seed, cfg.population.unwrap_or(1))
+                .map(|s| SweepAgent {
+                    config: 0,
+                    hparams: AgentHparams::from_config(&cfg.dqn, s),
+                    settings: Settings::default(),
+                    label: String::new(),
+                })
+                .collect(),
+            cfg.max_steps,
+        ),
+    };
+    let mut checked: Vec<(Settings, Result<(), String>)> = Vec::new();
+    let mut members = Vec::with_capacity(sweep.len());
+    for (index, agent) in sweep.into_iter().enumerate() {
+        let member_cfg = agent.apply(cfg);
+        // Settings repeat over seeds and draws: check each combination once.
+        let verdict = match checked.iter().find(|(s, _)| *s == agent.settings) {
+            Some((_, v)) => v.clone(),
+            None => {
+                let v = check_applied(&member_cfg);
+                checked.push((agent.settings.clone(), v.clone()));
+                v
+            }
+        };
+        if let Err(why) = verdict {
+            return Err(SweepError::Settings {
+                file: cfg
+                    .sweep
+                    .as_ref()
+                    .map_or_else(String::new, |p| p.display().to_string()),
+                agent: index,
+                config: agent.config,
+                seed: agent.hparams.seed,
+                why,
+            }
+            .into());
+        }
+        members.push(Member {
+            index,
+            sweep: agent,
+            cfg: member_cfg,
+        });
+    }
+    Ok((members, budget))
 }
 
 /// Evaluates the agent's latest parameters, and confirms a candidate at once; returns
@@ -80,7 +224,7 @@ fn evaluate_agent(
     cfg: &RunConfig,
     network: &NetworkSpec,
 ) -> Result<bool, RunError> {
-    let mut next = Some((agent.params.latest(), Purpose::Regular));
+    let mut next = Some((agent.live().params.latest(), Purpose::Regular));
     while let Some((params, purpose)) = next.take() {
         let key = match purpose {
             Purpose::Regular => params.env_steps,
@@ -109,6 +253,21 @@ fn evaluate_agent(
             },
             done.record
         );
+        if purpose == Purpose::Regular {
+            let returns = &agent.returns;
+            let train = returns.iter().map(|r| f64::from(*r)).sum::<f64>() / returns.len() as f64;
+            let (env_steps, mean, std) = (done.record.env_steps, done.record.mean, done.record.std);
+            agent.board(|b| {
+                b.scalars(
+                    env_steps,
+                    &[
+                        ("eval/mean_return", f64::from(mean)),
+                        ("eval/std_return", f64::from(std)),
+                        ("train/episode_return", train),
+                    ],
+                )
+            });
+        }
         let d = agent.tracker.record(&done);
         let owner = PolicyOwner {
             layout: &agent.layout,
@@ -131,15 +290,26 @@ fn evaluate_agent(
     Ok(agent.tracker.solved.is_some())
 }
 
-/// Publishes each running agent's row of the population's parameters to its actors.
-fn publish(dqn: &Dqn, running: &[usize], agents: &[Agent], version: u64) {
+/// Publishes each running agent's row of the population's parameters to its actors;
+/// only to the agents `only` says, if it says.
+fn publish(
+    dqn: &Dqn,
+    running: &[usize],
+    agents: &mut [Agent],
+    version: u64,
+    only: Option<&[usize]>,
+) {
     let data = dqn.online_params();
     let p = data.len() / running.len().max(1);
     for (row, &a) in running.iter().enumerate() {
-        let agent = &agents[a];
-        agent.params.publish(Params {
+        if only.is_some_and(|o| !o.contains(&a)) {
+            continue;
+        }
+        let agent = &mut agents[a];
+        let env_steps = agent.steps.get();
+        agent.live().params.publish(Params {
             version,
-            env_steps: agent.steps.get(),
+            env_steps,
             updates: dqn.updates(),
             population: 1,
             data: data[row * p..(row + 1) * p].to_vec(),
@@ -150,64 +320,112 @@ fn publish(dqn: &Dqn, running: &[usize], agents: &[Agent], version: u64) {
 pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary, RunError> {
     let started = Instant::now();
     let env = cfg.env_spec.clone();
-    let network = crate::network::build(cfg.network, &env, &cfg.hidden)?;
-    let (sweep, budget) = agents(cfg)?;
-    let k = sweep.len();
-    // Every agent's replay and networks are allocated up front: say what one agent
-    // costs, and refuse a population this machine cannot hold.
-    let one = super::setup::replay_config(cfg, &env)?;
-    // Online, target, gradient and Adam's two moments, f32.
-    let networks = network.layout().len * 5 * 4;
-    let per_agent = one.bytes() + networks;
+    let (members, budget) = agents(cfg)?;
+    let k = members.len();
+    // What one agent costs (its replay; online, target, gradient and Adam's two
+    // moments in f32), said up front; as many agents train at once as memory holds
+    // (or --max-concurrent-agents says), the rest queue.
+    let mut per_agent = 0;
+    let mut seen: Vec<&Settings> = Vec::new();
+    for m in &members {
+        if seen.contains(&&m.sweep.settings) {
+            continue;
+        }
+        let replay = super::setup::replay_config(&m.cfg, &env)?.bytes();
+        let network = crate::network::build(m.cfg.network, &env, &m.cfg.hidden)?;
+        let networks = network.layout().len * 5 * 4;
+        per_agent = per_agent.max(replay + networks);
+        seen.push(&m.sweep.settings);
+    }
+    let fits = super::setup::available_memory()
+        .map_or(k, |bytes| (bytes / per_agent.max(1) as u64) as usize);
+    if fits == 0 {
+        super::setup::check_memory(cfg, per_agent as u64)?;
+    }
+    let concurrent = k
+        .min(fits.max(1))
+        .min(cfg.max_concurrent_agents.unwrap_or(k));
     tracing::info!(
-        "memory per agent: {:.1} MiB ({:.1} MiB replay, {:.2} MiB networks and optimizer); {k} agents: {:.2} GiB",
+        "memory per agent: up to {:.1} MiB; {k} agents, {concurrent} at once: {:.2} GiB{}",
         per_agent as f64 / f64::from(1 << 20),
-        one.bytes() as f64 / f64::from(1 << 20),
-        networks as f64 / f64::from(1 << 20),
-        (per_agent * k) as f64 / f64::from(1 << 30)
+        (per_agent * concurrent) as f64 / f64::from(1 << 30),
+        if concurrent < k {
+            " (the rest queue and take finished agents' places)"
+        } else {
+            ""
+        }
     );
-    super::setup::check_memory(cfg, per_agent.saturating_mul(k) as u64)?;
-    // Groups of agents, each a stacked update on a thread of its own: one per core on
-    // the CPU unless `--population-threads` says (more intra-op threads on one update
-    // cost more in synchronisation than they save at these sizes), one on a GPU.
+    // Threads, each a stacked update of its own: one per core on the CPU unless
+    // `--population-threads` says (more intra-op threads on one update cost more in
+    // synchronisation than they save at these sizes), one on a GPU.
     let threads = if cfg.device.device() == tch::Device::Cpu {
         cfg.population_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     } else {
         1
-    };
+    }
+    .clamp(1, concurrent);
     tch::set_num_threads(1);
-    let per = k.div_ceil(threads.clamp(1, k));
-    let members: Vec<Vec<(usize, SweepAgent)>> = sweep
-        .iter()
-        .copied()
-        .enumerate()
-        .collect::<Vec<_>>()
-        .chunks(per)
-        .map(<[_]>::to_vec)
-        .collect();
-    let groups = members.len();
+    // Groups: agents that share the update's shapes and pace, in the order the sweep
+    // first names them. Each thread takes its share of every group, group after group,
+    // so the plan (and with it every result) depends only on the sweep and the thread
+    // count.
+    let mut groups: Vec<(GroupKey, Vec<Member>)> = Vec::new();
+    for m in members {
+        let key = GroupKey::of(&m.cfg);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(m),
+            None => groups.push((key, vec![m])),
+        }
+    }
+    let n_groups = groups.len();
+    if let Some((_, group)) = groups.first() {
+        let m = &group[0];
+        let example =
+            population_board::settings(m.sweep.config, &m.sweep.hparams, &AgentSetup::of(&m.cfg));
+        if let Err(e) = population_board::experiment(&cfg.logdir, &env.id, &example) {
+            tracing::warn!("no TensorBoard HParams experiment: {e}");
+        }
+    }
+    let mut plans: Vec<Vec<Vec<Member>>> = vec![Vec::new(); threads];
+    for (key, group) in groups {
+        let per = group.len().div_ceil(threads);
+        tracing::info!("group: {} agents, {key}", group.len());
+        let mut chunks = group.chunks(per).map(<[_]>::to_vec);
+        for plan in &mut plans {
+            plan.push(chunks.next().unwrap_or_default());
+        }
+    }
     tracing::info!(
-        "population of {k} on {}: network {}, {} actor(s) x {} envs each; {groups} group(s) of up to {per}, one thread each",
+        "population of {k} on {}: {} actor(s) x {} envs each; {n_groups} group(s) on {threads} thread(s), up to {concurrent} agents at once",
         env.id,
-        crate::network::describe(&network),
         cfg.actors.count,
         cfg.actors.envs_per_actor
     );
-    // A group that fails stops the others (as an interrupt would).
+    // A thread that fails stops the others (as an interrupt would).
     let failed = AtomicBool::new(false);
-    let outcomes: Vec<Result<Group, RunError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = members
+    let outcomes: Vec<Result<Vec<Group>, RunError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = plans
             .into_iter()
-            .map(|m| {
-                let (network, one, failed) = (&network, &one, &failed);
+            .enumerate()
+            .map(|(t, plan)| {
+                // This thread's share of the agents that train at once.
+                let slots = concurrent / threads + usize::from(t < concurrent % threads);
+                let failed = &failed;
                 scope.spawn(move || {
                     let stop = [interrupt, failed];
-                    let outcome = train_group(cfg, network, one, m, budget, started, &stop);
-                    if outcome.is_err() {
-                        failed.store(true, Ordering::Relaxed);
+                    let mut done = Vec::new();
+                    for members in plan.into_iter().filter(|m| !m.is_empty()) {
+                        let outcome = train_group(cfg, members, slots, budget, started, &stop);
+                        match outcome {
+                            Ok(g) => done.push(g),
+                            Err(e) => {
+                                failed.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
                     }
-                    outcome
+                    Ok(done)
                 })
             })
             .collect();
@@ -216,7 +434,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
             .map(|h| {
                 h.join().unwrap_or_else(|p| {
                     Err(RunError::Failed {
-                        component: "population group".into(),
+                        component: "population thread".into(),
                         message: crate::panic_message(&*p),
                         checkpoint: "no checkpoint (population mode keeps policies only)".into(),
                     })
@@ -227,13 +445,15 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     let mut results = Vec::with_capacity(k);
     let (mut updates, mut split) = (0, [0.0; 3]);
     for outcome in outcomes {
-        let g = outcome?;
-        results.extend(g.results);
-        updates += g.updates;
-        for (total, part) in split.iter_mut().zip(g.split) {
-            *total += part;
+        for g in outcome? {
+            results.extend(g.results);
+            updates += g.updates;
+            for (total, part) in split.iter_mut().zip(g.split) {
+                *total += part;
+            }
         }
     }
+    results.sort_by_key(|r| r.agent);
     let summary = PopulationSummary {
         env: env.id.clone(),
         agents: results,
@@ -241,7 +461,9 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
         updates,
         target: cfg.eval.target_return,
         split,
-        groups,
+        groups: n_groups,
+        threads,
+        concurrent,
     };
     write_results(&summary, &cfg.logdir)?;
     Ok(summary)
@@ -254,204 +476,217 @@ struct Group {
     split: [f64; 3],
 }
 
-/// Trains the agents `members` (index in the population, hyperparameters) as one
-/// stacked population, on this thread, until each has ended.
+/// Trains the agents `members` of one group (same update shapes and pace) as one
+/// stacked population on this thread, at most `slots` at once: queued agents take
+/// the places of agents that end, until every one has ended.
 fn train_group(
     cfg: &RunConfig,
-    network: &NetworkSpec,
-    one: &millrace_replay::ReplayConfig,
-    members: Vec<(usize, SweepAgent)>,
+    members: Vec<Member>,
+    slots: usize,
     budget: u64,
     started: Instant,
     stop: &[&AtomicBool],
 ) -> Result<Group, RunError> {
     let env = cfg.env_spec.clone();
-    let k = members.len();
-    let hps: Vec<AgentHparams> = members.iter().map(|(_, a)| a.hparams).collect();
-    let mut population_spec = network.clone();
-    population_spec.population = k;
+    let first = &members[0].cfg;
+    let network = crate::network::build(first.network, &env, &first.hidden)?;
+    let batch_size = first.batch_size;
+    let mut queue: VecDeque<Member> = members.into();
     let device = cfg.device.device();
-    let mut dqn = Dqn::population(population_spec, cfg.dqn.clone(), &hps, device);
 
-    let mut agents = Vec::with_capacity(k);
-    for &(
-        index,
-        SweepAgent {
-            config,
-            hparams: hp,
-        },
-    ) in &members
-    {
-        let mut acfg_seed = cfg.clone();
-        acfg_seed.seed = hp.seed;
-        let actors = (0..cfg.actors.count)
-            .map(|id| AnyActor::new(&acfg_seed.actor(id as u32, 0), network))
-            .collect::<Result<Vec<_>, _>>()?;
-        let layout = Layout::new(
-            cfg.logdir
-                .join("agents")
-                .join(format!("agent-{index:03}"))
-                .join("checkpoint"),
-        );
-        std::fs::create_dir_all(&layout.root)?;
-        checkpoint::files::write_json(&layout.config(), &acfg_seed).map_err(RunError::Config)?;
-        agents.push(Agent {
-            index,
-            config,
-            hp,
-            actors,
-            params: Arc::new(ParamsCell::new(Params {
-                version: 0,
-                env_steps: 0,
-                updates: 0,
-                population: 1,
-                data: Vec::new(),
-            })),
-            table: Table::new(one)?,
-            rng: SmallRng::seed_from_u64(hp.seed ^ 0x5eed),
-            steps: Arc::new(StepCounter::new(0)),
-            tracker: EvalTracker::new(cfg.eval.target_return, None),
-            next_eval: cfg.eval.every,
-            returns: VecDeque::new(),
-            layout,
-            end: None,
-        });
-    }
-    let mut running: Vec<usize> = (0..k).collect();
-    let mut staging = PopulationStaging::new(&env.obs, k, cfg.batch_size);
+    let mut agents: Vec<Agent> = Vec::with_capacity(queue.len());
+    let mut running: Vec<usize> = Vec::new();
+    let mut dqn: Option<Dqn> = None;
     let mut version = 1;
-    publish(&dqn, &running, &agents, version);
-
     let (mut acting, mut updating, mut evaluating) = (0.0, 0.0, 0.0);
+    let mut population_updates = 0;
     let interrupted = 'run: loop {
-        if stop.iter().any(|s| s.load(Ordering::Relaxed)) {
-            break true;
-        }
-        let t0 = Instant::now();
-        for &a in &running {
-            let agent = &mut agents[a];
-            for actor in &mut agent.actors {
-                let returns = &mut agent.returns;
-                let batch = actor.step(&mut agent.params, &agent.steps, &mut |e| {
-                    if returns.len() == 100 {
-                        returns.pop_front();
-                    }
-                    returns.push_back(e.episode_return);
-                })?;
-                if let Some(batch) = batch {
-                    agent.table.insert_unlimited(&batch)?;
-                }
+        // Queued agents take free places (all of them at the start).
+        let free = slots.saturating_sub(running.len()).min(queue.len());
+        if free > 0 {
+            let newcomers: Vec<usize> = (0..free).map(|i| agents.len() + i).collect();
+            for m in queue.drain(..free) {
+                agents.push(Agent::new(&m, &network, &cfg.logdir)?);
             }
+            let hps: Vec<AgentHparams> = newcomers.iter().map(|&a| agents[a].hp).collect();
+            dqn = Some(match dqn.take() {
+                Some(d) => d.admit(&hps),
+                None => {
+                    let mut spec = network.clone();
+                    spec.population = hps.len();
+                    Dqn::population(spec, cfg.dqn.clone(), &hps, device)
+                }
+            });
+            let first = running.is_empty();
+            running.extend(&newcomers);
+            if !first {
+                tracing::info!(
+                    "agents {:?} take finished agents' places: {} training",
+                    newcomers
+                        .iter()
+                        .map(|&a| agents[a].index)
+                        .collect::<Vec<_>>(),
+                    running.len()
+                );
+            }
+            let d = dqn.as_ref().expect("made above");
+            publish(
+                d,
+                &running,
+                &mut agents,
+                version,
+                (!first).then_some(&newcomers[..]),
+            );
         }
-        let t1 = Instant::now();
-        acting += (t1 - t0).as_secs_f64();
-        // Stacked updates, as long as every running agent has a batch (one an agent
-        // drew while another could not waits in its slice for the next update).
+        let Some(d) = dqn.as_mut() else {
+            break false;
+        };
+        if running.is_empty() {
+            population_updates += d.updates();
+            break false;
+        }
+        // Batches drawn for an update that did not happen are dropped with the old
+        // shape (the replay ratio absorbs one batch per agent).
+        let mut staging = PopulationStaging::new(&env.obs, running.len(), batch_size);
+        // Rounds until an agent ends.
         loop {
-            for (row, &a) in running.iter().enumerate() {
+            if stop.iter().any(|s| s.load(Ordering::Relaxed)) {
+                population_updates += d.updates();
+                break 'run true;
+            }
+            let t0 = Instant::now();
+            // Each agent's actors step while its replay takes inserts at its ratio
+            // (an agent that waits for the others to catch up, as the group waits for
+            // a newcomer to fill its replay, acts no further meanwhile).
+            for &a in &running {
                 let agent = &mut agents[a];
-                staging
-                    .fill(row, &agent.table, &mut agent.rng)
-                    .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?;
-            }
-            if !staging.all_ready() {
-                break;
-            }
-            let batch = staging.take(device);
-            let _td = dqn.update(&batch);
-            drop(batch);
-            if dqn
-                .updates()
-                .is_multiple_of(cfg.learner.publish_every.max(1))
-            {
-                version += 1;
-                publish(&dqn, &running, &agents, version);
-            }
-            if dqn.updates().is_multiple_of(256) {
-                for (row, streak) in dqn.nonfinite_streaks().into_iter().enumerate() {
-                    let a = running[row];
-                    if streak >= cfg.learner.max_nonfinite && agents[a].end.is_none() {
-                        tracing::warn!(
-                            "agent {a}: {streak} non-finite updates in a row: stopped, the others go on"
-                        );
-                        agents[a].end = Some((
-                            AgentEnd::Diverged,
-                            agents[a].steps.get(),
-                            started.elapsed().as_secs_f64(),
-                        ));
-                    }
-                }
-            }
-        }
-        let t2 = Instant::now();
-        updating += (t2 - t1).as_secs_f64();
-        // Evaluations and budgets, agent by agent.
-        for &a in &running {
-            let agent = &mut agents[a];
-            if agent.end.is_some() {
-                continue;
-            }
-            let steps = agent.steps.get();
-            if steps >= agent.next_eval {
-                let every = cfg.eval.every.max(1);
-                agent.next_eval = (steps / every + 1) * every;
-                // Evaluate what the actors act with now.
-                if evaluate_agent(agent, cfg, network)? {
-                    let at = agent
-                        .tracker
-                        .solved
-                        .as_ref()
-                        .map_or(steps, |s| s.params.env_steps);
-                    tracing::info!("agent {a}: solved at {at} env steps");
-                    agent.end = Some((AgentEnd::Solved, at, started.elapsed().as_secs_f64()));
+                let Live {
+                    actors,
+                    params,
+                    table,
+                    ..
+                } = agent
+                    .live
+                    .as_mut()
+                    .expect("a training agent keeps its actors and replay");
+                if !table.can_insert() {
                     continue;
                 }
+                for actor in actors.iter_mut() {
+                    let returns = &mut agent.returns;
+                    let batch = actor.step(params, &agent.steps, &mut |e| {
+                        if returns.len() == 100 {
+                            returns.pop_front();
+                        }
+                        returns.push_back(e.episode_return);
+                    })?;
+                    if let Some(batch) = batch {
+                        table.insert_unlimited(&batch)?;
+                    }
+                }
             }
-            if steps >= budget {
-                agent.end = Some((AgentEnd::Budget, steps, started.elapsed().as_secs_f64()));
+            let t1 = Instant::now();
+            acting += (t1 - t0).as_secs_f64();
+            // Stacked updates, as long as every running agent has a batch (one an agent
+            // drew while another could not waits in its slice for the next update).
+            loop {
+                for (row, &a) in running.iter().enumerate() {
+                    let live = agents[a].live();
+                    staging
+                        .fill(row, &live.table, &mut live.rng)
+                        .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?;
+                }
+                if !staging.all_ready() {
+                    break;
+                }
+                let batch = staging.take(device);
+                let _td = d.update(&batch);
+                drop(batch);
+                if d.updates().is_multiple_of(cfg.learner.publish_every.max(1)) {
+                    version += 1;
+                    publish(d, &running, &mut agents, version, None);
+                }
+                if d.updates().is_multiple_of(256) {
+                    for (row, streak) in d.nonfinite_streaks().into_iter().enumerate() {
+                        let a = running[row];
+                        if streak >= cfg.learner.max_nonfinite && agents[a].end.is_none() {
+                            tracing::warn!(
+                                "agent {}: {streak} non-finite updates in a row: stopped, the others go on",
+                                agents[a].index
+                            );
+                            agents[a].end = Some((
+                                AgentEnd::Diverged,
+                                agents[a].steps.get(),
+                                started.elapsed().as_secs_f64(),
+                            ));
+                        }
+                    }
+                }
+            }
+            let t2 = Instant::now();
+            updating += (t2 - t1).as_secs_f64();
+            // Evaluations and budgets, agent by agent.
+            for &a in &running {
+                let agent = &mut agents[a];
+                if agent.end.is_some() {
+                    continue;
+                }
+                let steps = agent.steps.get();
+                if steps >= agent.next_eval {
+                    let every = cfg.eval.every.max(1);
+                    agent.next_eval = (steps / every + 1) * every;
+                    // Evaluate what the actors act with now.
+                    if evaluate_agent(agent, cfg, &network)? {
+                        let at = agent
+                            .tracker
+                            .solved
+                            .as_ref()
+                            .map_or(steps, |s| s.params.env_steps);
+                        tracing::info!("agent {}: solved at {at} env steps", agent.index);
+                        agent.end = Some((AgentEnd::Solved, at, started.elapsed().as_secs_f64()));
+                        continue;
+                    }
+                }
+                if steps >= budget {
+                    agent.end = Some((AgentEnd::Budget, steps, started.elapsed().as_secs_f64()));
+                }
+            }
+            evaluating += t2.elapsed().as_secs_f64();
+            if running.iter().any(|&a| agents[a].end.is_some()) {
+                break;
             }
         }
-        evaluating += t2.elapsed().as_secs_f64();
-        // Finished agents leave the population: the rest go on without their cost.
+        // Finished agents leave the population (their actors and replay freed): the
+        // rest go on without their cost, and queued agents take their places.
         let keep: Vec<usize> = (0..running.len())
             .filter(|&row| agents[running[row]].end.is_none())
             .collect();
-        if keep.len() < running.len() {
-            if keep.is_empty() {
-                break 'run false;
+        let wall = started.elapsed().as_secs_f64();
+        for &a in &running {
+            let agent = &mut agents[a];
+            if agent.end.is_some() {
+                agent.live = None;
+                let result = agent.result(wall);
+                agent.board(|b| b.end(&result));
             }
-            let kept_hps: Vec<AgentHparams> = keep.iter().map(|&r| agents[running[r]].hp).collect();
-            dqn = dqn.keep_agents(&keep, &kept_hps);
-            running = keep.iter().map(|&r| running[r]).collect();
-            // Batches drawn for the next update are dropped with the old shape (the
-            // replay ratio absorbs one batch per agent).
-            staging = PopulationStaging::new(&env.obs, running.len(), cfg.batch_size);
+        }
+        running = keep.iter().map(|&r| running[r]).collect();
+        let d = dqn.take().expect("a population trains");
+        if running.is_empty() && queue.is_empty() {
+            population_updates += d.updates();
+            break false;
+        }
+        dqn = Some(d.keep_agents(&keep));
+        if queue.is_empty() {
             tracing::info!("{} agent(s) still training", running.len());
         }
     };
     let wall = started.elapsed().as_secs_f64();
-    let results = agents
-        .iter()
-        .map(|a| {
-            let (end, env_steps, wall_s) =
-                a.end
-                    .unwrap_or((AgentEnd::Interrupted, a.steps.get(), wall));
-            AgentResult {
-                agent: a.index,
-                config: a.config,
-                hparams: a.hp,
-                end,
-                env_steps,
-                wall_s,
-                final_eval: a.tracker.last.as_ref().map(|r| r.mean),
-                best_eval: a.tracker.best.as_ref().map(|r| r.mean),
-            }
-        })
-        .collect::<Vec<_>>();
+    let results: Vec<AgentResult> = agents.iter().map(|a| a.result(wall)).collect();
     debug_assert!(interrupted || results.iter().all(|a| a.end != AgentEnd::Interrupted));
     Ok(Group {
         results,
-        updates: dqn.updates(),
+        updates: population_updates,
         split: [acting, updating, evaluating],
     })
 }

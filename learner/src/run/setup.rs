@@ -98,7 +98,7 @@ pub fn replay_table(cfg: &RunConfig, env: &EnvSpec) -> Result<Table, RunError> {
 }
 
 /// Memory this machine can still give (`MemAvailable`), if it says.
-fn available_memory() -> Option<u64> {
+pub(super) fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

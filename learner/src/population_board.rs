@@ -1,0 +1,147 @@
+//! A population's TensorBoard runs: the log directory's own event file holds the
+//! HParams experiment (every setting an agent has, the metrics to compare), and each
+//! agent is a run of its own (`agents/agent-NNN`) whose session start records its
+//! settings and configuration, with its evaluations as scalars and, when it ends, its
+//! results and how it ended. TensorBoard's HParams view then lists the agents as a
+//! table, seeds of one configuration grouped.
+//!
+//! Agents' files are opened for each write and closed again (evaluations are seconds
+//! apart): a sweep of thousands of agents keeps no file open.
+
+use std::path::{Path, PathBuf};
+
+use crate::population::AgentHparams;
+use crate::population_results::{AgentEnd, AgentResult, AgentSetup};
+use crate::tensorboard::{self, Event, Summary};
+use crate::tensorboard_hparams::{self as hparams, HValue, Status};
+
+/// The metrics the HParams view compares: each agent's last value of these tags.
+const METRICS: [(&str, &str); 5] = [
+    (
+        "eval/mean_return",
+        "the latest greedy evaluation's mean return",
+    ),
+    ("result/best_eval", "the best evaluation's mean return"),
+    (
+        "result/env_steps",
+        "env steps when the agent ended (solved: of the solving parameters)",
+    ),
+    (
+        "result/solved",
+        "1 if the agent reached its target, confirmed",
+    ),
+    (
+        "result/wall_s",
+        "seconds from the start of the run to the agent's end",
+    ),
+];
+
+/// An f32 setting as the f64 its decimal form reads as (0.95, not 0.949999988).
+fn decimal(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
+}
+
+/// An agent's settings as HParams: the numbers as numbers, the rest as text.
+pub fn settings(
+    config: usize,
+    hp: &AgentHparams,
+    setup: &AgentSetup,
+) -> Vec<(&'static str, HValue)> {
+    use millrace_actor::EpsilonSchedule;
+    let (eps_start, eps_end, eps_steps) = match setup.epsilon {
+        EpsilonSchedule::Linear { start, end, steps } => (start, end, steps),
+        EpsilonSchedule::Constant(e) => (e, e, 0),
+    };
+    let hidden: Vec<String> = setup.hidden.iter().map(usize::to_string).collect();
+    let n = HValue::Number;
+    vec![
+        ("config", n(config as f64)),
+        ("seed", n(hp.seed as f64)),
+        ("lr", n(hp.lr)),
+        ("max_grad_norm", n(hp.max_grad_norm)),
+        (
+            "target_update",
+            HValue::Text(crate::population_results::target_rule(&hp.target)),
+        ),
+        ("gamma", n(decimal(setup.gamma))),
+        ("n_step", n(setup.n_step as f64)),
+        ("eps_start", n(decimal(eps_start))),
+        ("eps_end", n(decimal(eps_end))),
+        ("eps_decay_steps", n(eps_steps as f64)),
+        ("batch_size", n(setup.batch_size as f64)),
+        ("hidden", HValue::Text(hidden.join("x"))),
+        ("samples_per_insert", n(setup.samples_per_insert)),
+    ]
+}
+
+/// Writes the experiment into the log directory's own event file: the settings of
+/// `example` name the hyperparameters and their types.
+pub fn experiment(
+    logdir: &Path,
+    name: &str,
+    example: &[(&'static str, HValue)],
+) -> std::io::Result<()> {
+    let event = Event::at(
+        0,
+        hparams::experiment(name, example, &METRICS, tensorboard::now()),
+    );
+    tensorboard::append(&logdir.join(tensorboard::file_name()), &[event])
+}
+
+/// One agent's run.
+#[derive(Debug)]
+pub struct AgentBoard {
+    path: PathBuf,
+}
+
+impl AgentBoard {
+    /// Starts the agent's run in `dir` with its settings, in its configuration's group.
+    pub fn create(
+        dir: &Path,
+        config: usize,
+        settings: &[(&'static str, HValue)],
+    ) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let board = Self {
+            path: dir.join(tensorboard::file_name()),
+        };
+        let start =
+            hparams::session_start(settings, &format!("config-{config}"), tensorboard::now());
+        tensorboard::append(&board.path, &[Event::at(0, start)])?;
+        Ok(board)
+    }
+
+    /// Scalars at `env_steps`.
+    pub fn scalars(&self, env_steps: u64, values: &[(&str, f64)]) -> std::io::Result<()> {
+        tensorboard::append(
+            &self.path,
+            &[Event::at(env_steps, Summary::scalars(values))],
+        )
+    }
+
+    /// The agent's results, and its session's end.
+    pub fn end(&self, result: &AgentResult) -> std::io::Result<()> {
+        let solved = result.end == AgentEnd::Solved;
+        let nan = f64::NAN;
+        let values = [
+            ("result/best_eval", result.best_eval.map_or(nan, f64::from)),
+            ("result/env_steps", result.env_steps as f64),
+            ("result/solved", f64::from(u8::from(solved))),
+            ("result/wall_s", result.wall_s),
+        ];
+        let status = match result.end {
+            AgentEnd::Solved | AgentEnd::Budget => Status::Success,
+            AgentEnd::Diverged | AgentEnd::Interrupted => Status::Failure,
+        };
+        tensorboard::append(
+            &self.path,
+            &[
+                Event::at(result.env_steps, Summary::scalars(&values)),
+                Event::at(
+                    result.env_steps,
+                    hparams::session_end(status, tensorboard::now()),
+                ),
+            ],
+        )
+    }
+}
