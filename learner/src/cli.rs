@@ -197,9 +197,11 @@ pub struct TrainArgs {
     #[arg(long, conflicts_with_all = ["listen", "gpu", "copy_stream"])]
     pub deterministic: bool,
 
-    /// CUDA device index. Default: GPU 0 when CUDA is available, else the CPU.
-    #[arg(long)]
-    pub gpu: Option<usize>,
+    /// CUDA device index. Default: GPU 0 when CUDA is available, else the CPU. A
+    /// population (--population, --sweep) takes a list, `--gpu 0,1,2,3`: one learner
+    /// thread per device, each with its share of every group of agents.
+    #[arg(long, value_delimiter = ',')]
+    pub gpu: Vec<usize>,
 
     /// Force the CPU even when a GPU is available.
     #[arg(long, conflicts_with = "gpu")]
@@ -228,6 +230,9 @@ pub struct TrainArgs {
     pub logdir: Option<PathBuf>,
 
     /// Continue from a checkpoint directory (e.g. runs/CartPole-v1__0__1796082432/checkpoint).
+    /// A population (--population, --sweep) continues from its log directory, with the
+    /// same flags and sweep file: ended agents keep their results, stopped ones go on
+    /// from their saved state, the rest start.
     #[arg(long)]
     pub resume: Option<PathBuf>,
 
@@ -337,6 +342,26 @@ fn positive(name: &str, value: f64) -> anyhow::Result<()> {
         bail!("--{name} must be a positive number, got {value}");
     }
     Ok(())
+}
+
+/// A population's log directory holds its agents (`agents/`): a new population there
+/// is refused, and `--resume` needs one to continue.
+fn refuse_to_overwrite_population(logdir: &Path, resume: bool) -> anyhow::Result<()> {
+    let agents = logdir.join("agents");
+    let holds_agents = std::fs::read_dir(&agents).is_ok_and(|mut d| d.next().is_some());
+    match (holds_agents, resume) {
+        (true, false) => bail!(
+            "--logdir {}: it already holds a population ({}); continue it with --resume {} (and the same flags and sweep), or choose another --logdir",
+            logdir.display(),
+            agents.display(),
+            logdir.display()
+        ),
+        (false, true) => bail!(
+            "--resume {}: no population to continue here (no agents/)",
+            logdir.display()
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// A run writes its checkpoint into `<logdir>/checkpoint`: refuse a directory that
@@ -500,7 +525,6 @@ impl TrainArgs {
         if args.population.is_some() || args.sweep.is_some() {
             for (given, flag) in [
                 (args.listen.is_some(), "--listen"),
-                (args.resume.is_some(), "--resume"),
                 (args.copy_stream, "--copy-stream"),
             ] {
                 if given {
@@ -559,19 +583,49 @@ impl TrainArgs {
         if args.replay_capacity < args.learning_starts as usize {
             bail!("--replay-capacity must hold at least --learning-starts transitions");
         }
-        let device = if args.deterministic {
-            DeviceChoice::Cpu
+        if args.gpu.len() > 1 && !population {
+            bail!(
+                "--gpu takes one device for a single run; a list is for a population (--population or --sweep), one learner thread per device"
+            );
+        }
+        if let Some(i) = args
+            .gpu
+            .iter()
+            .enumerate()
+            .find_map(|(n, i)| args.gpu[..n].contains(i).then_some(i))
+        {
+            bail!("--gpu {i} is listed twice");
+        }
+        let devices = if args.deterministic {
+            vec![DeviceChoice::Cpu]
+        } else if args.gpu.is_empty() {
+            vec![resolve_device(args.cpu, None)?]
         } else {
-            resolve_device(args.cpu, args.gpu)?
+            args.gpu
+                .iter()
+                .map(|&i| resolve_device(args.cpu, Some(i)))
+                .collect::<anyhow::Result<Vec<_>>>()?
         };
+        let device = devices[0];
         if let Some(path) = &args.resume {
             if !path.exists() {
                 bail!("--resume {}: no such checkpoint", path.display());
             }
         }
-        let logdir = match &args.logdir {
-            Some(dir) => dir.clone(),
-            None => {
+        let logdir = match (&args.logdir, args.resume.as_ref().filter(|_| population)) {
+            // A population resumes in its own log directory.
+            (None, Some(dir)) => dir.clone(),
+            (Some(dir), Some(resume))
+                if std::fs::canonicalize(dir).ok() != std::fs::canonicalize(resume).ok() =>
+            {
+                bail!(
+                    "--resume {} continues the population in that log directory; --logdir {} names another",
+                    resume.display(),
+                    dir.display()
+                );
+            }
+            (Some(dir), _) => dir.clone(),
+            (None, None) => {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs());
@@ -580,7 +634,11 @@ impl TrainArgs {
                 PathBuf::from("runs").join(format!("{name}__{}__{now}", args.seed))
             }
         };
-        refuse_to_overwrite(&logdir, args.resume.as_deref())?;
+        if population {
+            refuse_to_overwrite_population(&logdir, args.resume.is_some())?;
+        } else {
+            refuse_to_overwrite(&logdir, args.resume.as_deref())?;
+        }
         let epsilon = EpsilonSchedule::Linear {
             start: args.eps_start,
             end: args.eps_end,
@@ -642,6 +700,7 @@ impl TrainArgs {
             population_threads: args.population_threads,
             sweep: args.sweep.clone(),
             max_concurrent_agents: args.max_concurrent_agents,
+            population_devices: devices,
             device,
             deterministic: args.deterministic,
             hidden: args.hidden,
@@ -710,6 +769,22 @@ mod tests {
         assert_eq!(json["dqn"]["lr"], 2.3e-3);
         assert_eq!(json["replay"]["capacity"], 100_000);
         assert_eq!(json["device"], "cpu");
+    }
+
+    #[test]
+    fn a_list_of_gpus_is_for_populations_and_each_is_checked() {
+        let err = |args: &[&str]| {
+            let mut all = vec!["learner"];
+            all.extend_from_slice(args);
+            let args = Args::try_parse_from(all).unwrap();
+            args.train.into_config().unwrap_err().to_string()
+        };
+        assert!(err(&["--gpu", "0,1"]).contains("a list is for a population"));
+        assert!(err(&["--gpu", "0,1,0", "--population", "2"]).contains("--gpu 0 is listed twice"));
+        if !tch::Cuda::is_available() {
+            // Every listed device is resolved: here, none exists.
+            assert!(err(&["--gpu", "0,1", "--population", "2"]).contains("CUDA is not available"));
+        }
     }
 
     #[test]

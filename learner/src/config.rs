@@ -180,6 +180,9 @@ pub struct RunConfig {
     /// Most agents of a population training at once (`None`: as many as memory holds);
     /// the rest queue and take finished agents' places.
     pub max_concurrent_agents: Option<usize>,
+    /// The devices a population trains on, one learner thread each (`--gpu 0,1`; the
+    /// first is `device`).
+    pub population_devices: Vec<DeviceChoice>,
     pub device: DeviceChoice,
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical results.

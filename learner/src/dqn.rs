@@ -30,14 +30,14 @@
 use millrace_proto::{NetworkSpec, ParamLayout};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::host_adam::{self, Bias};
 use crate::population::{AgentHparams, AgentTensors, Sync};
 
 /// How the target network follows the online one.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TargetUpdate {
     /// Copy every `period` updates (Mnih et al. 2015).
@@ -381,9 +381,22 @@ impl Dqn {
     /// so it learns as it would in a population of its own: a sweep streams queued
     /// agents into the places of finished ones.
     pub fn admit(&self, newcomers: &[AgentHparams]) -> Self {
+        let fresh: Vec<(AgentHparams, Option<DqnState>)> =
+            newcomers.iter().map(|h| (*h, None)).collect();
+        self.admit_states(fresh)
+    }
+
+    /// [`Dqn::admit`] where a newcomer may bring the state it had in another population
+    /// (one agent's [`Dqn::agent_state`], read back from its checkpoint): it goes on
+    /// from there, counting its own updates on from the state's.
+    ///
+    /// # Panics
+    /// If a state is not one agent's of this network.
+    pub fn admit_states(&self, newcomers: Vec<(AgentHparams, Option<DqnState>)>) -> Self {
         let mut spec = self.spec.clone();
         spec.population = newcomers.len();
-        let fresh = Self::population(spec, self.config.clone(), newcomers, self.device);
+        let fresh = Self::population_states(spec, self.config.clone(), newcomers, self.device);
+        let hps = fresh.agents.hparams.clone();
         let cat = |a: &Tensor, b: &Tensor| Tensor::cat(&[a, b], 0);
         let state = DqnState {
             online: cat(&self.online, &fresh.online),
@@ -394,10 +407,47 @@ impl Dqn {
             updates: self.updates,
         };
         let mut agents = self.agents.hparams.clone();
-        agents.extend_from_slice(newcomers);
+        agents.extend_from_slice(&hps);
         let mut joined = self.agents.joined.clone();
-        joined.extend(std::iter::repeat_n(self.updates, newcomers.len()));
+        joined.extend(fresh.agents.joined.iter().map(|j| self.updates as i64 + j));
         self.rebuilt(state, &agents, &joined, |t, f| cat(t, f), &fresh)
+    }
+
+    /// A population of `agents`, each fresh (as [`Dqn::population`] starts it) or going
+    /// on from the one-agent state it brings (see [`Dqn::admit_states`]).
+    ///
+    /// # Panics
+    /// If `agents` does not number `spec.population`, or a state is not one agent's of
+    /// this network.
+    pub fn population_states(
+        spec: NetworkSpec,
+        config: DqnConfig,
+        agents: Vec<(AgentHparams, Option<DqnState>)>,
+        device: Device,
+    ) -> Self {
+        let hps: Vec<AgentHparams> = agents.iter().map(|(h, _)| *h).collect();
+        let fresh = Self::population(spec.clone(), config.clone(), &hps, device);
+        if agents.iter().all(|(_, s)| s.is_none()) {
+            return fresh;
+        }
+        let mut state = fresh.state();
+        let mut joined = vec![0; agents.len()];
+        tch::no_grad(|| {
+            for (row, (_, s)) in agents.iter().enumerate() {
+                let Some(s) = s else { continue };
+                for (to, from) in [
+                    (&mut state.online, &s.online),
+                    (&mut state.target, &s.target),
+                    (&mut state.adam_m, &s.adam_m),
+                    (&mut state.adam_v, &s.adam_v),
+                ] {
+                    to.narrow(0, row as i64, 1).copy_(from);
+                }
+                // Its own updates so far: the population's count (0) less `joined`.
+                joined[row] = -(s.updates as i64);
+            }
+        });
+        Self::restore_joined(spec, config, &hps, &joined, device, state)
     }
 
     /// This population's settings around `state` (for [`Dqn::keep_agents`] and
@@ -406,7 +456,7 @@ impl Dqn {
         &self,
         state: DqnState,
         agents: &[AgentHparams],
-        joined: &[u64],
+        joined: &[i64],
         counters: impl Fn(&Tensor, &Tensor) -> Tensor,
         other: &Self,
     ) -> Self {
@@ -457,7 +507,7 @@ impl Dqn {
         spec: NetworkSpec,
         config: DqnConfig,
         agents: &[AgentHparams],
-        joined: &[u64],
+        joined: &[i64],
         device: Device,
         state: DqnState,
     ) -> Self {
@@ -787,8 +837,22 @@ impl Dqn {
             updates: self.updates,
         };
         let agents: Vec<AgentHparams> = rows.iter().map(|&r| self.agents.hparams[r]).collect();
-        let joined: Vec<u64> = rows.iter().map(|&r| self.agents.joined[r]).collect();
+        let joined: Vec<i64> = rows.iter().map(|&r| self.agents.joined[r]).collect();
         self.rebuilt(state, &agents, &joined, |t, _| pick(t), self)
+    }
+
+    /// Agent `row`'s state as a population of one on the host (its own update count):
+    /// what its checkpoint saves, and [`Dqn::admit_states`] takes back.
+    pub fn agent_state(&self, row: usize) -> DqnState {
+        let pick = |t: &Tensor| t.narrow(0, row as i64, 1).to_device(Device::Cpu).copy();
+        DqnState {
+            online: pick(&self.online),
+            target: pick(&self.target),
+            adam_m: pick(&self.adam_m),
+            adam_v: pick(&self.adam_v),
+            adam_step: self.agents.own(row, self.adam_step),
+            updates: self.agents.own(row, self.updates),
+        }
     }
 
     /// Copies the online parameters into the target network.

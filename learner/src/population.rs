@@ -8,14 +8,14 @@
 //! seed its parameters start from. Agent k of a population learns exactly as a
 //! one-agent run with the same seed and hyperparameters would, given the same batches.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::dqn::{DqnConfig, TargetUpdate};
 use crate::host_adam::Bias;
 
 /// What may differ between the agents of one population.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AgentHparams {
     /// Seeds the agent's initial parameters.
     pub seed: u64,
@@ -65,10 +65,11 @@ pub struct AgentTensors {
     shared_period: Option<u64>,
     /// Each agent's settings, in population order.
     pub hparams: Vec<AgentHparams>,
-    /// How many updates the population had made when each agent joined (0 for those
-    /// it started with): an agent's own update number, which its target period and
-    /// Adam's bias corrections count, is the population's minus this.
-    pub joined: Vec<u64>,
+    /// How many updates the population had made when each agent joined, less those
+    /// the agent had made before (a resumed agent's): an agent's own update number,
+    /// which its target period and Adam's bias corrections count, is the population's
+    /// minus this. 0 for agents that started with the population.
+    pub joined: Vec<i64>,
     /// Whether every agent joined at once (their update numbers agree).
     joined_together: bool,
 }
@@ -78,7 +79,7 @@ impl AgentTensors {
     ///
     /// # Panics
     /// If `joined` does not have one entry per agent.
-    pub fn new(agents: &[AgentHparams], joined: &[u64], device: Device) -> Self {
+    pub fn new(agents: &[AgentHparams], joined: &[i64], device: Device) -> Self {
         assert_eq!(agents.len(), joined.len(), "one join count per agent");
         let column = |f: &dyn Fn(&AgentHparams) -> f64| {
             let v: Vec<f64> = agents.iter().map(f).collect();
@@ -127,8 +128,8 @@ impl AgentTensors {
     }
 
     /// Agent `k`'s own number for the population's update number `count`.
-    fn own(&self, k: usize, count: u64) -> u64 {
-        count.saturating_sub(self.joined[k])
+    pub fn own(&self, k: usize, count: u64) -> u64 {
+        (count as i64).saturating_sub(self.joined[k]).max(0) as u64
     }
 
     /// Which agents copy their online network into their target after the population's

@@ -81,6 +81,7 @@ pub fn experiment(
     name: &str,
     example: &[(&'static str, HValue)],
 ) -> std::io::Result<()> {
+    std::fs::create_dir_all(logdir)?;
     let event = Event::at(
         0,
         hparams::experiment(name, example, &METRICS, tensorboard::now()),
@@ -109,6 +110,15 @@ impl AgentBoard {
             hparams::session_start(settings, &format!("config-{config}"), tensorboard::now());
         tensorboard::append(&board.path, &[Event::at(0, start)])?;
         Ok(board)
+    }
+
+    /// Goes on with the agent's run in `dir` (a resumed agent: its session started in
+    /// an earlier file).
+    pub fn resume(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Self {
+            path: dir.join(tensorboard::file_name()),
+        })
     }
 
     /// Scalars at `env_steps`.

@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::Path;
 
 use millrace_actor::EpsilonSchedule;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
 use crate::dqn::TargetUpdate;
@@ -14,7 +14,7 @@ use crate::population::AgentHparams;
 
 /// An agent's settings besides its [`AgentHparams`]: how its actors acted and the
 /// shape and pace of its update (a sweep's values, or the flags').
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AgentSetup {
     pub gamma: f32,
     pub n_step: usize,
@@ -46,7 +46,7 @@ impl AgentSetup {
 }
 
 /// How an agent's training ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentEnd {
     /// Its target return, confirmed on fresh episodes.
@@ -59,8 +59,8 @@ pub enum AgentEnd {
     Interrupted,
 }
 
-/// One agent's outcome.
-#[derive(Clone, Debug, Serialize)]
+/// One agent's outcome (`result.json` in its directory once it ended).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AgentResult {
     pub agent: usize,
     /// Its configuration (a sweep's grid point and draw; 0 for `--population K`).

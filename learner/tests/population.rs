@@ -263,3 +263,42 @@ fn agents_admitted_later_learn_as_they_would_alone() {
         }
     }
 }
+
+/// A resumed sweep: an agent's state taken from one population (as its checkpoint
+/// saves it) and admitted into another, which had made other updates meanwhile, goes
+/// on as the agent alone would (its own update count carries its target period and
+/// Adam's bias corrections).
+#[test]
+fn an_agent_state_carried_into_another_population_goes_on_as_alone() {
+    let config = DqnConfig::default();
+    let hp = agents(3);
+    let mut first = Dqn::population(mlp(2), config.clone(), &hp[..2], Device::Cpu);
+    let mut alone = Dqn::population(mlp(1), config.clone(), &hp[1..2], Device::Cpu);
+    for step in 0..5 {
+        let batches: Vec<Batch> = (0..2).map(|i| batch(&mlp(1), i, step, 8)).collect();
+        let _ = first.update(&stacked(&batches));
+        let _ = alone.update(&batches[1]);
+    }
+    let saved = first.agent_state(1);
+    assert_eq!((saved.updates, saved.adam_step), (5, 5));
+    let mut second = Dqn::population(mlp(1), config, &hp[2..3], Device::Cpu);
+    for step in 0..2 {
+        let _ = second.update(&batch(&mlp(1), 2, step, 8));
+    }
+    let mut second = second.admit_states(vec![(hp[1], Some(saved))]);
+    for step in 5..11 {
+        let b = [batch(&mlp(1), 2, step, 8), batch(&mlp(1), 1, step, 8)];
+        let _ = second.update(&stacked(&b));
+        let _ = alone.update(&b[1]);
+    }
+    let (together, one) = (second.agent_state(1), alone.state());
+    assert_eq!(together.updates, 11);
+    for (what, a, b) in [
+        ("online", &together.online, &one.online),
+        ("target", &together.target, &one.target),
+        ("adam_m", &together.adam_m, &one.adam_m),
+    ] {
+        let err = (a - b).abs().max().double_value(&[]);
+        assert!(err <= 1e-5, "{what} differs by {err}");
+    }
+}

@@ -377,3 +377,127 @@ fn a_sweep_streams_agents_with_their_own_actor_settings_in_groups() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("--agent 8: no "), "{}", text(&out));
 }
+
+/// A sweep stopped by SIGINT saves each training agent's state; `--resume LOGDIR`
+/// with the same flags keeps the results of agents that had ended, continues the
+/// stopped ones from their state and starts the rest. A new population in that
+/// directory, or a resume with another sweep, is refused.
+#[test]
+fn a_stopped_sweep_resumes_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("sweep.toml");
+    let write_sweep = |lrs: &str| {
+        std::fs::write(
+            &sweep,
+            format!("seeds = [1, 2]\nmax_steps = 6000\n[grid]\nlr = [{lrs}]\n"),
+        )
+        .unwrap();
+    };
+    write_sweep("0.001, 0.002");
+    let logdir = dir.path().join("run");
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "--env",
+            "CartPole-v1",
+            "--cpu",
+            "--target-return",
+            "1000",
+            "--sweep",
+            sweep.to_str().unwrap(),
+            "--max-concurrent-agents",
+            "2",
+            "--population-threads",
+            "1",
+            "--no-progress",
+        ];
+        a.extend_from_slice(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    // Two places for four agents: stop once the first two ended and the next two
+    // started.
+    let child = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(args(&["--logdir", logdir.to_str().unwrap()]))
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let agent_dir = |k: usize| logdir.join(format!("agents/agent-{k:03}"));
+    millrace_tests::wait_until(
+        "two agents ended and the next started",
+        std::time::Duration::from_secs(120),
+        || agent_dir(1).join("result.json").exists() && agent_dir(3).join("agent.json").exists(),
+    );
+    millrace_tests::signal(&child, "-INT");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    assert!(text(&out).contains("--resume"), "{}", text(&out));
+    let ended: Vec<String> = (0..2)
+        .map(|k| std::fs::read_to_string(agent_dir(k).join("result.json")).unwrap())
+        .collect();
+    for k in 2..4 {
+        assert!(
+            agent_dir(k).join("checkpoint/latest/meta.json").exists(),
+            "agent {k}'s state was saved: {}",
+            text(&out)
+        );
+    }
+    let stopped_at: Vec<u64> = (2..4)
+        .map(|k| {
+            read_json(&agent_dir(k).join("checkpoint/latest/meta.json"))["env_steps"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+
+    // Not without --resume; not with another sweep.
+    let out = learner_args(&args(&["--logdir", logdir.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("already holds a population"),
+        "{}",
+        text(&out)
+    );
+    write_sweep("0.001, 0.003");
+    let out = learner_args(&args(&["--resume", logdir.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("agent 2: "), "{}", text(&out));
+
+    write_sweep("0.001, 0.002");
+    let out = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(args(&["--resume", logdir.to_str().unwrap()]))
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(2), "budgets: {log}");
+    assert!(
+        log.contains("2 agent(s) ended before, 2 go on from their state, 0 start"),
+        "{log}"
+    );
+    for (k, at) in (2..4).zip(&stopped_at) {
+        assert!(
+            log.contains(&format!("agent {k}: resumed at {at} env steps")),
+            "{log}"
+        );
+    }
+    for (k, before) in ended.iter().enumerate() {
+        let now = std::fs::read_to_string(agent_dir(k).join("result.json")).unwrap();
+        assert_eq!(&now, before, "agent {k}'s result stands");
+    }
+    let rows = rows(&logdir);
+    assert_eq!(rows.len(), 4);
+    assert!(
+        rows.iter()
+            .all(|r| r["end"] == "budget" && r["env_steps"].parse::<u64>().unwrap() >= 6000),
+        "{rows:?}"
+    );
+}
+
+fn learner_args(args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("learner runs")
+}

@@ -6,6 +6,7 @@
 mod coordinator;
 mod lockstep;
 mod population;
+mod population_resume;
 mod population_staging;
 mod setup;
 mod wiring;

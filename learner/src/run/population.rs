@@ -16,22 +16,23 @@
 //! `population.csv`.
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use millrace_actor::AnyActor;
-use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter};
+use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter};
 use millrace_replay::Table;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
+use super::population_resume::{self, Identity, Saved};
 use super::population_staging::PopulationStaging;
 use super::RunError;
-use crate::checkpoint::{self, Layout, PolicyOwner, Which};
+use crate::checkpoint::{self, Layout, PolicyOwner, StateMeta, Which};
 use crate::config::RunConfig;
-use crate::dqn::Dqn;
+use crate::dqn::{Dqn, DqnState};
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
 use crate::population::AgentHparams;
 use crate::population_board::{self, AgentBoard};
@@ -45,6 +46,25 @@ pub struct Member {
     pub index: usize,
     pub sweep: SweepAgent,
     pub cfg: RunConfig,
+    /// It was stopped while training, and goes on from its saved state (`--resume`).
+    pub resumed: bool,
+}
+
+impl Member {
+    /// Its directory in the log directory `root`.
+    fn dir(&self, root: &Path) -> PathBuf {
+        root.join("agents").join(format!("agent-{:03}", self.index))
+    }
+
+    fn identity(&self) -> Identity {
+        Identity {
+            agent: self.index,
+            config: self.sweep.config,
+            label: self.sweep.label.clone(),
+            hparams: self.sweep.hparams,
+            setup: AgentSetup::of(&self.cfg),
+        }
+    }
 }
 
 /// One agent and everything that is its own.
@@ -62,6 +82,8 @@ struct Agent {
     tracker: EvalTracker,
     next_eval: u64,
     returns: VecDeque<f32>,
+    /// Its directory, and its checkpoint's layout (under it).
+    dir: PathBuf,
     layout: Layout,
     end: Option<(AgentEnd, u64, f64)>,
     /// Its TensorBoard run (`None` if it could not be written: training goes on).
@@ -78,24 +100,62 @@ struct Live {
 }
 
 impl Agent {
-    /// The agent `m`, with its actors, replay and checkpoint directory.
-    fn new(m: &Member, network: &NetworkSpec, root: &Path) -> Result<Self, RunError> {
+    /// The agent `m`, with its actors, replay and checkpoint directory; a resumed
+    /// agent with its replay, counters and best evaluation read back, and its networks'
+    /// and optimizer's state for the population to take in.
+    fn new(
+        m: &Member,
+        network: &NetworkSpec,
+        root: &Path,
+    ) -> Result<(Self, Option<DqnState>), RunError> {
         let cfg = &m.cfg;
-        let actors = (0..cfg.actors.count)
-            .map(|id| AnyActor::new(&cfg.actor(id as u32, 0), network))
-            .collect::<Result<Vec<_>, _>>()?;
-        let dir = root.join("agents").join(format!("agent-{:03}", m.index));
+        let dir = m.dir(root);
         let layout = Layout::new(dir.join("checkpoint"));
         std::fs::create_dir_all(&layout.root)?;
+        let saved = if m.resumed {
+            let (meta, state, latest) = population_resume::load_state(&dir)?;
+            checkpoint::check_fits(&meta, &cfg.env_spec, network).map_err(RunError::Resume)?;
+            Some((meta, state, latest))
+        } else {
+            population_resume::write_identity(&dir, &m.identity()).map_err(RunError::Config)?;
+            None
+        };
         checkpoint::files::write_json(&layout.config(), cfg).map_err(RunError::Config)?;
+        let start_steps = saved.as_ref().map_or(0, |(meta, _, _)| meta.env_steps);
+        // A resumed agent's actors seed on from its env steps (new episodes).
+        let actors = (0..cfg.actors.count)
+            .map(|id| AnyActor::new(&cfg.actor(id as u32, start_steps), network))
+            .collect::<Result<Vec<_>, _>>()?;
         let replay = super::setup::replay_config(cfg, &cfg.env_spec)?;
+        let table = Table::new(&replay)?;
         let hp = m.sweep.hparams;
         let setup = AgentSetup::of(cfg);
         let settings = population_board::settings(m.sweep.config, &hp, &setup);
-        let board = AgentBoard::create(&dir, m.sweep.config, &settings)
-            .inspect_err(|e| tracing::warn!("agent {}: no TensorBoard run: {e}", m.index))
-            .ok();
-        Ok(Self {
+        let board = if m.resumed {
+            AgentBoard::resume(&dir)
+        } else {
+            AgentBoard::create(&dir, m.sweep.config, &settings)
+        }
+        .inspect_err(|e| tracing::warn!("agent {}: no TensorBoard run: {e}", m.index))
+        .ok();
+        let mut best = None;
+        let mut state = None;
+        if let Some((meta, s, latest)) = saved {
+            let restored =
+                checkpoint::restore_replay(&latest, &meta, &table, cfg.replay.learning_starts)
+                    .map_err(RunError::Resume)?;
+            best = checkpoint::saved_eval(&layout, Which::Best).map_err(RunError::Resume)?;
+            tracing::info!(
+                "agent {}: resumed at {} env steps, {} updates; replay holds {} transitions",
+                m.index,
+                meta.env_steps,
+                s.updates,
+                restored.held
+            );
+            state = Some(s);
+        }
+        let every = cfg.eval.every.max(1);
+        let agent = Self {
             index: m.index,
             config: m.sweep.config,
             label: m.sweep.label.clone(),
@@ -110,17 +170,45 @@ impl Agent {
                     population: 1,
                     data: Vec::new(),
                 })),
-                table: Table::new(&replay)?,
-                rng: SmallRng::seed_from_u64(hp.seed ^ 0x5eed),
+                table,
+                rng: SmallRng::seed_from_u64(hp.seed.wrapping_add(start_steps) ^ 0x5eed),
             }),
-            steps: Arc::new(StepCounter::new(0)),
-            tracker: EvalTracker::new(cfg.eval.target_return, None),
-            next_eval: cfg.eval.every,
+            steps: Arc::new(StepCounter::new(start_steps)),
+            tracker: EvalTracker::new(cfg.eval.target_return, best),
+            next_eval: (start_steps / every + 1) * every,
             returns: VecDeque::new(),
+            dir,
             layout,
             end: None,
             board,
-        })
+        };
+        Ok((agent, state))
+    }
+
+    /// Saves the agent's state (`state`: its row of the population, its own update
+    /// count) with its replay into `checkpoint/latest/`, for `--resume`.
+    fn save(
+        &self,
+        state: &DqnState,
+        network: &NetworkSpec,
+        env: &EnvSpec,
+        version: u64,
+    ) -> Result<(), RunError> {
+        let live = self
+            .live
+            .as_ref()
+            .expect("a training agent keeps its actors and replay");
+        let mut meta = StateMeta::new(
+            env.clone(),
+            network.clone(),
+            self.hp.seed,
+            self.steps.get(),
+            version,
+        );
+        meta.last_eval = self.tracker.last.clone();
+        checkpoint::save_state(&self.layout.latest(), state, Some(&live.table), meta)
+            .map(|_| ())
+            .map_err(RunError::FinalCheckpoint)
     }
 
     /// Writes to the agent's TensorBoard run; a failure is said once, and the run
@@ -212,6 +300,7 @@ pub fn agents(cfg: &RunConfig) -> Result<(Vec<Member>, u64), RunError> {
             index,
             sweep: agent,
             cfg: member_cfg,
+            resumed: false,
         });
     }
     Ok((members, budget))
@@ -321,7 +410,50 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     let started = Instant::now();
     let env = cfg.env_spec.clone();
     let (members, budget) = agents(cfg)?;
+    let total = members.len();
+    // A resumed sweep: agents that ended keep their results, stopped ones go on from
+    // their state, the rest start.
+    let mut ended = Vec::new();
+    let members: Vec<Member> = if cfg.resume.is_some() {
+        let mut left = Vec::with_capacity(members.len());
+        for mut m in members {
+            match population_resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
+                Saved::Ended(result) => ended.push(result),
+                Saved::Stopped => {
+                    m.resumed = true;
+                    left.push(m);
+                }
+                Saved::Fresh => left.push(m),
+            }
+        }
+        tracing::info!(
+            "resuming the population in {}: {} agent(s) ended before, {} go on from their state, {} start",
+            cfg.logdir.display(),
+            ended.len(),
+            left.iter().filter(|m| m.resumed).count(),
+            left.iter().filter(|m| !m.resumed).count()
+        );
+        left
+    } else {
+        members
+    };
     let k = members.len();
+    if k == 0 {
+        tracing::info!("every agent of this population has ended: nothing to train");
+        let summary = PopulationSummary {
+            env: env.id.clone(),
+            agents: ended,
+            wall_s: started.elapsed().as_secs_f64(),
+            updates: 0,
+            target: cfg.eval.target_return,
+            split: [0.0; 3],
+            groups: 0,
+            threads: 0,
+            concurrent: 0,
+        };
+        write_results(&summary, &cfg.logdir)?;
+        return Ok(summary);
+    }
     // What one agent costs (its replay; online, target, gradient and Adam's two
     // moments in f32), said up front; as many agents train at once as memory holds
     // (or --max-concurrent-agents says), the rest queue.
@@ -357,12 +489,13 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     );
     // Threads, each a stacked update of its own: one per core on the CPU unless
     // `--population-threads` says (more intra-op threads on one update cost more in
-    // synchronisation than they save at these sizes), one on a GPU.
+    // synchronisation than they save at these sizes), one per GPU (`--gpu 0,1`).
+    let devices: Vec<tch::Device> = cfg.population_devices.iter().map(|d| d.device()).collect();
     let threads = if cfg.device.device() == tch::Device::Cpu {
         cfg.population_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     } else {
-        1
+        devices.len()
     }
     .clamp(1, concurrent);
     tch::set_num_threads(1);
@@ -411,12 +544,14 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
             .map(|(t, plan)| {
                 // This thread's share of the agents that train at once.
                 let slots = concurrent / threads + usize::from(t < concurrent % threads);
+                let device = devices.get(t).copied().unwrap_or(tch::Device::Cpu);
                 let failed = &failed;
                 scope.spawn(move || {
                     let stop = [interrupt, failed];
                     let mut done = Vec::new();
                     for members in plan.into_iter().filter(|m| !m.is_empty()) {
-                        let outcome = train_group(cfg, members, slots, budget, started, &stop);
+                        let outcome =
+                            train_group(cfg, members, device, slots, budget, started, &stop);
                         match outcome {
                             Ok(g) => done.push(g),
                             Err(e) => {
@@ -453,7 +588,15 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
             }
         }
     }
+    results.extend(ended);
     results.sort_by_key(|r| r.agent);
+    debug_assert_eq!(results.len(), total);
+    if results.iter().any(|r| r.end == AgentEnd::Interrupted) {
+        tracing::warn!(
+            "stopped: each training agent's state is saved; continue the sweep with --resume {} and the same flags",
+            cfg.logdir.display()
+        );
+    }
     let summary = PopulationSummary {
         env: env.id.clone(),
         agents: results,
@@ -477,11 +620,13 @@ struct Group {
 }
 
 /// Trains the agents `members` of one group (same update shapes and pace) as one
-/// stacked population on this thread, at most `slots` at once: queued agents take
+/// stacked population on this thread and `device`, at most `slots` at once: queued agents take
 /// the places of agents that end, until every one has ended.
+#[allow(clippy::too_many_arguments)]
 fn train_group(
     cfg: &RunConfig,
     members: Vec<Member>,
+    device: tch::Device,
     slots: usize,
     budget: u64,
     started: Instant,
@@ -492,7 +637,6 @@ fn train_group(
     let network = crate::network::build(first.network, &env, &first.hidden)?;
     let batch_size = first.batch_size;
     let mut queue: VecDeque<Member> = members.into();
-    let device = cfg.device.device();
 
     let mut agents: Vec<Agent> = Vec::with_capacity(queue.len());
     let mut running: Vec<usize> = Vec::new();
@@ -500,21 +644,24 @@ fn train_group(
     let mut version = 1;
     let (mut acting, mut updating, mut evaluating) = (0.0, 0.0, 0.0);
     let mut population_updates = 0;
+    let mut last_save = Instant::now();
     let interrupted = 'run: loop {
         // Queued agents take free places (all of them at the start).
         let free = slots.saturating_sub(running.len()).min(queue.len());
         if free > 0 {
             let newcomers: Vec<usize> = (0..free).map(|i| agents.len() + i).collect();
+            let mut states = Vec::with_capacity(free);
             for m in queue.drain(..free) {
-                agents.push(Agent::new(&m, &network, &cfg.logdir)?);
+                let (agent, state) = Agent::new(&m, &network, &cfg.logdir)?;
+                states.push((agent.hp, state));
+                agents.push(agent);
             }
-            let hps: Vec<AgentHparams> = newcomers.iter().map(|&a| agents[a].hp).collect();
             dqn = Some(match dqn.take() {
-                Some(d) => d.admit(&hps),
+                Some(d) => d.admit_states(states),
                 None => {
                     let mut spec = network.clone();
-                    spec.population = hps.len();
-                    Dqn::population(spec, cfg.dqn.clone(), &hps, device)
+                    spec.population = states.len();
+                    Dqn::population_states(spec, cfg.dqn.clone(), states, device)
                 }
             });
             let first = running.is_empty();
@@ -550,7 +697,19 @@ fn train_group(
         let mut staging = PopulationStaging::new(&env.obs, running.len(), batch_size);
         // Rounds until an agent ends.
         loop {
-            if stop.iter().any(|s| s.load(Ordering::Relaxed)) {
+            let stopping = stop.iter().any(|s| s.load(Ordering::Relaxed));
+            let due = cfg
+                .learner
+                .checkpoint_every
+                .is_some_and(|every| last_save.elapsed() >= every);
+            if stopping || due {
+                // Each training agent's state and replay, for `--resume`.
+                for (row, &a) in running.iter().enumerate() {
+                    agents[a].save(&d.agent_state(row), &network, &env, version)?;
+                }
+                last_save = Instant::now();
+            }
+            if stopping {
                 population_updates += d.updates();
                 break 'run true;
             }
@@ -668,6 +827,7 @@ fn train_group(
                 agent.live = None;
                 let result = agent.result(wall);
                 agent.board(|b| b.end(&result));
+                population_resume::write_result(&agent.dir, &result).map_err(RunError::Config)?;
             }
         }
         running = keep.iter().map(|&r| running[r]).collect();
