@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use millrace_learner::server::{self, goodbye_for, ServerConfig, ServerContext};
+use millrace_learner::server::{self, goodbye_for, Route, Routes, ServerConfig, ServerContext};
 use millrace_proto::codec::{self, Framer, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{ActorMsg, LearnerMsg, PROTOCOL_VERSION};
 use millrace_proto::{
@@ -140,10 +140,12 @@ fn server(shape: Shape, table: Arc<Table>, params: Arc<ParamsCell>) -> server::S
             env,
             network,
             run_id: "bench".into(),
-            table,
-            params,
+            routes: Routes::One(Route {
+                table,
+                params,
+                steps: Arc::new(StepCounter::default()),
+            }),
             episodes: tx,
-            steps: Arc::new(StepCounter::default()),
             board: Arc::default(),
         },
     )

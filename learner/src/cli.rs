@@ -522,15 +522,8 @@ impl TrainArgs {
             // Read now, so a bad file is one clear line before anything starts.
             crate::sweep::Sweep::read(path, &DqnConfig::default(), args.seed)?;
         }
-        if args.population.is_some() || args.sweep.is_some() {
-            for (given, flag) in [
-                (args.listen.is_some(), "--listen"),
-                (args.copy_stream, "--copy-stream"),
-            ] {
-                if given {
-                    bail!("--population trains its agents embedded: {flag} does not combine with it yet");
-                }
-            }
+        if population && args.copy_stream {
+            bail!("--copy-stream does not combine with a population yet (its batches are staged per agent)");
         }
         if args.replay_shards > usize::from(u16::MAX) {
             bail!("--replay-shards must be at most {}", u16::MAX);

@@ -82,12 +82,19 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
         cfg.network,
         cfg.hidden
     );
+    let population = cfg.population.is_some() || cfg.sweep.is_some();
+    let saved_as = if population {
+        // Each agent's, with its sweep settings applied.
+        cfg.logdir.join("agents/agent-NNN/checkpoint/config.json")
+    } else {
+        cfg.checkpoint_dir().join("config.json")
+    };
     tracing::info!(
         "effective configuration (the run saves it as {}):\n{}",
-        cfg.checkpoint_dir().join("config.json").display(),
+        saved_as.display(),
         cfg.to_json()
     );
-    if cfg.population.is_some() || cfg.sweep.is_some() {
+    if population {
         let summary = millrace_learner::run_population(&cfg, interrupt)?;
         print!("{summary}");
         return Ok(ExitCode::from(summary.exit_code()));

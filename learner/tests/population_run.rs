@@ -145,8 +145,8 @@ fn flags_that_do_not_combine_with_a_population_are_refused() {
     for (args, needle) in [
         (vec!["--population", "0"], "--population must be at least 1"),
         (
-            vec!["--population", "2", "--listen", "127.0.0.1:0"],
-            "--listen",
+            vec!["--population", "2", "--copy-stream"],
+            "--copy-stream does not combine with a population",
         ),
     ] {
         let out = learner(&args);

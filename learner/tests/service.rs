@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use millrace_actor::EpisodeStats;
 use millrace_learner::server::{
-    self, goodbye_for, ActorBoard, ServerConfig, ServerContext, ServerHandle,
+    self, goodbye_for, ActorBoard, Route, Routes, ServerConfig, ServerContext, ServerHandle,
 };
 use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{
@@ -73,10 +73,12 @@ fn fixture_with(configure: impl FnOnce(&mut ServerConfig)) -> Fixture {
             env,
             network,
             run_id: "test".into(),
-            table: Arc::clone(&table),
-            params: Arc::clone(&params),
+            routes: Routes::One(Route {
+                table: Arc::clone(&table),
+                params: Arc::clone(&params),
+                steps: Arc::new(StepCounter::default()),
+            }),
             episodes: tx,
-            steps: Arc::new(StepCounter::default()),
             board: Arc::clone(&board),
         },
     )

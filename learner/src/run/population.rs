@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use millrace_actor::AnyActor;
+use millrace_actor::{AnyActor, EpsilonSchedule};
+use millrace_proto::wire::EpsilonDecay;
 use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter};
 use millrace_replay::Table;
 use rand::rngs::SmallRng;
@@ -37,6 +38,7 @@ use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, 
 use crate::population::AgentHparams;
 use crate::population_board::{self, AgentBoard};
 use crate::population_results::{AgentEnd, AgentResult, AgentSetup, PopulationSummary};
+use crate::server::{AgentPorts, AgentSpec, Route, Routes, ServerContext, ServerHandle};
 use crate::sweep::{check_applied, GroupKey, Settings, Sweep, SweepAgent, SweepError};
 
 /// An agent of the run: its place in the population, its sweep entry, and its
@@ -95,7 +97,8 @@ struct Live {
     actors: Vec<AnyActor>,
     /// Its parameters as its actors read them (a population of one).
     params: Arc<ParamsCell>,
-    table: Table,
+    /// Shared with the server's connections when remote actors serve the agent.
+    table: Arc<Table>,
     rng: SmallRng,
 }
 
@@ -127,7 +130,7 @@ impl Agent {
             .map(|id| AnyActor::new(&cfg.actor(id as u32, start_steps), network))
             .collect::<Result<Vec<_>, _>>()?;
         let replay = super::setup::replay_config(cfg, &cfg.env_spec)?;
-        let table = Table::new(&replay)?;
+        let table = Arc::new(Table::new(&replay)?);
         let hp = m.sweep.hparams;
         let setup = AgentSetup::of(cfg);
         let settings = population_board::settings(m.sweep.config, &hp, &setup);
@@ -535,6 +538,35 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
         cfg.actors.count,
         cfg.actors.envs_per_actor
     );
+    // Remote actors (`--listen`): each serves an agent that trains, assigned at its
+    // handshake.
+    let ports = Arc::new(AgentPorts::new(k));
+    let server = match &cfg.server {
+        Some(scfg) => {
+            let largest = plans
+                .iter()
+                .flatten()
+                .flatten()
+                .map(|m| crate::network::build(m.cfg.network, &env, &m.cfg.hidden))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .max_by_key(|n| n.layout().len)
+                .expect("a population has agents");
+            let ctx = ServerContext {
+                env: env.clone(),
+                env_config: cfg.env.clone(),
+                clip_rewards: cfg.clip_rewards,
+                network: largest,
+                run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
+                routes: Routes::Agents(Arc::clone(&ports)),
+                // Remote episode returns are not kept per agent (evaluations are).
+                episodes: crossbeam_channel::bounded(1).0,
+                board: Arc::default(),
+            };
+            Some(crate::server::spawn(scfg.clone(), ctx)?)
+        }
+        None => None,
+    };
     // A thread that fails stops the others (as an interrupt would).
     let failed = AtomicBool::new(false);
     let outcomes: Vec<Result<Vec<Group>, RunError>> = std::thread::scope(|scope| {
@@ -546,12 +578,18 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 let slots = concurrent / threads + usize::from(t < concurrent % threads);
                 let device = devices.get(t).copied().unwrap_or(tch::Device::Cpu);
                 let failed = &failed;
+                let run = RunShared {
+                    cfg,
+                    budget,
+                    started,
+                    stop: [interrupt, failed],
+                    ports: server.as_ref().map(|_| &*ports),
+                    server: server.as_ref(),
+                };
                 scope.spawn(move || {
-                    let stop = [interrupt, failed];
                     let mut done = Vec::new();
                     for members in plan.into_iter().filter(|m| !m.is_empty()) {
-                        let outcome =
-                            train_group(cfg, members, device, slots, budget, started, &stop);
+                        let outcome = train_group(run, members, device, slots);
                         match outcome {
                             Ok(g) => done.push(g),
                             Err(e) => {
@@ -577,6 +615,26 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
             })
             .collect()
     });
+    if let Some(server) = server {
+        let finished = outcomes.iter().all(|o| {
+            o.as_ref().is_ok_and(|groups| {
+                groups
+                    .iter()
+                    .all(|g| g.results.iter().all(|r| r.end != AgentEnd::Interrupted))
+            })
+        });
+        let goodbye = crate::server::goodbye_for(
+            finished,
+            if finished {
+                "the population finished"
+            } else {
+                "the learner is stopping"
+            },
+        );
+        if let Err(e) = server.shutdown(goodbye) {
+            tracing::warn!("server: {e}");
+        }
+    }
     let mut results = Vec::with_capacity(k);
     let (mut updates, mut split) = (0, [0.0; 3]);
     for outcome in outcomes {
@@ -612,6 +670,10 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     Ok(summary)
 }
 
+/// The longest a round of updates runs while remote actors fill replay (embedded
+/// actors only act between rounds, so their rounds end when replay's ratio says).
+const REMOTE_ROUND: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// What one group of agents did.
 struct Group {
     results: Vec<AgentResult>,
@@ -619,19 +681,37 @@ struct Group {
     split: [f64; 3],
 }
 
+/// What every group of a run shares.
+#[derive(Clone, Copy)]
+struct RunShared<'a> {
+    cfg: &'a RunConfig,
+    /// Each agent's env step budget.
+    budget: u64,
+    started: Instant,
+    /// An interrupt, and another thread's failure.
+    stop: [&'a AtomicBool; 2],
+    /// Remote actors' agents, and the server (`--listen`).
+    ports: Option<&'a AgentPorts>,
+    server: Option<&'a ServerHandle>,
+}
+
 /// Trains the agents `members` of one group (same update shapes and pace) as one
-/// stacked population on this thread and `device`, at most `slots` at once: queued agents take
-/// the places of agents that end, until every one has ended.
-#[allow(clippy::too_many_arguments)]
+/// stacked population on this thread and `device`, at most `slots` at once: queued
+/// agents take the places of agents that end, until every one has ended.
 fn train_group(
-    cfg: &RunConfig,
+    run: RunShared<'_>,
     members: Vec<Member>,
     device: tch::Device,
     slots: usize,
-    budget: u64,
-    started: Instant,
-    stop: &[&AtomicBool],
 ) -> Result<Group, RunError> {
+    let RunShared {
+        cfg,
+        budget,
+        started,
+        stop,
+        ports,
+        server,
+    } = run;
     let env = cfg.env_spec.clone();
     let first = &members[0].cfg;
     let network = crate::network::build(first.network, &env, &first.hidden)?;
@@ -666,6 +746,38 @@ fn train_group(
             });
             let first = running.is_empty();
             running.extend(&newcomers);
+            if let Some(ports) = ports {
+                for &a in &newcomers {
+                    let agent = &mut agents[a];
+                    let setup = &agent.setup;
+                    let (n_step, gamma, epsilon) = (setup.n_step, setup.gamma, setup.epsilon);
+                    let index = agent.index as u32;
+                    let (steps, live) = (Arc::clone(&agent.steps), agent.live());
+                    ports.open(
+                        index,
+                        AgentSpec {
+                            route: Route {
+                                table: Arc::clone(&live.table),
+                                params: Arc::clone(&live.params),
+                                steps,
+                            },
+                            network: network.clone(),
+                            n_step: n_step as u32,
+                            gamma,
+                            epsilon_decay: match epsilon {
+                                EpsilonSchedule::Linear { start, end, steps } => {
+                                    Some(EpsilonDecay { start, end, steps })
+                                }
+                                EpsilonSchedule::Constant(e) => Some(EpsilonDecay {
+                                    start: e,
+                                    end: e,
+                                    steps: 0,
+                                }),
+                            },
+                        },
+                    );
+                }
+            }
             if !first {
                 tracing::info!(
                     "agents {:?} take finished agents' places: {} training",
@@ -711,8 +823,16 @@ fn train_group(
             }
             if stopping {
                 population_updates += d.updates();
+                // Remote actors are told first, then inserts they are blocked in end.
+                if let Some(server) = server {
+                    server.announce(crate::server::goodbye_for(false, "the learner is stopping"));
+                    for &a in &running {
+                        agents[a].live().table.close();
+                    }
+                }
                 break 'run true;
             }
+            let updates_before = d.updates();
             let t0 = Instant::now();
             // Each agent's actors step while its replay takes inserts at its ratio
             // (an agent that waits for the others to catch up, as the group waits for
@@ -755,7 +875,9 @@ fn train_group(
                         .fill(row, &live.table, &mut live.rng)
                         .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?;
                 }
-                if !staging.all_ready() {
+                // Remote actors keep replay filling while the updates run: a round
+                // ends after a slice of time, so evaluations and budgets keep up.
+                if !staging.all_ready() || (ports.is_some() && t1.elapsed() >= REMOTE_ROUND) {
                     break;
                 }
                 let batch = staging.take(device);
@@ -814,6 +936,10 @@ fn train_group(
             if running.iter().any(|&a| agents[a].end.is_some()) {
                 break;
             }
+            // Remote actors fill replay meanwhile: wait for them rather than spin.
+            if ports.is_some() && d.updates() == updates_before {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         // Finished agents leave the population (their actors and replay freed): the
         // rest go on without their cost, and queued agents take their places.
@@ -824,6 +950,15 @@ fn train_group(
         for &a in &running {
             let agent = &mut agents[a];
             if agent.end.is_some() {
+                if let (Some(ports), Some(server)) = (ports, server) {
+                    // Its actors go and serve another agent (or, after the last, are told
+                    // the run finished); then an insert one is blocked in returns.
+                    if ports.close(agent.index as u32) {
+                        server
+                            .announce(crate::server::goodbye_for(true, "the population finished"));
+                    }
+                    agent.live().table.close();
+                }
                 agent.live = None;
                 let result = agent.result(wall);
                 agent.board(|b| b.end(&result));

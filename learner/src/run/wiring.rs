@@ -27,7 +27,7 @@ use crate::config::{DeviceChoice, RunConfig};
 use crate::evaluation::Evaluator;
 use crate::prefetch::{Prefetcher, SamplerConfig};
 use crate::publisher::Publisher;
-use crate::server::ServerContext;
+use crate::server::{Route, Routes, ServerContext};
 use crate::update_loop::{self, Command, LearnerParts, LearnerReport};
 
 /// Actor output in the embedded mode: transitions go straight into replay (blocking
@@ -205,10 +205,12 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
                 clip_rewards: cfg.clip_rewards,
                 network: setup.network.clone(),
                 run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
-                table: Arc::clone(&setup.table),
-                params: Arc::clone(&setup.params),
+                routes: Routes::One(Route {
+                    table: Arc::clone(&setup.table),
+                    params: Arc::clone(&setup.params),
+                    steps: Arc::clone(&setup.steps),
+                }),
                 episodes: episode_tx.clone(),
-                steps: Arc::clone(&setup.steps),
                 board: Arc::clone(&setup.board),
             };
             running.server = Some(crate::server::spawn(scfg.clone(), ctx)?);

@@ -66,6 +66,24 @@ fn violation(message: impl Into<String>) -> Refusal {
     Refusal::new(RefusalCode::ProtocolViolation, message)
 }
 
+/// Where a session's transitions go and its parameters come from, as the handshake
+/// settled it.
+struct SessionRoute {
+    route: super::Route,
+    frames: watch::Receiver<Option<Arc<Vec<u8>>>>,
+    /// A population's agent: its port (for its actor count), and whether it ended.
+    port: Option<Arc<super::ports::AgentPort>>,
+    ended: Option<watch::Receiver<bool>>,
+}
+
+impl Drop for SessionRoute {
+    fn drop(&mut self) {
+        if let Some(port) = &self.port {
+            super::AgentPorts::leave(port);
+        }
+    }
+}
+
 /// Who a session's transitions come from, as the handshake settled it.
 #[derive(Clone, Copy, Debug)]
 struct Session {
@@ -75,6 +93,7 @@ struct Session {
     stream: u32,
     agent: u32,
     envs: usize,
+    n_step: u32,
 }
 
 impl Connection {
@@ -83,7 +102,7 @@ impl Connection {
         let (rd, mut wr) = stream.into_split();
         let mut rd = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
         let peer = self.peer;
-        let (hello, welcome) = match self.handshake(&mut rd).await {
+        let (hello, welcome, route) = match self.handshake(&mut rd).await {
             Ok(w) => w,
             Err(refusal) => {
                 tracing::warn!("{peer}: refused: {refusal}");
@@ -94,10 +113,10 @@ impl Connection {
             }
         };
         let cfg = &self.shared.cfg;
-        let (id, agent) = (welcome.env_indices[0], welcome.agent);
+        let (id, agent, n_step) = (welcome.env_indices[0], welcome.agent, welcome.n_step);
         let indices = welcome.env_indices.clone();
         tracing::info!(
-            "{peer}: actor {:?} joined with {} envs (exploration indices {}..={})",
+            "{peer}: actor {:?} joined for agent {agent} with {} envs (exploration indices {}..={})",
             hello.actor_name,
             indices.len(),
             id,
@@ -135,7 +154,7 @@ impl Connection {
         let (close_tx, close_rx) = watch::channel(false);
         let writer = tokio::spawn(send_loop(
             wr,
-            self.frames.clone(),
+            route.frames.clone(),
             close_rx,
             cfg.heartbeat_every,
             cfg.write_timeout,
@@ -146,8 +165,10 @@ impl Connection {
             stream: super::remote_stream(self.shared.sessions.fetch_add(1, Ordering::Relaxed)),
             agent,
             envs: indices.len(),
+            n_step,
         };
-        let outcome = self.session(&mut rd, session, &mut received).await;
+        let outcome = self.session(&mut rd, session, &route, &mut received).await;
+        drop(route);
         self.shared.ctx.board.leave(id);
         self.shared.indices.give_back(&indices);
         let _ = close_tx.send(true);
@@ -215,7 +236,7 @@ impl Connection {
     async fn handshake(
         &self,
         rd: &mut FrameReader<OwnedReadHalf>,
-    ) -> Result<(Hello, Welcome), Refusal> {
+    ) -> Result<(Hello, Welcome, SessionRoute), Refusal> {
         let cfg = &self.shared.cfg;
         let ctx = &self.shared.ctx;
         let first = tokio::time::timeout(cfg.handshake_timeout, rd.read_msg::<ActorMsg>())
@@ -258,14 +279,58 @@ impl Connection {
                 format!("this run trains {}, which the actor cannot run", ctx.env.id),
             ));
         }
-        let population = ctx.network.population as u32;
-        let agent = hello.agent.unwrap_or(0);
-        if agent >= population {
-            return Err(Refusal::new(
-                RefusalCode::BadRequest,
-                format!("agent {agent} asked for, but this run trains {population} agent(s)"),
-            ));
-        }
+        // The agent this actor serves, and what it needs to know of it.
+        let (agent, route, network, n_step, gamma, epsilon_decay) = match &ctx.routes {
+            super::Routes::One(route) => {
+                let population = ctx.network.population as u32;
+                let agent = hello.agent.unwrap_or(0);
+                if agent >= population {
+                    return Err(Refusal::new(
+                        RefusalCode::BadRequest,
+                        format!(
+                            "agent {agent} asked for, but this run trains {population} agent(s)"
+                        ),
+                    ));
+                }
+                let route = SessionRoute {
+                    route: route.clone(),
+                    frames: self.frames.clone(),
+                    port: None,
+                    ended: None,
+                };
+                let decay = cfg.epsilon_decay.filter(|_| !cfg.apex_epsilon);
+                (
+                    agent,
+                    route,
+                    ctx.network.clone(),
+                    cfg.n_step,
+                    cfg.gamma,
+                    decay,
+                )
+            }
+            super::Routes::Agents(ports) => {
+                // Not there now (ended, or not started): worth retrying.
+                let (agent, port) = ports
+                    .assign(hello.agent)
+                    .map_err(|why| Refusal::new(RefusalCode::NotReady, why))?;
+                let spec = &port.spec;
+                let decay = spec.epsilon_decay.filter(|_| !cfg.apex_epsilon);
+                let route = SessionRoute {
+                    route: spec.route.clone(),
+                    frames: port.frames.subscribe(),
+                    ended: Some(port.ended.subscribe()),
+                    port: Some(Arc::clone(&port)),
+                };
+                (
+                    agent,
+                    route,
+                    spec.network.clone(),
+                    spec.n_step,
+                    spec.gamma,
+                    decay,
+                )
+            }
+        };
         let envs = hello.capabilities.envs;
         if envs == 0 || envs > MAX_ENVS_PER_ACTOR {
             return Err(Refusal::new(
@@ -273,7 +338,7 @@ impl Connection {
                 format!("{envs} environments requested (1..={MAX_ENVS_PER_ACTOR} allowed)"),
             ));
         }
-        let batch_rows = self.batch_rows_for(envs)?;
+        let batch_rows = self.batch_rows_for(envs, n_step, &route.route.table)?;
         let (indices, total) = self.shared.indices.take(envs).ok_or_else(|| {
             Refusal::new(
                 RefusalCode::TooManyConnections,
@@ -289,24 +354,30 @@ impl Connection {
             env: ctx.env.clone(),
             env_config: ctx.env_config.clone(),
             clip_rewards: ctx.clip_rewards,
-            network: ctx.network.clone(),
+            network,
             agent,
-            params_version: ctx.params.version(),
+            params_version: route.route.params.version(),
             env_indices: indices,
             epsilons,
-            epsilon_decay: cfg.epsilon_decay.filter(|_| !cfg.apex_epsilon),
-            n_step: cfg.n_step,
-            gamma: cfg.gamma,
+            epsilon_decay,
+            n_step,
+            gamma,
             batch_rows,
             features: Vec::new(),
             max_frame: cfg.max_frame as u64,
         };
-        Ok((hello, welcome))
+        Ok((hello, welcome, route))
     }
 
-    /// Transitions per batch for an actor of `envs` environments (see
-    /// [`super::ServerConfig::batch_rows`]), or why replay cannot take its batches.
-    fn batch_rows_for(&self, envs: u32) -> Result<u32, Refusal> {
+    /// Transitions per batch for an actor of `envs` environments building `n_step`
+    /// returns (see [`super::ServerConfig::batch_rows`]), or why `table` cannot take
+    /// its batches.
+    fn batch_rows_for(
+        &self,
+        envs: u32,
+        n_step: u32,
+        table: &millrace_replay::Table,
+    ) -> Result<u32, Refusal> {
         let cfg = &self.shared.cfg;
         let envs = u64::from(envs);
         let (rows, ref_envs) = (
@@ -316,8 +387,8 @@ impl Connection {
         let wanted = rows.max((envs * rows).div_ceil(ref_envs)).max(envs);
         // A batch may exceed its target by one n-step flush per env; two must fit a
         // shard, or replay would hold little else.
-        let shard = self.shared.ctx.table.shard_capacity() as u64;
-        let n_step = u64::from(cfg.n_step.max(1));
+        let shard = table.shard_capacity() as u64;
+        let n_step = u64::from(n_step.max(1));
         let flush = envs * n_step;
         let fits = (shard / 2).saturating_sub(flush);
         if fits < envs {
@@ -358,17 +429,25 @@ impl Connection {
             stream,
             agent,
             envs,
+            n_step,
         }: Session,
+        route: &SessionRoute,
         received: &mut u64,
     ) -> Outcome {
-        let cfg = &self.shared.cfg;
         let ctx = &self.shared.ctx;
+        let (table, params, steps) = (&route.route.table, &route.route.params, &route.route.steps);
+        // A population's agent that ends sends its actors away for another.
+        let mut ended = route.ended.clone();
+        let agent_ended = || Goodbye {
+            reason: GoodbyeReason::LearnerStopping,
+            message: format!("agent {agent} ended; reconnect to serve another"),
+        };
         let row_bytes = ctx.env.obs.row_bytes();
         // An actor's batch holds one row per step, one more per truncated episode, and
         // at most n_step + 1 rows per environment carried over: more rows than that
         // would let one actor flush replay past the rate limiter (which counts
         // transitions).
-        let carried = envs * (cfg.n_step as usize + 1);
+        let carried = envs * (n_step as usize + 1);
         let stack = ctx.env.frame_stack.max(1);
         let num_actions = ctx.env.num_actions;
         let mut stop = self.stop.clone();
@@ -385,6 +464,9 @@ impl Connection {
                         Some(g) => Outcome::Goodbye(g),
                         None => Outcome::Closed("learner shutting down".into()),
                     };
+                }
+                _ = async { ended.as_mut()?.wait_for(|e| *e).await.ok() }, if ended.is_some() => {
+                    return Outcome::Goodbye(agent_ended());
                 }
             };
             let (msg, _budget) = match msg {
@@ -421,8 +503,8 @@ impl Connection {
                     batch.actor_id = stream;
                     batch.agent = agent;
                     *received += batch.len() as u64;
-                    ctx.steps.add(batch.len() as u64);
-                    let table = Arc::clone(&ctx.table);
+                    steps.add(batch.len() as u64);
+                    let table = Arc::clone(table);
                     // Blocks while the rate limiter holds inserts back: this connection
                     // stops reading, and TCP pushes back on this actor alone. The frame's
                     // budget is held until the batch is stored.
@@ -430,6 +512,9 @@ impl Connection {
                         Ok(()) => {}
                         // Replay closes as the run ends, after the goodbye is announced.
                         Err(ReplayError::Closed) => {
+                            if route.ended.as_ref().is_some_and(|e| *e.borrow()) {
+                                return Outcome::Goodbye(agent_ended());
+                            }
                             let goodbye = self.stop.borrow().clone();
                             return match goodbye {
                                 Some(g) => Outcome::Goodbye(g),
@@ -453,7 +538,7 @@ impl Connection {
                             env_steps: stats.env_steps,
                         });
                     }
-                    let lag = ctx.params.version().saturating_sub(stats.params_version);
+                    let lag = params.version().saturating_sub(stats.params_version);
                     let window = window_start.elapsed().as_secs_f64();
                     let rate = (*received - window_mark) as f64 / window.max(1e-3);
                     ctx.board.report(id, rate, lag);
@@ -465,7 +550,7 @@ impl Connection {
                             self.peer,
                             (*received - log_mark) as f64 / dt,
                             stats.params_version,
-                            ctx.params.version()
+                            params.version()
                         );
                         (log_mark, since) = (*received, Instant::now());
                     }

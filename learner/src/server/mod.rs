@@ -14,6 +14,7 @@
 mod board;
 mod connection;
 mod exploration;
+mod ports;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU32;
@@ -27,8 +28,7 @@ use millrace_actor::EpisodeStats;
 use millrace_proto::codec;
 use millrace_proto::io::{write_msg, MemoryBudget};
 use millrace_proto::wire::{Goodbye, LearnerMsg, Refusal, RefusalCode};
-use millrace_proto::{EnvSpec, NetworkSpec, ParamsCell, StepCounter};
-use millrace_replay::Table;
+use millrace_proto::{EnvSpec, NetworkSpec, ParamsCell};
 use serde::Serialize;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Semaphore};
@@ -37,6 +37,7 @@ pub use board::{ActorBoard, ActorEntry, BoardSummary};
 pub use connection::goodbye_for;
 use connection::Connection;
 pub use exploration::{ExplorationIndices, MAX_INDICES};
+pub use ports::{AgentPorts, AgentSpec, Route, Routes};
 
 use crate::config::secs;
 
@@ -120,13 +121,12 @@ pub struct ServerContext {
     /// How actors build it (sent in the welcome).
     pub env_config: millrace_proto::EnvConfig,
     pub clip_rewards: bool,
+    /// The network of a single run (a population's agents bring their own).
     pub network: NetworkSpec,
     pub run_id: String,
-    pub table: Arc<Table>,
-    pub params: Arc<ParamsCell>,
+    /// Where actors' transitions go and their parameters come from.
+    pub routes: Routes,
     pub episodes: Sender<EpisodeStats>,
-    /// Remote transitions count as env steps here (one per transition).
-    pub steps: Arc<StepCounter>,
     pub board: Arc<ActorBoard>,
 }
 
@@ -173,7 +173,7 @@ impl ServerHandle {
 pub fn spawn(cfg: ServerConfig, ctx: ServerContext) -> std::io::Result<ServerHandle> {
     // Parameters never change size during a run: refuse to start rather than fail to
     // send them later.
-    let params_bytes = ctx.params.latest().data.len() * 4 + 64;
+    let params_bytes = ctx.network.layout().len * ctx.network.population.max(1) * 4 + 64;
     if params_bytes > cfg.max_frame.min(codec::MAX_FRAME_CEILING) {
         return Err(std::io::Error::other(format!(
             "parameters ({params_bytes} bytes) exceed the frame limit ({} bytes)",
@@ -326,7 +326,8 @@ async fn refuse(stream: TcpStream, refusal: Refusal) {
     }
 }
 
-/// Encodes each new parameter version once for all connections.
+/// Encodes each new parameter version once for all connections (of each agent, in a
+/// population).
 async fn broadcast_params(
     cfg: Arc<ServerConfig>,
     ctx: Arc<ServerContext>,
@@ -335,25 +336,42 @@ async fn broadcast_params(
 ) {
     let mut sent = None;
     let mut tick = tokio::time::interval(Duration::from_millis(5));
+    // Encodes `params` into `frames` if its version is not `sent` yet; false if it
+    // cannot be sent at all.
+    let publish = |params: &ParamsCell,
+                   frames: &watch::Sender<Option<Arc<Vec<u8>>>>,
+                   sent: &mut Option<u64>| {
+        let version = params.version();
+        if *sent == Some(version) {
+            return true;
+        }
+        let latest = params.latest();
+        match codec::encode(&LearnerMsg::Params((*latest).clone()), cfg.max_frame) {
+            Ok(frame) => {
+                frames.send_replace(Some(Arc::new(frame)));
+                *sent = Some(version);
+                true
+            }
+            Err(e) => {
+                tracing::error!("cannot send parameters ({e}); raise the frame limit");
+                false
+            }
+        }
+    };
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        let version = ctx.params.version();
-        if sent == Some(version) {
-            continue;
-        }
-        let params = ctx.params.latest();
-        match codec::encode(&LearnerMsg::Params((*params).clone()), cfg.max_frame) {
-            Ok(frame) => {
-                frames.send_replace(Some(Arc::new(frame)));
-                sent = Some(version);
-            }
-            Err(e) => {
-                tracing::error!("cannot send parameters ({e}); raise the frame limit");
-                return;
-            }
+        let ok = match &ctx.routes {
+            Routes::One(route) => publish(&route.params, &frames, &mut sent),
+            Routes::Agents(ports) => ports.all().iter().all(|port| {
+                let mut sent = port.sent.lock().unwrap_or_else(|e| e.into_inner());
+                publish(&port.spec.route.params, &port.frames, &mut sent)
+            }),
+        };
+        if !ok {
+            return;
         }
     }
 }
