@@ -6,6 +6,7 @@
 mod coordinator;
 mod lockstep;
 mod population;
+mod population_agent;
 mod population_resume;
 mod population_staging;
 mod setup;
@@ -80,8 +81,10 @@ fn gib(bytes: u64) -> f64 {
 /// The agents of a population run (`--population K` or `--sweep`), each with its
 /// configuration as it trains, and each agent's env step budget; a sweep whose
 /// settings do not hold together with the flags is refused, naming the agent.
-pub fn population_agents(cfg: &RunConfig) -> Result<(Vec<population::Member>, u64), RunError> {
-    population::agents(cfg)
+pub fn population_agents(
+    cfg: &RunConfig,
+) -> Result<(Vec<population_agent::Member>, u64), RunError> {
+    population_agent::agents(cfg)
 }
 
 /// Trains a population (`--population K`) until every agent reached its target
