@@ -399,8 +399,6 @@ fn refuse_to_overwrite(
     );
 }
 
-/// The device to train on: `--cpu`, `--gpu N` (checked against the devices that
-/// exist), or GPU 0 when CUDA is available.
 /// The checkpoint directory `--checkpoint` and `--agent` name: `checkpoint` itself, or
 /// agent `k`'s in the population whose log directory `checkpoint` is.
 pub fn agent_checkpoint(checkpoint: &Path, agent: Option<usize>) -> anyhow::Result<PathBuf> {
@@ -420,6 +418,8 @@ pub fn agent_checkpoint(checkpoint: &Path, agent: Option<usize>) -> anyhow::Resu
     Ok(dir)
 }
 
+/// The device to train on: `--cpu`, `--gpu N` (checked against the devices that
+/// exist), or GPU 0 when CUDA is available.
 pub fn resolve_device(cpu: bool, gpu: Option<usize>) -> anyhow::Result<DeviceChoice> {
     match (cpu, gpu) {
         (true, _) => Ok(DeviceChoice::Cpu),

@@ -33,7 +33,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::host_adam::{self, Bias};
+use crate::host_adam;
 use crate::population::{AgentHparams, AgentTensors, Sync};
 
 /// How the target network follows the online one.
@@ -134,6 +134,10 @@ pub struct Dqn {
     agents: AgentTensors,
     /// The optimizer step in one pass on the host (CPU), instead of tensor operations.
     host_optimizer: bool,
+    /// `[K, 1]` β1ᵗ and β2ᵗ of each agent's own step t, on the device, when the agents
+    /// joined at different times (the device path's bias corrections then differ per
+    /// agent; kept on the device so that no update waits for a host copy).
+    bias_pows: Option<(Tensor, Tensor)>,
 }
 
 /// Loss, TD-error and Q statistics are sampled every this many updates (the update
@@ -561,9 +565,29 @@ impl Dqn {
             detail_count: 0,
             nonfinite: Tensor::zeros([k, 1], (Kind::Float, device)),
             nonfinite_streak: Tensor::zeros([k, 1], (Kind::Float, device)),
+            bias_pows: None,
             agents: AgentTensors::new(agents, joined, device),
             host_optimizer: device == Device::Cpu,
         }
+        .with_bias_pows()
+    }
+
+    /// Sets up [`Dqn::bias_pows`] when the agents' step numbers differ.
+    fn with_bias_pows(mut self) -> Self {
+        let k = self.spec.population;
+        let own: Vec<u64> = (0..k).map(|a| self.agents.own(a, self.adam_step)).collect();
+        if own.windows(2).all(|w| w[0] == w[1]) {
+            return self;
+        }
+        let (b1, b2) = self.config.adam_betas;
+        let column = |beta: f64| {
+            let v: Vec<f32> = own.iter().map(|t| beta.powf(*t as f64) as f32).collect();
+            Tensor::from_slice(&v)
+                .view([k as i64, 1])
+                .to_device(self.device)
+        };
+        self.bias_pows = Some((column(b1), column(b2)));
+        self
     }
 
     /// Steps the optimizer with tensor operations, as on a GPU, even on the CPU (tests
@@ -742,22 +766,24 @@ impl Dqn {
         let _ = self
             .adam_v
             .lerp_tensor_(&grad.square(), &(&okf * (1.0 - b2)));
-        let biases = self.agents.biases(self.adam_step, c.adam_betas);
-        let (denom, step) = if let [b] = biases[..] {
-            let denom = self
-                .adam_v
-                .sqrt()
-                .g_add_scalar_(c.adam_eps * f64::from(b.bias2_sqrt));
-            (denom, okf * &self.agents.lr * -f64::from(b.correction))
-        } else {
+        let (denom, step) = match &mut self.bias_pows {
+            None => {
+                let b = self.agents.biases(self.adam_step, c.adam_betas)[0];
+                let denom = self
+                    .adam_v
+                    .sqrt()
+                    .g_add_scalar_(c.adam_eps * f64::from(b.bias2_sqrt));
+                (denom, okf * &self.agents.lr * -f64::from(b.correction))
+            }
             // Agents that joined later: their own step numbers, one column each.
-            let column = |f: &dyn Fn(&Bias) -> f32| {
-                let v: Vec<f32> = biases.iter().map(f).collect();
-                Tensor::from_slice(&v).view([-1, 1]).to_device(self.device)
-            };
-            let eps = column(&|b| b.bias2_sqrt) * c.adam_eps;
-            let denom = self.adam_v.sqrt() + eps;
-            (denom, okf * &self.agents.lr * -column(&|b| b.correction))
+            Some((pow1, pow2)) => {
+                let _ = pow1.g_mul_scalar_(b1);
+                let _ = pow2.g_mul_scalar_(b2);
+                let bias1 = pow1.ones_like() - &*pow1;
+                let bias2_sqrt = (pow2.ones_like() - &*pow2).sqrt();
+                let denom = self.adam_v.sqrt() + &bias2_sqrt * c.adam_eps;
+                (denom, okf * &self.agents.lr * -(bias2_sqrt / bias1))
+            }
         };
         let _ = self.online.g_add_(&((&self.adam_m / denom) * step));
     }

@@ -378,9 +378,10 @@ fn a_sweep_streams_agents_with_their_own_actor_settings_in_groups() {
     assert!(text(&out).contains("--agent 8: no "), "{}", text(&out));
 }
 
-/// A sweep stopped by SIGINT saves each training agent's state; `--resume LOGDIR`
-/// with the same flags keeps the results of agents that had ended, continues the
-/// stopped ones from their state and starts the rest. A new population in that
+/// A sweep stopped by SIGINT saves each training agent's state and reports the queued
+/// ones as interrupted; `--resume LOGDIR` with the same flags keeps the results of
+/// agents that had ended, continues the stopped ones from their state and starts the
+/// rest. A new population in that
 /// directory, or a resume with another sweep, is refused.
 #[test]
 fn a_stopped_sweep_resumes_where_it_stopped() {
@@ -389,7 +390,7 @@ fn a_stopped_sweep_resumes_where_it_stopped() {
     let write_sweep = |lrs: &str| {
         std::fs::write(
             &sweep,
-            format!("seeds = [1, 2]\nmax_steps = 6000\n[grid]\nlr = [{lrs}]\n"),
+            format!("seeds = [1, 2, 3]\nmax_steps = 6000\n[grid]\nlr = [{lrs}]\n"),
         )
         .unwrap();
     };
@@ -413,8 +414,8 @@ fn a_stopped_sweep_resumes_where_it_stopped() {
         a.extend_from_slice(extra);
         a.into_iter().map(String::from).collect::<Vec<_>>()
     };
-    // Two places for four agents: stop once the first two ended and the next two
-    // started.
+    // Two places for six agents: stop once the first two ended and the next two
+    // started; two are still queued.
     let child = Command::new(env!("CARGO_BIN_EXE_learner"))
         .args(args(&["--logdir", logdir.to_str().unwrap()]))
         .env("RUST_LOG", "warn")
@@ -432,6 +433,14 @@ fn a_stopped_sweep_resumes_where_it_stopped() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out));
     assert!(text(&out).contains("--resume"), "{}", text(&out));
+    let stopped = rows(&logdir);
+    assert_eq!(stopped.len(), 6, "every agent is reported: {stopped:?}");
+    for r in &stopped[4..] {
+        assert_eq!(
+            (r["end"].as_str(), r["env_steps"].as_str()),
+            ("interrupted", "0")
+        );
+    }
     let ended: Vec<String> = (0..2)
         .map(|k| std::fs::read_to_string(agent_dir(k).join("result.json")).unwrap())
         .collect();
@@ -461,7 +470,7 @@ fn a_stopped_sweep_resumes_where_it_stopped() {
     write_sweep("0.001, 0.003");
     let out = learner_args(&args(&["--resume", logdir.to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out).contains("agent 2: "), "{}", text(&out));
+    assert!(text(&out).contains("agent 3: "), "{}", text(&out));
 
     write_sweep("0.001, 0.002");
     let out = Command::new(env!("CARGO_BIN_EXE_learner"))
@@ -472,7 +481,7 @@ fn a_stopped_sweep_resumes_where_it_stopped() {
     let log = text(&out);
     assert_eq!(out.status.code(), Some(2), "budgets: {log}");
     assert!(
-        log.contains("2 agent(s) ended before, 2 go on from their state, 0 start"),
+        log.contains("2 agent(s) ended before, 2 go on from their state, 2 start"),
         "{log}"
     );
     for (k, at) in (2..4).zip(&stopped_at) {
@@ -486,7 +495,7 @@ fn a_stopped_sweep_resumes_where_it_stopped() {
         assert_eq!(&now, before, "agent {k}'s result stands");
     }
     let rows = rows(&logdir);
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), 6);
     assert!(
         rows.iter()
             .all(|r| r["end"] == "budget" && r["env_steps"].parse::<u64>().unwrap() >= 6000),

@@ -1,18 +1,26 @@
-//! Population mode (`--population K`): K agents of one configuration, each with its own
-//! seed, parameters, target network, optimizer state, replay, actors, exploration and
-//! evaluation, trained by one stacked update ([`crate::dqn`]).
+//! Population mode (`--population K`, `--sweep FILE`): agents each with their own
+//! seed, settings, parameters, target network, optimizer state, replay, actors,
+//! exploration and evaluation ([`super::population_agent`]), trained by stacked updates
+//! ([`crate::dqn`]).
 //!
-//! Like the lock-step mode, one thread drives everything in a fixed order, so the same
-//! seed and flags give bit-identical results on the same machine. Each round, every
-//! running agent's actors step their environments and hand full batches to the agent's
-//! own replay; then the stacked update runs as long as every running agent's replay
-//! ratio allows a batch (a batch an agent drew while another could not waits for the
-//! next update); evaluations, confirmations and budgets are per agent. An agent that
-//! reaches its target (confirmed on fresh episodes), spends its step budget, or whose
-//! loss diverges is finished: its actors stop, and the population is rebuilt without it,
-//! so finished agents stop costing compute. Each agent keeps its `best/` and `solved/`
-//! policies under `agents/agent-NNN/checkpoint` in the log directory (`learner eval`
-//! and `export` read them), and the results table is printed and written as
+//! Agents that share the update's shapes and pace form a group; each thread (one per
+//! core, or per `--gpu` device) takes its share of every group, group after group, and
+//! trains it as one population, at most its share of `--max-concurrent-agents` at once:
+//! queued agents take the places of agents that end. Within a group one thread drives
+//! everything in a fixed order, like the lock-step mode. Each round, every running
+//! agent's actors step their environments (while its replay takes inserts at its
+//! ratio) and hand full batches to the agent's own replay; then the stacked update runs
+//! as long as every running agent's replay ratio allows a batch (a batch an agent drew
+//! while another could not waits for the next update); evaluations, confirmations and
+//! budgets are per agent. So the same seed, flags, sweep, thread count and number of
+//! agents at once give bit-identical results on the same machine (remote actors,
+//! `--listen`, feed replay as they come, and do not). An agent that reaches its target
+//! (confirmed on fresh episodes), spends its step budget, or whose loss diverges ends:
+//! its actors stop, and the population is rebuilt without it, so ended agents stop
+//! costing compute. Each agent keeps its `best/` and `solved/` policies under
+//! `agents/agent-NNN/checkpoint` in the log directory (`learner eval --agent` and
+//! `export --agent` read them), its state in `checkpoint/latest/` when the run stops
+//! ([`super::population_resume`]), and the results table is printed and written as
 //! `population.csv`.
 
 use std::collections::VecDeque;
@@ -75,6 +83,8 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
             match population_resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
                 Saved::Ended(result) => ended.push(result),
                 Saved::Stopped => {
+                    let network = crate::network::build(m.cfg.network, &env, &m.cfg.hidden)?;
+                    population_resume::check_stopped(&m.dir(&cfg.logdir), &env, &network)?;
                     m.resumed = true;
                     left.push(m);
                 }
@@ -142,6 +152,13 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
             ""
         }
     );
+    if fits < k.min(cfg.max_concurrent_agents.unwrap_or(k)) {
+        // Which agents train together decides each one's batches: the free memory
+        // should not.
+        tracing::warn!(
+            "memory limits this run to {concurrent} agents at once; to reproduce its results, pass --max-concurrent-agents {concurrent}"
+        );
+    }
     // Threads, each a stacked update of its own: one per core on the CPU unless
     // `--population-threads` says (more intra-op threads on one update cost more in
     // synchronisation than they save at these sizes), one per GPU (`--gpu 0,1`).
@@ -192,7 +209,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
     );
     // Remote actors (`--listen`): each serves an agent that trains, assigned at its
     // handshake.
-    let ports = Arc::new(AgentPorts::new(k));
+    let ports = Arc::new(AgentPorts::new(k, total));
     let server = match &cfg.server {
         Some(scfg) => {
             let largest = plans
@@ -241,6 +258,16 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 scope.spawn(move || {
                     let mut done = Vec::new();
                     for members in plan.into_iter().filter(|m| !m.is_empty()) {
+                        if run.stop.iter().any(|s| s.load(Ordering::Relaxed)) {
+                            // Stopped before this group started: its agents wait for
+                            // `--resume`.
+                            done.push(Group {
+                                results: members.iter().map(Member::not_started).collect(),
+                                updates: 0,
+                                split: [0.0; 3],
+                            });
+                            continue;
+                        }
                         let outcome = train_group(run, members, device, slots);
                         match outcome {
                             Ok(g) => done.push(g),
@@ -261,7 +288,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                     Err(RunError::Failed {
                         component: "population thread".into(),
                         message: crate::panic_message(&*p),
-                        checkpoint: "no checkpoint (population mode keeps policies only)".into(),
+                        checkpoint: "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's".into(),
                     })
                 })
             })
@@ -326,6 +353,9 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
 /// actors only act between rounds, so their rounds end when replay's ratio says).
 const REMOTE_ROUND: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// How long a group with remote actors waits without an update before it says why.
+const IDLE_WARNING: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What one group of agents did.
 struct Group {
     results: Vec<AgentResult>,
@@ -377,9 +407,19 @@ fn train_group(
     let (mut acting, mut updating, mut evaluating) = (0.0, 0.0, 0.0);
     let mut population_updates = 0;
     let mut last_save = Instant::now();
+    let mut last_update = Instant::now();
+    // Agents that ended, whose ports close once their places are taken (so their
+    // remote actors find the newcomers open when they come back).
+    let mut closing: Vec<usize> = Vec::new();
     let interrupted = 'run: loop {
-        // Queued agents take free places (all of them at the start).
-        let free = slots.saturating_sub(running.len()).min(queue.len());
+        let stopping = stop.iter().any(|s| s.load(Ordering::Relaxed));
+        // Queued agents take free places (all of them at the start), unless the run is
+        // stopping.
+        let free = if stopping {
+            0
+        } else {
+            slots.saturating_sub(running.len()).min(queue.len())
+        };
         if free > 0 {
             let newcomers: Vec<usize> = (0..free).map(|i| agents.len() + i).collect();
             let mut states = Vec::with_capacity(free);
@@ -396,14 +436,8 @@ fn train_group(
                     Dqn::population_states(spec, cfg.dqn.clone(), states, device)
                 }
             });
-            let first = running.is_empty();
+            let first = running.is_empty() && closing.is_empty() && agents.len() == free;
             running.extend(&newcomers);
-            if let Some(ports) = ports {
-                for &a in &newcomers {
-                    let agent = &mut agents[a];
-                    ports.open(agent.index as u32, agent.port(&network));
-                }
-            }
             if !first {
                 tracing::info!(
                     "agents {:?} take finished agents' places: {} training",
@@ -422,13 +456,35 @@ fn train_group(
                 version,
                 (!first).then_some(&newcomers[..]),
             );
+            // Open to remote actors once they have parameters to act with.
+            if let Some(ports) = ports {
+                for &a in &newcomers {
+                    let agent = &mut agents[a];
+                    ports.open(agent.index as u32, agent.port(&network));
+                }
+            }
         }
+        // Ended agents' places are taken: their actors may come back for others.
+        for a in closing.drain(..) {
+            let agent = &mut agents[a];
+            if let (Some(ports), Some(server)) = (ports, server) {
+                // After the last agent, the run's goodbye is its actors'; then an
+                // insert one is blocked in returns.
+                if ports.close(agent.index as u32) {
+                    server.announce(crate::server::goodbye_for(true, "the population finished"));
+                }
+                agent.live().table.close();
+            }
+            agent.live = None;
+        }
+
         let Some(d) = dqn.as_mut() else {
-            break false;
+            break !queue.is_empty();
         };
         if running.is_empty() {
+            // Every agent ended, or the run stopped before queued ones started.
             population_updates += d.updates();
-            break false;
+            break !queue.is_empty();
         }
         // Batches drawn for an update that did not happen are dropped with the old
         // shape (the replay ratio absorbs one batch per agent).
@@ -443,7 +499,12 @@ fn train_group(
             if stopping || due {
                 // Each training agent's state and replay, for `--resume`.
                 for (row, &a) in running.iter().enumerate() {
-                    agents[a].save(&d.agent_state(row), &network, &env, version)?;
+                    match agents[a].save(&d.agent_state(row), &network, &env, version) {
+                        Ok(()) => {}
+                        Err(e) if stopping => return Err(RunError::FinalCheckpoint(e)),
+                        // A periodic save that failed is retried at the next.
+                        Err(e) => tracing::warn!("agent {}: state not saved: {e}", agents[a].index),
+                    }
                 }
                 last_save = Instant::now();
             }
@@ -562,9 +623,22 @@ fn train_group(
             if running.iter().any(|&a| agents[a].end.is_some()) {
                 break;
             }
-            // Remote actors fill replay meanwhile: wait for them rather than spin.
-            if ports.is_some() && d.updates() == updates_before {
-                std::thread::sleep(std::time::Duration::from_millis(1));
+            // Remote actors fill replay meanwhile: wait for them rather than spin, and
+            // say so when the group waits on agents that no actor serves.
+            if let Some(ports) = ports {
+                if d.updates() != updates_before {
+                    last_update = Instant::now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    if last_update.elapsed() >= IDLE_WARNING {
+                        last_update = Instant::now();
+                        tracing::warn!(
+                            "no update for {} s: agents {:?} have no actors, and every training agent needs one (start more `actor` processes, or fewer agents at once with --max-concurrent-agents)",
+                            IDLE_WARNING.as_secs(),
+                            ports.without_actors()
+                        );
+                    }
+                }
             }
         }
         // Finished agents leave the population (their actors and replay freed): the
@@ -576,16 +650,7 @@ fn train_group(
         for &a in &running {
             let agent = &mut agents[a];
             if agent.end.is_some() {
-                if let (Some(ports), Some(server)) = (ports, server) {
-                    // Its actors go and serve another agent (or, after the last, are told
-                    // the run finished); then an insert one is blocked in returns.
-                    if ports.close(agent.index as u32) {
-                        server
-                            .announce(crate::server::goodbye_for(true, "the population finished"));
-                    }
-                    agent.live().table.close();
-                }
-                agent.live = None;
+                closing.push(a);
                 let result = agent.result(wall);
                 agent.board(|b| b.end(&result));
                 population_resume::write_result(&agent.dir, &result).map_err(RunError::Config)?;
@@ -594,8 +659,9 @@ fn train_group(
         running = keep.iter().map(|&r| running[r]).collect();
         let d = dqn.take().expect("a population trains");
         if running.is_empty() && queue.is_empty() {
+            // The last agents ended: close their ports (at the loop's top), then stop.
             population_updates += d.updates();
-            break false;
+            continue;
         }
         dqn = Some(d.keep_agents(&keep));
         if queue.is_empty() {
@@ -603,7 +669,9 @@ fn train_group(
         }
     };
     let wall = started.elapsed().as_secs_f64();
-    let results: Vec<AgentResult> = agents.iter().map(|a| a.result(wall)).collect();
+    let mut results: Vec<AgentResult> = agents.iter().map(|a| a.result(wall)).collect();
+    // Queued agents the run stopped before.
+    results.extend(queue.iter().map(Member::not_started));
     debug_assert!(interrupted || results.iter().all(|a| a.end != AgentEnd::Interrupted));
     Ok(Group {
         results,

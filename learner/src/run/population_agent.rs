@@ -16,7 +16,7 @@ use rand::SeedableRng;
 
 use super::population_resume::{self, Identity};
 use super::RunError;
-use crate::checkpoint::{self, Layout, PolicyOwner, StateMeta, Which};
+use crate::checkpoint::{self, CheckpointError, Layout, PolicyOwner, StateMeta, Which};
 use crate::config::RunConfig;
 use crate::dqn::DqnState;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
@@ -41,6 +41,22 @@ impl Member {
     /// Its directory in the log directory `root`.
     pub(super) fn dir(&self, root: &Path) -> PathBuf {
         root.join("agents").join(format!("agent-{:03}", self.index))
+    }
+
+    /// Its result when the run stopped before it started.
+    pub(super) fn not_started(&self) -> AgentResult {
+        AgentResult {
+            agent: self.index,
+            config: self.sweep.config,
+            label: self.sweep.label.clone(),
+            hparams: self.sweep.hparams,
+            setup: AgentSetup::of(&self.cfg),
+            end: AgentEnd::Interrupted,
+            env_steps: 0,
+            wall_s: 0.0,
+            final_eval: None,
+            best_eval: None,
+        }
     }
 
     pub(super) fn identity(&self) -> Identity {
@@ -181,7 +197,7 @@ impl Agent {
         network: &NetworkSpec,
         env: &EnvSpec,
         version: u64,
-    ) -> Result<(), RunError> {
+    ) -> Result<(), CheckpointError> {
         let live = self
             .live
             .as_ref()
@@ -194,9 +210,7 @@ impl Agent {
             version,
         );
         meta.last_eval = self.tracker.last.clone();
-        checkpoint::save_state(&self.layout.latest(), state, Some(&live.table), meta)
-            .map(|_| ())
-            .map_err(RunError::FinalCheckpoint)
+        checkpoint::save_state(&self.layout.latest(), state, Some(&live.table), meta).map(|_| ())
     }
 
     /// Writes to the agent's TensorBoard run; a failure is said once, and the run
@@ -335,7 +349,7 @@ pub(super) fn evaluate_agent(
                 RunError::Failed {
                     component: format!("evaluation of agent {}", agent.index),
                     message,
-                    checkpoint: "no checkpoint (population mode keeps policies only)".into(),
+                    checkpoint: "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's".into(),
                 }
             })?;
         let done = EvalDone {

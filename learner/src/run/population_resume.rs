@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
+use millrace_proto::{EnvSpec, NetworkSpec};
 use serde::{Deserialize, Serialize};
 
 use super::RunError;
@@ -95,6 +96,21 @@ pub fn saved(dir: &Path, who: &Identity) -> Result<Saved, RunError> {
         return Ok(Saved::Stopped);
     }
     Ok(Saved::Fresh)
+}
+
+/// Checks, before anything trains, that a stopped agent's saved state in `dir` fits
+/// the run (its environment and network; the tensors are read when it starts).
+pub fn check_stopped(dir: &Path, env: &EnvSpec, network: &NetworkSpec) -> Result<(), RunError> {
+    let meta_path = checkpoint::Layout::new(dir.join("checkpoint"))
+        .latest()
+        .join("meta.json");
+    let meta: StateMeta = read_json(&meta_path).map_err(RunError::Resume)?;
+    checkpoint::check_fits(&meta, env, network).map_err(|e| {
+        RunError::Resume(CheckpointError::Mismatch(format!(
+            "{}: {e}",
+            meta_path.display()
+        )))
+    })
 }
 
 /// A stopped agent's state, read back from `checkpoint/latest/` under `dir`.

@@ -310,9 +310,14 @@ impl Connection {
             }
             super::Routes::Agents(ports) => {
                 // Not there now (ended, or not started): worth retrying.
-                let (agent, port) = ports
-                    .assign(hello.agent)
-                    .map_err(|why| Refusal::new(RefusalCode::NotReady, why))?;
+                let (agent, port) = ports.assign(hello.agent).map_err(|why| match why {
+                    super::ports::Unavailable::NotNow(why) => {
+                        Refusal::new(RefusalCode::NotReady, why)
+                    }
+                    super::ports::Unavailable::Never(why) => {
+                        Refusal::new(RefusalCode::BadRequest, why)
+                    }
+                })?;
                 let spec = &port.spec;
                 let decay = spec.epsilon_decay.filter(|_| !cfg.apex_epsilon);
                 let route = SessionRoute {

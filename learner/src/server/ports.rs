@@ -5,7 +5,7 @@
 //! are then told the learner is stopping (for them), reconnect, and are assigned an
 //! agent that still trains.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -64,6 +64,19 @@ pub struct AgentPorts {
     open: Mutex<BTreeMap<u32, Arc<AgentPort>>>,
     /// Agents that have not ended yet, open or to come.
     remaining: AtomicUsize,
+    /// The population's agents are numbered below this.
+    numbered: u32,
+    /// Agents that ended in this run.
+    ended: Mutex<BTreeSet<u32>>,
+}
+
+/// Why an actor gets no agent.
+#[derive(Debug, PartialEq)]
+pub enum Unavailable {
+    /// None is open now (or not the one it asks for): worth retrying.
+    NotNow(String),
+    /// The one it asks for will never train here.
+    Never(String),
 }
 
 impl AgentPorts {
@@ -72,11 +85,14 @@ impl AgentPorts {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Ports for a population of `agents` agents still to train.
-    pub fn new(agents: usize) -> Self {
+    /// Ports for a population whose agents are numbered below `numbered`, `agents` of
+    /// them still to train.
+    pub fn new(agents: usize, numbered: usize) -> Self {
         Self {
             open: Mutex::default(),
             remaining: AtomicUsize::new(agents),
+            numbered: u32::try_from(numbered).unwrap_or(u32::MAX),
+            ended: Mutex::default(),
         }
     }
 
@@ -98,6 +114,10 @@ impl AgentPorts {
         let Some(port) = self.lock().remove(&agent) else {
             return false;
         };
+        self.ended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(agent);
         let last = self.remaining.fetch_sub(1, Ordering::AcqRel) == 1;
         if !last {
             port.ended.send_replace(true);
@@ -113,19 +133,38 @@ impl AgentPorts {
     /// The agent a new actor serves: the one it asks for if that one is open, else the
     /// open agent with the fewest actors (the lowest number among equals); counted as
     /// served until [`AgentPorts::leave`].
-    pub fn assign(&self, wanted: Option<u32>) -> Result<(u32, Arc<AgentPort>), String> {
+    pub fn assign(&self, wanted: Option<u32>) -> Result<(u32, Arc<AgentPort>), Unavailable> {
+        if let Some(a) = wanted {
+            let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+            if a >= self.numbered || ended.contains(&a) {
+                return Err(Unavailable::Never(format!(
+                    "agent {a} will not train in this run ({} agents, numbered from 0; ended: {})",
+                    self.numbered,
+                    ended.contains(&a)
+                )));
+            }
+        }
         let open = self.lock();
         let (agent, port) = match wanted {
             Some(a) => open
                 .get_key_value(&a)
-                .ok_or_else(|| format!("agent {a} is not training now"))?,
+                .ok_or_else(|| Unavailable::NotNow(format!("agent {a} is not training yet")))?,
             None => open
                 .iter()
                 .min_by_key(|(a, p)| (p.actors.load(Ordering::Relaxed), **a))
-                .ok_or("no agent is training now")?,
+                .ok_or_else(|| Unavailable::NotNow("no agent is training now".into()))?,
         };
         port.actors.fetch_add(1, Ordering::Relaxed);
         Ok((*agent, Arc::clone(port)))
+    }
+
+    /// The open agents that no actor serves.
+    pub fn without_actors(&self) -> Vec<u32> {
+        self.lock()
+            .iter()
+            .filter(|(_, p)| p.actors.load(Ordering::Relaxed) == 0)
+            .map(|(a, _)| *a)
+            .collect()
     }
 
     /// An actor of `port` left.
@@ -175,7 +214,7 @@ mod tests {
 
     #[test]
     fn actors_spread_over_open_agents_and_leave_closed_ones() {
-        let ports = AgentPorts::new(3);
+        let ports = AgentPorts::new(3, 7);
         assert!(ports.assign(None).is_err(), "nothing open yet");
         for a in [3, 5] {
             ports.open(a, spec());
@@ -184,7 +223,8 @@ mod tests {
         let (second, p5) = ports.assign(None).unwrap();
         assert_eq!((first, second), (3, 5));
         assert_eq!(ports.assign(Some(5)).unwrap().0, 5);
-        assert!(ports.assign(Some(4)).unwrap_err().contains("agent 4"));
+        assert!(matches!(ports.assign(Some(4)), Err(Unavailable::NotNow(_))));
+        assert!(matches!(ports.assign(Some(7)), Err(Unavailable::Never(_))));
         // Agent 5 has two actors now: the next goes to agent 3.
         assert_eq!(ports.assign(None).unwrap().0, 3);
         AgentPorts::leave(&p5);
@@ -192,6 +232,10 @@ mod tests {
         assert!(!ports.close(5), "two agents remain");
         assert!(*ended.borrow());
         assert_eq!(ports.all().len(), 1);
+        assert!(
+            matches!(ports.assign(Some(5)), Err(Unavailable::Never(_))),
+            "it ended"
+        );
         ports.open(6, spec());
         let (six, p6) = ports.assign(None).unwrap();
         assert_eq!(six, 6, "no actor yet");
