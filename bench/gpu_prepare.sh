@@ -12,6 +12,10 @@
 #   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --only cnn --checkpoint-every 2
 #   LD_LIBRARY_PATH=$TL .gpu/ceiling --hidden 64,64 --batch 32,512
 #   LD_LIBRARY_PATH=$TL .gpu/learner --logdir /tmp/run [--copy-stream]
+#   LD_LIBRARY_PATH=$TL .gpu/population --k 1,8,64,256,1024 --seconds 2   # stacked updates
+#   LD_LIBRARY_PATH=$TL .gpu/population --net cnn --k 1,8,32,64 --seconds 2
+#   LD_LIBRARY_PATH=$TL .gpu/learner --population 64 --hidden 64,64 --batch-size 32 \
+#       --gpu 0 --logdir /tmp/pop                                # wall time to targets
 #
 # The binaries' rpath points at this machine's virtualenv; LD_LIBRARY_PATH overrides it.
 # They are built without the Gymnasium bridge (--no-default-features): no libpython is
@@ -32,7 +36,7 @@ for line in sys.stdin:
         print("learner-tests" if lib_tests else m["target"]["name"], m["executable"])
 '
 {
-  cargo bench -p millrace-learner --no-default-features --bench overlap --bench ceiling --no-run --message-format=json
+  cargo bench -p millrace-learner --no-default-features --bench overlap --bench ceiling --bench population --no-run --message-format=json
   cargo build --release -p millrace-learner --no-default-features --bin learner --message-format=json
   cargo test -p millrace-learner --no-default-features --lib --no-run --message-format=json
 } 2>/dev/null | python3 -c "$executables" | sort -u -k1,1 | while read -r name exe; do
