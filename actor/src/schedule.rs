@@ -14,6 +14,15 @@ pub enum EpsilonSchedule {
 }
 
 impl EpsilonSchedule {
+    /// `(start, end, steps)` of the schedule as a linear one (a constant ε decays over
+    /// no steps).
+    pub fn as_linear(&self) -> (f32, f32, u64) {
+        match *self {
+            EpsilonSchedule::Linear { start, end, steps } => (start, end, steps),
+            EpsilonSchedule::Constant(e) => (e, e, 0),
+        }
+    }
+
     pub fn value(&self, env_steps: u64) -> f32 {
         match *self {
             EpsilonSchedule::Constant(eps) => eps,

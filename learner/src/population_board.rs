@@ -47,11 +47,7 @@ pub fn settings(
     hp: &AgentHparams,
     setup: &AgentSetup,
 ) -> Vec<(&'static str, HValue)> {
-    use millrace_actor::EpsilonSchedule;
-    let (eps_start, eps_end, eps_steps) = match setup.epsilon {
-        EpsilonSchedule::Linear { start, end, steps } => (start, end, steps),
-        EpsilonSchedule::Constant(e) => (e, e, 0),
-    };
+    let (eps_start, eps_end, eps_steps) = setup.epsilon.as_linear();
     let hidden: Vec<String> = setup.hidden.iter().map(usize::to_string).collect();
     let n = HValue::Number;
     vec![

@@ -38,10 +38,8 @@ impl AgentSetup {
 
     /// `start,end,steps` of the ε schedule (a constant ε decays over 0 steps).
     fn epsilon_csv(&self) -> String {
-        match self.epsilon {
-            EpsilonSchedule::Linear { start, end, steps } => format!("{start},{end},{steps}"),
-            EpsilonSchedule::Constant(e) => format!("{e},{e},0"),
-        }
+        let (start, end, steps) = self.epsilon.as_linear();
+        format!("{start},{end},{steps}")
     }
 }
 

@@ -64,10 +64,7 @@ impl SweepAgent {
         cfg.actors.gamma = s.gamma.unwrap_or(cfg.actors.gamma);
         cfg.actors.n_step = s.n_step.unwrap_or(cfg.actors.n_step);
         if s.eps_start.is_some() || s.eps_end.is_some() || s.eps_decay_steps.is_some() {
-            let (start, end, steps) = match cfg.actors.epsilon {
-                EpsilonSchedule::Linear { start, end, steps } => (start, end, steps),
-                EpsilonSchedule::Constant(e) => (e, e, 0),
-            };
+            let (start, end, steps) = cfg.actors.epsilon.as_linear();
             cfg.actors.epsilon = EpsilonSchedule::Linear {
                 start: s.eps_start.unwrap_or(start),
                 end: s.eps_end.unwrap_or(end),

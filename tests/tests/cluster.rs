@@ -6,24 +6,12 @@
 //!
 //! The binaries must be built first (`cargo build --bins`; `scripts/test.sh` does).
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use millrace_tests::{binary, signal, wait_until};
+use millrace_tests::{signal, wait_until};
 
 mod common;
-use common::{exits_by_itself, finish, learner_on, received_from, Learner};
-
-fn actor(addr: &str, seed: u64, name: &str) -> Child {
-    Command::new(binary("actor"))
-        .args(["--n", "8", "--learner", addr, "--seed", &seed.to_string()])
-        .args(["--name", name])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
+use common::{actor, exits_by_itself, finish, learner_on, received_from, Learner};
 
 /// Bytes of TensorBoard events written so far: about 600 per second of training, a
 /// cheap sign that training is under way.

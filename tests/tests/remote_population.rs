@@ -6,24 +6,11 @@
 //!
 //! The binaries must be built first (`cargo build --bins`; `scripts/test.sh` does).
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
-use millrace_tests::binary;
-
 mod common;
-use common::{exits_by_itself, learner_on};
-
-fn actor(addr: &str, seed: u64, name: &str) -> Child {
-    Command::new(binary("actor"))
-        .args(["--n", "8", "--learner", addr, "--seed", &seed.to_string()])
-        .args(["--name", name])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
+use common::{actor, exits_by_itself, learner_on};
 
 #[test]
 fn remote_actors_serve_a_population_and_exit_when_it_finishes() {

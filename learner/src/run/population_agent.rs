@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use millrace_actor::{AnyActor, EpsilonSchedule};
+use millrace_actor::AnyActor;
 use millrace_proto::wire::EpsilonDecay;
 use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter};
 use millrace_replay::Table;
@@ -234,10 +234,7 @@ impl Agent {
     /// What remote actors need to serve this agent (`--listen`).
     pub(super) fn port(&mut self, network: &NetworkSpec) -> AgentSpec {
         let (n_step, gamma) = (self.setup.n_step as u32, self.setup.gamma);
-        let (start, end, steps) = match self.setup.epsilon {
-            EpsilonSchedule::Linear { start, end, steps } => (start, end, steps),
-            EpsilonSchedule::Constant(e) => (e, e, 0),
-        };
+        let (start, end, steps) = self.setup.epsilon.as_linear();
         let steps_counter = Arc::clone(&self.steps);
         let live = self.live();
         AgentSpec {

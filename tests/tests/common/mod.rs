@@ -69,6 +69,18 @@ pub fn learner_on(listen: &str, logdir: &std::path::Path, extra: &[&str]) -> Lea
     }
 }
 
+/// An `actor --n 8` process named `name`, serving the learner at `addr`, quiet.
+pub fn actor(addr: &str, seed: u64, name: &str) -> Child {
+    Command::new(binary("actor"))
+        .args(["--n", "8", "--learner", addr, "--seed", &seed.to_string()])
+        .args(["--name", name])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// Waits for the learner to exit (up to `limit`); returns its status code and stdout.
 pub fn finish(mut l: Learner, limit: Duration) -> (Option<i32>, String, Vec<String>) {
     let start = Instant::now();
