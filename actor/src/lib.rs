@@ -7,6 +7,7 @@
 //!
 //! [`TransitionBatch`]: millrace_proto::TransitionBatch
 
+pub mod cli;
 pub mod cnn;
 pub mod doctor;
 pub mod env;
@@ -17,6 +18,7 @@ pub mod policy;
 pub mod remote;
 pub mod runner;
 pub mod schedule;
+pub mod status;
 
 pub use cnn::CnnPolicy;
 pub use env::{make, make_pixels, make_vec, AnyVecEnv, Env, EnvError, Step, VecEnv};

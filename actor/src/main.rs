@@ -4,59 +4,14 @@
 //! or SIGTERM; 1 on errors, a permanent refusal by the learner among them (wrong token,
 //! another protocol version, an environment this actor cannot run).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use millrace_actor::cli::{Args, Command};
 use millrace_actor::remote::{self, Finished, RemoteConfig};
 use millrace_proto::wire::MAX_ENVS_PER_ACTOR;
-
-/// Run N environments with batched CPU inference and stream transitions to a learner.
-///
-/// The learner decides the environment, network and exploration; this process only says
-/// how many environments it runs. It reconnects by itself when the learner goes away or
-/// restarts, and exits 0 when the learner says the run is over.
-#[derive(Parser, Debug)]
-#[command(version, about, long_about = None, args_conflicts_with_subcommands = true)]
-struct Args {
-    #[command(subcommand)]
-    command: Option<Command>,
-
-    /// Environment instances to run, stepped together with one forward pass.
-    #[arg(long, short = 'n', default_value_t = 64)]
-    n: usize,
-
-    /// Learner address.
-    #[arg(long, default_value = "127.0.0.1:7787")]
-    learner: String,
-
-    /// File holding the shared token (else the MILLRACE_TOKEN variable; none on loopback).
-    #[arg(long)]
-    token_file: Option<PathBuf>,
-
-    /// Name in the learner's logs (default: this host's name and the process id).
-    #[arg(long)]
-    name: Option<String>,
-
-    /// Seed for environments and exploration.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Check that a learner could run here: finds libtorch, loads it as the learner
-    /// would, checks its version and the NVIDIA driver against its CUDA build, and
-    /// explains anything missing. Exit status 1 when the set-up is broken.
-    Doctor {
-        /// libtorch's `lib` directory (default: $LIBTORCH/lib, the project virtualenv,
-        /// then beside this binary).
-        #[arg(long)]
-        libtorch: Option<PathBuf>,
-    },
-}
 
 /// This machine's host name, for the default actor name (containers: the container's).
 fn hostname() -> Option<String> {
@@ -85,6 +40,39 @@ async fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
     let _ = stop.send(true);
 }
 
+/// Serves this actor's page and readiness (connected to a learner), refreshed every
+/// second by a thread of its own; the server stops when the handle is dropped.
+fn serve_metrics(
+    addr: std::net::SocketAddr,
+    cfg: &RemoteConfig,
+) -> anyhow::Result<millrace_telemetry::ServerHandle> {
+    use std::sync::Arc;
+    let endpoint = millrace_telemetry::Endpoint::new("not connected to a learner yet");
+    let server = millrace_telemetry::serve(addr, Arc::clone(&endpoint))
+        .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
+    tracing::info!(
+        "metrics on http://{}/metrics, health on /healthz",
+        server.addr()
+    );
+    let (status, name, envs) = (Arc::clone(&cfg.status), cfg.name.clone(), cfg.envs);
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            // Lives as long as the process (the page is cheap to render).
+            loop {
+                endpoint.publish(status.page(&name, envs));
+                if status.is_connected() {
+                    endpoint.set_ready();
+                } else {
+                    endpoint.set_not_ready("not connected to a learner");
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+        .context("starting the metrics thread")?;
+    Ok(server)
+}
+
 fn run(args: Args) -> anyhow::Result<()> {
     if let Some(Command::Doctor { libtorch }) = &args.command {
         let mut report = millrace_actor::doctor::libtorch_checks(
@@ -95,6 +83,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         if report.failed() {
             bail!("the set-up is broken (see the failed checks above)");
         }
+        return Ok(());
+    }
+    if let Some(Command::Health(h)) = &args.command {
+        println!("{}", h.check()?.trim());
         return Ok(());
     }
     if args.n == 0 || args.n > MAX_ENVS_PER_ACTOR as usize {
@@ -114,6 +106,10 @@ fn run(args: Args) -> anyhow::Result<()> {
             Some(host) => format!("{host}-{}", std::process::id()),
             None => cfg.name,
         },
+    };
+    let _monitor = match args.metrics_addr {
+        Some(addr) => Some(serve_metrics(addr, &cfg)?),
+        None => None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, watch};
 use crate::env;
 use crate::runner::{run_actor, ActorConfig, ActorSink, EpisodeStats, SinkClosed};
 use crate::schedule::EpsilonSchedule;
+use crate::status::ActorStatus;
 
 /// Settings of a remote actor process.
 #[derive(Clone, Debug)]
@@ -47,6 +48,8 @@ pub struct RemoteConfig {
     pub stats_every: Duration,
     /// The learner heartbeats every 5 s; this much silence ends the session.
     pub read_timeout: Duration,
+    /// What this process reports (`actor --metrics-addr`).
+    pub status: Arc<ActorStatus>,
 }
 
 impl RemoteConfig {
@@ -63,6 +66,7 @@ impl RemoteConfig {
             backoff_max: Duration::from_secs(10),
             stats_every: Duration::from_secs(1),
             read_timeout: Duration::from_secs(20),
+            status: Arc::default(),
         }
     }
 }
@@ -135,12 +139,14 @@ struct ChannelSink {
     stats: ActorStats,
     last_stats: Instant,
     every: Duration,
+    status: Arc<ActorStatus>,
 }
 
 impl ActorSink for ChannelSink {
     fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
         self.stats.env_steps += batch.len() as u64;
         self.stats.params_version = batch.version;
+        self.status.stepped(batch.len() as u64, batch.version);
         self.tx
             .blocking_send(ActorMsg::Transitions(batch))
             .map_err(|_| SinkClosed)?;
@@ -155,6 +161,7 @@ impl ActorSink for ChannelSink {
     }
 
     fn episode(&mut self, stats: EpisodeStats) {
+        self.status.episode(stats.episode_return);
         self.stats.episodes += 1;
         // Bounded: at most this many returns per report.
         if self.stats.episode_returns.len() < MAX_RETURNS_PER_STATS {
@@ -173,7 +180,9 @@ pub async fn run(
     let mut backoff = cfg.backoff_initial;
     loop {
         let started = Instant::now();
-        match session(&cfg, &mut shutdown).await {
+        let end = session(&cfg, &mut shutdown).await;
+        cfg.status.disconnected();
+        match end {
             End::Shutdown => return Ok(Finished::Stopped),
             End::RunFinished(message) => return Ok(Finished::RunFinished(message)),
             End::Refused(refusal) => return Err(RemoteError::Refused(refusal)),
@@ -257,6 +266,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         Ok(c) => c,
         Err(reason) => return End::Incompatible(reason),
     };
+    cfg.status.connected();
     tracing::info!(
         "connected to {} (run {}): {} envs, exploration indices {}..={}, params version {}",
         cfg.learner,
@@ -295,6 +305,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             stats: ActorStats::default(),
             last_stats: Instant::now(),
             every: cfg.stats_every,
+            status: Arc::clone(&cfg.status),
         };
         let expected = welcome.env.clone();
         tokio::task::spawn_blocking(move || -> Result<u64, String> {

@@ -84,6 +84,9 @@ pub enum Command {
     /// Check libtorch, CUDA, the GPUs and pinned memory, and explain any mismatch.
     /// Exit status 0 when training can run (no GPU is a warning), 1 when broken.
     Doctor,
+    /// Ask a learner's --metrics-addr whether it is ready (accepts actors), for
+    /// container health checks and probes. Exit status 0 when it is, 1 otherwise.
+    Health(millrace_telemetry::HealthArgs),
 }
 
 /// Training flags (plain `learner`).
@@ -235,6 +238,20 @@ pub struct TrainArgs {
     /// from their saved state, the rest start.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+
+    /// With --logdir: continue the run saved in LOGDIR/checkpoint when there is one,
+    /// else start it there (what a restarted container does; a run that crashed before
+    /// its first checkpoint starts again). A run that is already finished is not
+    /// trained again: the learner says so and exits 0.
+    #[arg(long, requires = "logdir", conflicts_with = "resume")]
+    pub resume_if_present: bool,
+
+    /// Serve Prometheus metrics (GET /metrics: the TensorBoard scalars, counters and
+    /// one series per remote actor) and health (/healthz: 200 once the learner accepts
+    /// actors, 503 before and while stopping; /livez) on this address, e.g.
+    /// 0.0.0.0:9100. `learner health` checks it.
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 
     /// Hidden layer sizes. 128x128 is large enough to represent a stable balancing policy
     /// and small enough that an update costs well under a millisecond on one core.
@@ -453,7 +470,7 @@ pub fn resolve_device(cpu: bool, gpu: Option<usize>) -> anyhow::Result<DeviceCho
 impl TrainArgs {
     /// Checks the flags and turns them into the typed configuration.
     pub fn into_config(self) -> anyhow::Result<RunConfig> {
-        let args = self;
+        let mut args = self;
         if let Some(kwargs) = &args.env_kwargs {
             match serde_json::from_str::<serde_json::Value>(kwargs) {
                 Ok(serde_json::Value::Object(_)) => {}
@@ -600,6 +617,35 @@ impl TrainArgs {
                 .collect::<anyhow::Result<Vec<_>>>()?
         };
         let device = devices[0];
+        if population && args.metrics_addr.is_some() {
+            bail!("--metrics-addr serves one run's metrics; populations report per agent in TensorBoard (not yet on /metrics)");
+        }
+        if args.resume_if_present {
+            if population {
+                bail!("--resume-if-present is for one run; a population continues with --resume LOGDIR");
+            }
+            let root = args
+                .logdir
+                .as_ref()
+                .expect("clap: requires logdir")
+                .join("checkpoint");
+            if crate::checkpoint::Layout::new(&root)
+                .latest()
+                .join("meta.json")
+                .exists()
+            {
+                tracing::info!(
+                    "--resume-if-present: continuing the run saved in {}",
+                    root.display()
+                );
+                args.resume = Some(root);
+            } else if root.exists() {
+                tracing::warn!(
+                    "--resume-if-present: {} holds no saved state (the run stopped before its first checkpoint): starting the run again",
+                    root.display()
+                );
+            }
+        }
         if let Some(path) = &args.resume {
             if !path.exists() {
                 bail!("--resume {}: no such checkpoint", path.display());
@@ -630,7 +676,11 @@ impl TrainArgs {
         if population {
             refuse_to_overwrite_population(&logdir, args.resume.is_some())?;
         } else {
-            refuse_to_overwrite(&logdir, args.resume.as_deref())?;
+            // --resume-if-present found no state to continue: this run is the one
+            // that left the directory's other files, started again.
+            if !args.resume_if_present {
+                refuse_to_overwrite(&logdir, args.resume.as_deref())?;
+            }
         }
         let epsilon = EpsilonSchedule::Linear {
             start: args.eps_start,
@@ -731,6 +781,7 @@ impl TrainArgs {
             logdir,
             resume: args.resume,
             server,
+            metrics_addr: args.metrics_addr,
             faults,
         };
         if cfg.sweep.is_some() {

@@ -201,6 +201,8 @@ pub struct RunConfig {
     pub resume: Option<PathBuf>,
     /// Serve remote actors (`learner --listen`).
     pub server: Option<ServerConfig>,
+    /// Serve Prometheus metrics and health here (`--metrics-addr`).
+    pub metrics_addr: Option<std::net::SocketAddr>,
     #[serde(skip)]
     pub faults: Faults,
 }

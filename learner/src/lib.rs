@@ -32,6 +32,7 @@ pub mod population;
 pub mod population_board;
 pub mod population_results;
 pub mod prefetch;
+pub mod prometheus;
 pub mod publisher;
 pub mod run;
 pub mod server;

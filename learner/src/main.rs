@@ -58,6 +58,23 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
     });
     init_logging(bar.clone());
     let cfg = args.into_config()?;
+    if let Some(code) = already_finished(&cfg)? {
+        return Ok(code);
+    }
+    // Bound before anything starts, so a taken port is one error line.
+    let monitor = match cfg.metrics_addr {
+        Some(addr) => {
+            let endpoint = millrace_telemetry::Endpoint::new("the learner is starting");
+            let server = millrace_telemetry::serve(addr, Arc::clone(&endpoint))
+                .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
+            tracing::info!(
+                "metrics on http://{}/metrics, health on /healthz",
+                server.addr()
+            );
+            Some((endpoint, server))
+        }
+        None => None,
+    };
     let interrupt = Arc::new(AtomicBool::new(false));
     {
         let interrupt = Arc::clone(&interrupt);
@@ -99,9 +116,51 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
         print!("{summary}");
         return Ok(ExitCode::from(summary.exit_code()));
     }
-    let summary = millrace_learner::run(&cfg, interrupt, bar)?;
+    let endpoint = monitor.as_ref().map(|(e, _)| Arc::clone(e));
+    let summary = millrace_learner::run(&cfg, interrupt, bar, endpoint)?;
     print!("{summary}");
     Ok(ExitCode::from(summary.reason.exit_code()))
+}
+
+/// A run resumed (`--resume`, `--resume-if-present`) that already ended for good is not
+/// trained again: solved, or out of the steps this invocation allows. Says so; exit 0,
+/// so that a restart policy does not start it over and over.
+fn already_finished(cfg: &millrace_learner::RunConfig) -> anyhow::Result<Option<ExitCode>> {
+    let Some(path) = &cfg.resume else {
+        return Ok(None);
+    };
+    if cfg.population.is_some() || cfg.sweep.is_some() {
+        return Ok(None);
+    }
+    let meta = checkpoint::load_state_meta(path)?;
+    let done = match meta.run_finished.as_deref() {
+        Some("solved") => true,
+        Some(_) => meta.env_steps >= cfg.max_steps,
+        None => false,
+    };
+    if !done {
+        return Ok(None);
+    }
+    let how = meta.run_finished.unwrap_or_default();
+    tracing::info!(
+        "the run in {} is already finished ({how} at {} env steps, parameters v{}): nothing to do",
+        path.display(),
+        meta.env_steps,
+        meta.params_version
+    );
+    println!(
+        "already finished: {how} at {} env steps (parameters v{}); checkpoint {}",
+        meta.env_steps,
+        meta.params_version,
+        path.display()
+    );
+    Ok(Some(ExitCode::SUCCESS))
+}
+
+fn health(args: &millrace_telemetry::HealthArgs) -> anyhow::Result<ExitCode> {
+    let answer = args.check()?;
+    println!("{}", answer.trim());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn export_policy(
@@ -211,6 +270,7 @@ fn main() -> ExitCode {
         }) => cli::agent_checkpoint(&checkpoint, agent)
             .and_then(|c| eval_policy(&c, which, episodes, seed, json)),
         Some(Command::Doctor) => doctor(),
+        Some(Command::Health(h)) => health(&h),
     };
     match result {
         Ok(code) => code,

@@ -2,10 +2,12 @@
 //! the coordinator from counters and learner reports (never from the hot loops).
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::ProgressBar;
 use millrace_replay::Table;
+use millrace_telemetry::Endpoint;
 
 use crate::evaluation::{EvalRecord, Purpose};
 use crate::server::ActorBoard;
@@ -27,6 +29,10 @@ pub struct Metrics {
     last_updates: u64,
     last_inserted: u64,
     last_sampled: u64,
+    /// `--metrics-addr`: the Prometheus page and readiness, re-rendered every tick.
+    monitor: Option<Arc<Endpoint>>,
+    /// The last regular evaluation (mean return, parameters version), for the page.
+    last_eval: Option<(f64, f64)>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -38,7 +44,12 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    pub fn new(logdir: &Path, bar: Option<ProgressBar>, start_steps: u64) -> std::io::Result<Self> {
+    pub fn new(
+        logdir: &Path,
+        bar: Option<ProgressBar>,
+        monitor: Option<Arc<Endpoint>>,
+        start_steps: u64,
+    ) -> std::io::Result<Self> {
         let tb = EventWriter::create(logdir)?;
         tracing::info!("TensorBoard events: {}", tb.path().display());
         Ok(Self {
@@ -50,7 +61,23 @@ impl Metrics {
             last_updates: 0,
             last_inserted: 0,
             last_sampled: 0,
+            monitor,
+            last_eval: None,
         })
+    }
+
+    /// `/healthz` answers ready from now on (the learner accepts actors).
+    pub fn ready(&self) {
+        if let Some(m) = &self.monitor {
+            m.set_ready();
+        }
+    }
+
+    /// `/healthz` answers 503 with `reason` from now on.
+    pub fn not_ready(&self, reason: &str) {
+        if let Some(m) = &self.monitor {
+            m.set_not_ready(reason);
+        }
     }
 
     /// Called often; records at most once per [`TICK_S`].
@@ -119,13 +146,12 @@ impl Metrics {
         let mut values: Vec<(String, f64)> =
             values.iter().map(|(t, v)| (t.to_string(), *v)).collect();
         // Remote actors: the board is read here, once per tick, not on every poll.
-        let summary = remote.map(|board| {
-            for (id, a) in board.entries() {
-                values.push((format!("actor/{id}/transitions_per_s"), a.transitions_per_s));
-                values.push((format!("actor/{id}/version_lag"), a.version_lag as f64));
-            }
-            board.summary()
-        });
+        let actors = remote.map(ActorBoard::entries).unwrap_or_default();
+        for (id, a) in &actors {
+            values.push((format!("actor/{id}/transitions_per_s"), a.transitions_per_s));
+            values.push((format!("actor/{id}/version_lag"), a.version_lag as f64));
+        }
+        let summary = remote.map(ActorBoard::summary);
         if let Some(r) = &summary {
             values.extend([
                 ("actors/connected".to_string(), r.connected as f64),
@@ -142,6 +168,24 @@ impl Metrics {
             tracing::warn!("TensorBoard write failed: {e}");
         }
         let _ = self.tb.flush();
+        if let Some(monitor) = &self.monitor {
+            // The per-actor scalars are labelled series on the page, not names.
+            let mut scalars: Vec<(&str, f64)> = values
+                .iter()
+                .copied()
+                .filter(|(t, _)| !t.starts_with("actor/"))
+                .collect();
+            if let Some((mean, version)) = self.last_eval {
+                scalars.extend([("eval/mean_return", mean), ("eval/params_version", version)]);
+            }
+            monitor.publish(crate::prometheus::page(
+                steps,
+                report.updates,
+                &replay,
+                &scalars,
+                &actors,
+            ));
+        }
         let mut line = format!(
             "{steps_s:>6.0} steps/s {updates_s:>5.0} upd/s  return {ret:>6.1}  eps {epsilon:.3}  loss {:.4}  duty {:.0}% wait {:.0}%  ratio {:.1}",
             report.stats.loss,
@@ -181,6 +225,9 @@ impl Metrics {
 
     /// Records an evaluation at the env steps of the parameters it played.
     pub fn eval(&mut self, record: &EvalRecord, purpose: Purpose) {
+        if purpose == Purpose::Regular {
+            self.last_eval = Some((f64::from(record.mean), record.params_version as f64));
+        }
         let values: &[(&str, f64)] = match purpose {
             Purpose::Regular => &[
                 ("eval/mean_return", f64::from(record.mean)),

@@ -45,6 +45,23 @@ fn defaults_solve_cartpole_and_keep_the_solving_parameters() {
     assert_eq!(first["params_version"], confirm["params_version"]);
     let best = read_json(&dir.path().join("checkpoint/best/meta.json"));
     assert!(best["eval"]["mean"].as_f64().unwrap() >= first["mean"].as_f64().unwrap());
+
+    // A restarted container (`--resume-if-present`) finds the run finished: it says so
+    // and exits 0 (a restart policy stops there), training nothing.
+    let latest = dir.path().join("checkpoint/latest/meta.json");
+    let before = std::fs::read(&latest).unwrap();
+    let again = learner(
+        &["--resume-if-present", "--max-steps", "100000"],
+        dir.path(),
+    );
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again));
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert!(said.starts_with("already finished: solved at"), "{said}");
+    assert_eq!(
+        std::fs::read(&latest).unwrap(),
+        before,
+        "nothing was trained"
+    );
 }
 
 /// The lines of a summary that do not depend on the clock.

@@ -309,6 +309,21 @@ fn check_format(meta_path: &Path, format: u32) -> Result<(), CheckpointError> {
     }
 }
 
+/// The saved state's description alone (its root, `latest/`, or `latest/meta.json`),
+/// without loading tensors: enough to tell whether the run is finished.
+pub fn load_state_meta(path: &Path) -> Result<StateMeta, CheckpointError> {
+    let meta_path = Layout::find(path)?.latest().join(META);
+    if !meta_path.exists() {
+        return Err(CheckpointError::Missing(format!(
+            "{}: no latest/ state to resume from",
+            path.display()
+        )));
+    }
+    let meta: StateMeta = read_json(&meta_path)?;
+    check_format(&meta_path, meta.format)?;
+    Ok(meta)
+}
+
 /// Loads the full state from a checkpoint (its root, `latest/`, or `latest/meta.json`),
 /// checking that it is complete and self-consistent. Whether it fits the run is the
 /// caller's [`check_fits`].

@@ -411,6 +411,7 @@ pub fn run(
             break End::Failed;
         }
     };
+    setup.metrics.not_ready("the run is ending");
     let ended = running.shutdown(end);
     finish(cfg, setup, progress, end, ended, failure)
 }

@@ -97,17 +97,22 @@ pub fn run_population(
 }
 
 /// Trains until the target return (confirmed), `max_steps` or `interrupt`; then
-/// checkpoints. `bar` is the progress bar to drive, if any.
+/// checkpoints. `bar` is the progress bar to drive, if any; `monitor` the
+/// `--metrics-addr` endpoint (its page and readiness), if any.
 pub fn run(
     cfg: &RunConfig,
     interrupt: Arc<AtomicBool>,
     bar: Option<ProgressBar>,
+    monitor: Option<Arc<millrace_telemetry::Endpoint>>,
 ) -> Result<RunSummary, RunError> {
-    let mut setup = setup::prepare(cfg, bar)?;
+    let mut setup = setup::prepare(cfg, bar, monitor)?;
     if cfg.deterministic {
+        setup.metrics.ready();
         lockstep::run(cfg, setup, &interrupt)
     } else {
         let (running, links) = wiring::connect(cfg, &mut setup)?;
+        // Every component runs, the server (if any) accepts actors.
+        setup.metrics.ready();
         coordinator::run(cfg, setup, running, links, &interrupt)
     }
 }

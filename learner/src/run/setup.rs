@@ -105,7 +105,11 @@ pub(super) fn available_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
-pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunError> {
+pub fn prepare(
+    cfg: &RunConfig,
+    bar: Option<ProgressBar>,
+    monitor: Option<Arc<millrace_telemetry::Endpoint>>,
+) -> Result<Setup, RunError> {
     let started = Instant::now();
     let cuda = matches!(cfg.device, DeviceChoice::Cuda(_)) && tch::Cuda::is_available();
     if cfg.learner.copy_stream && !cuda {
@@ -185,7 +189,7 @@ pub fn prepare(cfg: &RunConfig, bar: Option<ProgressBar>) -> Result<Setup, RunEr
     std::fs::create_dir_all(&layout.root)
         .map_err(|e| RunError::Config(checkpoint::files::io(&layout.root)(e)))?;
     checkpoint::files::write_json(&layout.config(), cfg).map_err(RunError::Config)?;
-    let metrics = Metrics::new(&cfg.logdir, bar, steps.get())?;
+    let metrics = Metrics::new(&cfg.logdir, bar, monitor, steps.get())?;
     let p = network.layout().len * network.population * 4;
     let staging_depth = crate::prefetch::default_depth(&env.obs, cfg.batch_size, cuda);
     let batch_bytes = cfg.batch_size * (2 * env.obs.row_bytes() + 16);

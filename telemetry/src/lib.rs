@@ -1,0 +1,21 @@
+//! Monitoring for the learner and the actors: what they expose to Prometheus and to the
+//! health checks of docker-compose and Kubernetes.
+//!
+//! - [`Exposition`] renders metrics in Prometheus' text format (version 0.0.4);
+//!   the process re-renders its page on its own schedule (the learner once per metrics
+//!   tick) and [`Endpoint::publish`]es it, so a scrape never touches the hot loops.
+//! - [`serve`] answers `GET /metrics`, `GET /healthz` (ready: 200, or 503 with the
+//!   reason) and `GET /livez` (the process answers at all) on one small thread. It is a
+//!   deliberately tiny HTTP/1.1 responder, not a web framework: one request per
+//!   connection, bounded request size, read timeouts, so nothing a client sends can
+//!   stall or grow it.
+//! - [`check`] is the client the binaries' `health` subcommands use, so images need no
+//!   curl.
+
+mod exposition;
+mod health;
+mod server;
+
+pub use exposition::{Exposition, Kind};
+pub use health::{check, HealthArgs, HealthError};
+pub use server::{serve, Endpoint, ServerHandle};

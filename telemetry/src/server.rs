@@ -1,0 +1,302 @@
+//! The monitoring endpoint: `GET /metrics`, `/healthz`, `/livez` on one listener.
+//!
+//! A plain thread with blocking sockets, because it serves a scrape every few seconds
+//! and a health probe, not traffic; it must not share (or need) the async runtime that
+//! carries the actors' data. Each connection gets its own short-lived thread, at most
+//! [`MAX_CONNECTIONS`] at once (more are answered 503 at once), one request each, read
+//! with a deadline and a size limit.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Requests larger than this (request line and headers) are refused.
+const MAX_REQUEST: usize = 8 * 1024;
+/// A client has this long to send its request, and to take the answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections served at once.
+const MAX_CONNECTIONS: usize = 16;
+
+/// What the endpoint serves: the last published page and whether the process is ready.
+/// Written by the process (the learner's metrics tick, the actor's session loop), read by
+/// the server's threads; a std `Mutex` because nothing awaits while holding it.
+#[derive(Debug)]
+pub struct Endpoint {
+    page: Mutex<Arc<str>>,
+    /// `Ok` when ready; otherwise why not (the body of the 503).
+    ready: Mutex<Result<(), String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Endpoint {
+    /// Not ready yet, for `reason`, with an empty page.
+    pub fn new(reason: impl Into<String>) -> Arc<Self> {
+        Arc::new(Self {
+            page: Mutex::new(Arc::from("")),
+            ready: Mutex::new(Err(reason.into())),
+        })
+    }
+
+    /// Replaces the page `/metrics` serves.
+    pub fn publish(&self, page: String) {
+        *lock(&self.page) = Arc::from(page);
+    }
+
+    pub fn set_ready(&self) {
+        *lock(&self.ready) = Ok(());
+    }
+
+    pub fn set_not_ready(&self, reason: impl Into<String>) {
+        *lock(&self.ready) = Err(reason.into());
+    }
+
+    pub fn ready(&self) -> Result<(), String> {
+        lock(&self.ready).clone()
+    }
+
+    fn page(&self) -> Arc<str> {
+        Arc::clone(&lock(&self.page))
+    }
+}
+
+/// A running endpoint; dropping it stops the server (and waits for its thread).
+#[derive(Debug)]
+pub struct ServerHandle {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// The address bound (port 0 resolved).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wake the blocking accept.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Binds `addr` and serves `endpoint` until the handle is dropped.
+pub fn serve(addr: impl ToSocketAddrs, endpoint: Arc<Endpoint>) -> std::io::Result<ServerHandle> {
+    let listener = TcpListener::bind(addr)?;
+    let mut addr = listener.local_addr()?;
+    if addr.ip().is_unspecified() {
+        // Where the handle's drop connects to wake the accept.
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || accept_loop(listener, endpoint, stopping))?;
+    Ok(ServerHandle {
+        addr,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+fn accept_loop(listener: TcpListener, endpoint: Arc<Endpoint>, stop: Arc<AtomicBool>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(mut conn) = conn else {
+            // Out of descriptors, say: try again shortly rather than spin.
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        let _ = conn.set_read_timeout(Some(IO_TIMEOUT));
+        let _ = conn.set_write_timeout(Some(IO_TIMEOUT));
+        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::AcqRel);
+            let _ = respond(&mut conn, 503, "text/plain", b"busy\n", false);
+            continue;
+        }
+        let endpoint = Arc::clone(&endpoint);
+        let active_here = Arc::clone(&active);
+        let spawned = std::thread::Builder::new()
+            .name("metrics-conn".into())
+            .spawn(move || {
+                handle(conn, &endpoint);
+                active_here.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Reads the request head (up to the blank line), bounded in size and time.
+fn read_head(conn: &mut TcpStream) -> Result<Vec<u8>, u16> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = conn.read(&mut buf).map_err(|_| 408u16)?;
+        if n == 0 {
+            return Err(400);
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
+            return Ok(head);
+        }
+        if head.len() > MAX_REQUEST {
+            return Err(431);
+        }
+    }
+}
+
+fn handle(mut conn: TcpStream, endpoint: &Endpoint) {
+    let head = match read_head(&mut conn) {
+        Ok(head) => head,
+        Err(code) => {
+            let _ = respond(&mut conn, code, "text/plain", b"bad request\n", false);
+            return;
+        }
+    };
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let head_only = method == "HEAD";
+    if method != "GET" && !head_only {
+        let _ = respond(&mut conn, 405, "text/plain", b"only GET\n", false);
+        return;
+    }
+    let path = target.split('?').next().unwrap_or("");
+    let _ = match path {
+        "/metrics" => respond(
+            &mut conn,
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            endpoint.page().as_bytes(),
+            head_only,
+        ),
+        "/healthz" => match endpoint.ready() {
+            Ok(()) => respond(&mut conn, 200, "text/plain", b"ready\n", head_only),
+            Err(why) => respond(
+                &mut conn,
+                503,
+                "text/plain",
+                format!("not ready: {why}\n").as_bytes(),
+                head_only,
+            ),
+        },
+        "/livez" => respond(&mut conn, 200, "text/plain", b"alive\n", head_only),
+        _ => respond(
+            &mut conn,
+            404,
+            "text/plain",
+            b"not found: /metrics, /healthz, /livez\n",
+            head_only,
+        ),
+    };
+}
+
+fn respond(
+    conn: &mut TcpStream,
+    code: u16,
+    content_type: &str,
+    body: &[u8],
+    head_only: bool,
+) -> std::io::Result<()> {
+    let reason = match code {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        _ => "Service Unavailable",
+    };
+    let head = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes())?;
+    if !head_only {
+        conn.write_all(body)?;
+    }
+    conn.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::{check, HealthError};
+
+    fn get(addr: SocketAddr, request: &[u8]) -> String {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(request).unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn serves_the_published_page_and_readiness() {
+        let ep = Endpoint::new("starting");
+        let server = serve("127.0.0.1:0", Arc::clone(&ep)).unwrap();
+        let addr = server.addr();
+        match check(&addr.to_string(), "/healthz", Duration::from_secs(2)) {
+            Err(HealthError::Status(503, body)) => assert!(body.contains("starting"), "{body}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            check(&addr.to_string(), "/livez", Duration::from_secs(2)).unwrap(),
+            "alive\n"
+        );
+        ep.publish("m 1\n".into());
+        ep.set_ready();
+        assert_eq!(
+            check(&addr.to_string(), "/healthz", Duration::from_secs(2)).unwrap(),
+            "ready\n"
+        );
+        let page = get(addr, b"GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
+        assert!(page.contains("version=0.0.4"), "{page}");
+        assert!(page.ends_with("\r\n\r\nm 1\n"), "{page}");
+    }
+
+    #[test]
+    fn bad_requests_get_an_error_and_the_server_carries_on() {
+        let ep = Endpoint::new("x");
+        let server = serve("127.0.0.1:0", ep).unwrap();
+        let addr = server.addr();
+        assert!(get(addr, b"POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        assert!(get(addr, b"GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        let huge = vec![b'a'; MAX_REQUEST + 1];
+        assert!(get(addr, &huge).starts_with("HTTP/1.1 431"));
+        // A client that connects and says nothing is timed out, not waited on forever;
+        // meanwhile others are served.
+        let _silent = TcpStream::connect(addr).unwrap();
+        assert!(get(addr, b"GET /livez HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 200"));
+    }
+
+    #[test]
+    fn dropping_the_handle_stops_the_server() {
+        let server = serve("127.0.0.1:0", Endpoint::new("x")).unwrap();
+        let addr = server.addr();
+        drop(server);
+        assert!(check(&addr.to_string(), "/livez", Duration::from_millis(500)).is_err());
+    }
+}
