@@ -18,8 +18,9 @@
 #       --gpu 0 --logdir /tmp/pop                                # wall time to targets
 #
 # The binaries' rpath points at this machine's virtualenv; LD_LIBRARY_PATH overrides it.
-# They are built without the Gymnasium bridge (--no-default-features): no libpython is
-# needed there (the Rust ports and CatchPixels-v0 only).
+# They are built without the Gymnasium bridge (--no-default-features --features cuda:
+# libtorch_cuda linked, no libpython needed there; the Rust ports and CatchPixels-v0
+# only).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/env.sh
@@ -36,9 +37,9 @@ for line in sys.stdin:
         print("learner-tests" if lib_tests else m["target"]["name"], m["executable"])
 '
 {
-  cargo bench -p millrace-learner --no-default-features --bench overlap --bench ceiling --bench population --no-run --message-format=json
-  cargo build --release -p millrace-learner --no-default-features --bin learner --message-format=json
-  cargo test -p millrace-learner --no-default-features --lib --no-run --message-format=json
+  cargo bench -p millrace-learner --no-default-features --features cuda --bench overlap --bench ceiling --bench population --no-run --message-format=json
+  cargo build --release -p millrace-learner --no-default-features --features cuda --bin learner --message-format=json
+  cargo test -p millrace-learner --no-default-features --features cuda --lib --no-run --message-format=json
 } 2>/dev/null | python3 -c "$executables" | sort -u -k1,1 | while read -r name exe; do
   strip -o ".gpu/$name" "$exe"
   echo ".gpu/$name ($(du -h ".gpu/$name" | cut -f1))"
