@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Builds the cluster's images from binaries built here, without pulling anything:
+#
+#   deploy/build.sh [--cuda] [--gym] [--base IMAGE]
+#
+#   millrace/learner:cpu   the learner for the Rust environments, CPU only: libtorch's
+#                          CPU libraries, no libtorch_cuda, no CUDA maths libraries
+#   millrace/actor:native  the actor for the Rust environments: no libtorch, no Python
+#   --cuda   also millrace/learner:cuda   (libtorch_cuda and CUDA's libraries, ~4 GB)
+#   --gym    also millrace/learner:gym, millrace/actor:gym: the Gymnasium bridge, with
+#            Python and the environment packages (Gymnasium, ale-py, MinAtar) installed
+#            by pip in a build stage (millrace/python:bookworm)
+#
+# Steps: the base image (deploy/base-image.sh makes millrace/base:bookworm when it is
+# missing and no --base is given); release binaries (cargo, features per image); each
+# image's context staged under $CARGO_TARGET_DIR/deploy/ (binary, stripped, in bin/; the
+# libraries it loads from the project virtualenv in lib/, found through its
+# $ORIGIN/../lib rpath); `docker build` with the classic builder. Images whose context
+# did not change are rebuilt from Docker's cache in seconds.
+#
+# Where this host trusts extra CA certificates (/usr/local/share/ca-certificates, e.g.
+# a TLS-intercepting proxy), the pip stage trusts them too: they are copied into its
+# build context here, at build time, and never into the repository or a final image.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$here/.."
+cuda=0 gym=0 base=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --cuda) cuda=1 ;;
+        --gym) gym=1 ;;
+        --base) base="$2"; shift ;;
+        -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        *) echo "build: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+"$root/scripts/setup.sh"
+# shellcheck source=scripts/env.sh
+source "$root/scripts/env.sh"
+cd "$root"
+if [[ -z "$base" ]]; then
+    base=millrace/base:bookworm
+    "$here/base-image.sh" "$base"
+fi
+stage="$CARGO_TARGET_DIR/deploy"
+site="$("$MILLRACE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+export DOCKER_BUILDKIT=0  # the classic builder: no buildx plugin needed
+
+# cargo_bin PACKAGE BIN FEATURES: builds a release binary, prints its path.
+cargo_bin() {
+    local pkg="$1" bin="$2" features="$3"
+    cargo build --release --locked -p "$pkg" --bin "$bin" --no-default-features \
+        ${features:+--features "$features"} --message-format=json-render-diagnostics |
+        python3 -c '
+import json, sys
+exe = [m["executable"] for m in map(json.loads, sys.stdin)
+       if m.get("reason") == "compiler-artifact" and m.get("executable")]
+print(exe[-1])'
+}
+
+# context NAME BINARY LIBS...: a fresh context dir with bin/BINARY (stripped) and lib/.
+context() {
+    local dir="$stage/$1" exe="$2"
+    shift 2
+    rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
+    strip -o "$dir/bin/$(basename "$exe")" "$exe"
+    [[ $# -eq 0 ]] || cp -L "$@" "$dir/lib/"
+    # Timestamps do not enter Docker's cache key, contents do: unchanged binaries reuse
+    # the cached layers.
+    echo "$dir"
+}
+
+# The libraries `exe` loads from the virtualenv (ldd follows every dependency).
+venv_libs() {
+    ldd "$1" | awk '{print $3}' | grep -F "$site/" | sort -u
+}
+
+# docker_build TAG DOCKERFILE CONTEXT BASE [TARGET]
+docker_build() {
+    local tag="$1" dockerfile="$2" ctx="$3" from="$4" target="${5:-}"
+    local start=$SECONDS log="$stage/docker-build.log"
+    # The classic builder warns that it is deprecated on every build: its output is
+    # shown only when the build fails.
+    if ! docker build -f "$dockerfile" ${target:+--target "$target"} --build-arg "BASE=$from" \
+        -t "$tag" "$ctx" >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        echo "build: $tag failed (above)" >&2
+        exit 1
+    fi
+    local bytes
+    bytes="$(docker image inspect -f '{{.Size}}' "$tag")"
+    echo "build: $tag $((bytes / 1000000)) MB, built in $((SECONDS - start)) s" >&2
+}
+
+if [[ $gym -eq 1 ]]; then
+    py="$stage/python"
+    rm -rf "$py" && mkdir -p "$py/certs"
+    # The environment packages at the versions the project pins (scripts/requirements.txt).
+    grep -E "^(gymnasium|numpy|ale-py|minatar)==" "$root/scripts/requirements.txt" >"$py/requirements-gym.txt"
+    shopt -s nullglob
+    certs=(/usr/local/share/ca-certificates/*.crt)
+    shopt -u nullglob
+    [[ ${#certs[@]} -eq 0 ]] || cp "${certs[@]}" "$py/certs/"
+    docker_build millrace/python:bookworm "$here/python.Dockerfile" "$py" "$base" runtime
+fi
+
+exe="$(cargo_bin millrace-learner learner "")"
+mapfile -t libs < <(venv_libs "$exe")
+if printf '%s\n' "${libs[@]}" | grep -q libtorch_cuda; then
+    echo "build: the CPU learner links libtorch_cuda; build.rs should not force it" >&2
+    exit 1
+fi
+ctx="$(context learner-cpu "$exe" "${libs[@]}")"
+docker_build millrace/learner:cpu "$here/learner.Dockerfile" "$ctx" "$base"
+
+exe="$(cargo_bin millrace-actor actor "")"
+ctx="$(context actor-native "$exe")"
+docker_build millrace/actor:native "$here/actor.Dockerfile" "$ctx" "$base"
+
+if [[ $cuda -eq 1 ]]; then
+    exe="$(cargo_bin millrace-learner learner cuda)"
+    # libtorch_cuda dlopens some of CUDA's libraries (cuDNN's parts, NVRTC's builtins):
+    # all of torch/lib and nvidia/*/lib, not only what ldd lists.
+    mapfile -t libs < <(find "$site/torch/lib" "$site"/nvidia/*/lib -maxdepth 1 -name '*.so*' \
+        ! -name 'libtorch_python.so' | sort)
+    ctx="$(context learner-cuda "$exe" "${libs[@]}")"
+    docker_build millrace/learner:cuda "$here/learner.Dockerfile" "$ctx" "$base"
+fi
+
+if [[ $gym -eq 1 ]]; then
+    exe="$(cargo_bin millrace-learner learner gym)"
+    mapfile -t libs < <(venv_libs "$exe")
+    ctx="$(context learner-gym "$exe" "${libs[@]}")"
+    docker_build millrace/learner:gym "$here/learner.Dockerfile" "$ctx" millrace/python:bookworm
+    exe="$(cargo_bin millrace-actor actor gym)"
+    ctx="$(context actor-gym "$exe")"
+    docker_build millrace/actor:gym "$here/actor.Dockerfile" "$ctx" millrace/python:bookworm
+fi
