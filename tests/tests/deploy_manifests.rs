@@ -1,0 +1,439 @@
+//! `deploy/` held against the binaries it runs: the Kubernetes manifests (validated as
+//! Kubernetes objects by kubernetes-validate against the published schemas, through
+//! `scripts/check_k8s.py`) and the docker-compose file (as `docker-compose config`
+//! resolves it). Every command line, health probe included, is parsed by the binaries'
+//! own flag parsers; ports, the token's path, the volumes, the learner's address as
+//! actors dial it and the image names must agree with each other and with
+//! `deploy/build.sh`. No cluster is needed (none was available to apply them to); the
+//! cluster itself is brought up by `tests/tests/compose_cluster.rs`.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::Parser;
+use millrace_tests::venv_python;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The images `deploy/build.sh` makes (its `docker_build TAG ...` lines).
+fn built_images() -> BTreeSet<String> {
+    let script = std::fs::read_to_string(repo().join("deploy/build.sh")).unwrap();
+    let images: BTreeSet<String> = script
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("docker_build "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    assert!(images.contains("millrace/learner:cpu"), "{images:?}");
+    images
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|s| match s {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+fn learner_args(argv: &[String]) -> millrace_learner::cli::Args {
+    millrace_learner::cli::Args::try_parse_from(
+        std::iter::once("learner".to_string()).chain(argv.iter().cloned()),
+    )
+    .unwrap_or_else(|e| panic!("the learner refuses {argv:?}:\n{e}"))
+}
+
+fn actor_args(argv: &[String]) -> millrace_actor::cli::Args {
+    millrace_actor::cli::Args::try_parse_from(
+        std::iter::once("actor".to_string()).chain(argv.iter().cloned()),
+    )
+    .unwrap_or_else(|e| panic!("the actor refuses {argv:?}:\n{e}"))
+}
+
+/// A health probe's command (`learner health ...` / `actor health ...`): which binary,
+/// the port it asks, and whether it asks for liveness only.
+fn probe(command: &[String]) -> (String, u16, bool) {
+    let (bin, rest) = command.split_first().expect("a probe command");
+    let health = match bin.as_str() {
+        "learner" => match learner_args(rest).command {
+            Some(millrace_learner::cli::Command::Health(h)) => h,
+            other => panic!("{command:?} is not `learner health`: {other:?}"),
+        },
+        "actor" => match actor_args(rest).command {
+            Some(millrace_actor::cli::Command::Health(h)) => h,
+            other => panic!("{command:?} is not `actor health`: {other:?}"),
+        },
+        other => panic!("{command:?}: {other} is not on the images' PATH"),
+    };
+    let addr: SocketAddr = health.metrics_addr.parse().unwrap();
+    assert!(
+        addr.ip().is_loopback(),
+        "{command:?}: probes run inside the container"
+    );
+    (bin.clone(), addr.port(), health.live)
+}
+
+/// Environment variables the binaries read.
+const KNOWN_ENV: &[&str] = &["RUST_LOG", "MILLRACE_TOKEN"];
+
+fn validated_k8s_objects() -> Vec<Value> {
+    let out = Command::new(venv_python())
+        .arg(repo().join("scripts/check_k8s.py"))
+        .arg(repo().join("deploy/k8s"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy/k8s is not valid Kubernetes:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    println!("deploy/k8s validated against Kubernetes {}", v["version"]);
+    v["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["object"].clone())
+        .collect()
+}
+
+fn kind<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = objects.iter().filter(|o| o["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind} expected");
+    found[0]
+}
+
+/// A container's port by name.
+fn port(container: &Value, name: &str) -> u16 {
+    container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("no port {name} in {}", container["ports"])) as u16
+}
+
+/// Where a pod mounts the volume that comes from `source` (`secret`,
+/// `persistentVolumeClaim`).
+fn mount(pod: &Value, container: &Value, source: &str) -> PathBuf {
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v.get(source).is_some())
+        .unwrap_or_else(|| panic!("no {source} volume"));
+    let m = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .unwrap_or_else(|| panic!("volume {} not mounted", volume["name"]));
+    PathBuf::from(m["mountPath"].as_str().unwrap())
+}
+
+fn check_env(container: &Value) {
+    for e in container["env"].as_array().into_iter().flatten() {
+        let name = e["name"].as_str().unwrap();
+        assert!(KNOWN_ENV.contains(&name), "{name}: no binary reads it");
+    }
+}
+
+fn check_labels_select(selector: &Value, labels: &Value) {
+    for (k, v) in selector.as_object().unwrap() {
+        assert_eq!(
+            &labels[k], v,
+            "the selector {selector} misses the pods {labels}"
+        );
+    }
+}
+
+#[test]
+fn kubernetes_manifests_are_valid_and_agree_with_the_binaries() {
+    let objects = validated_k8s_objects();
+    let images = built_images();
+
+    // The learner Job.
+    let job = kind(&objects, "Job");
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["restartPolicy"], "OnFailure",
+        "a failed learner restarts"
+    );
+    let learner = &pod["containers"][0];
+    let image = learner["image"].as_str().unwrap();
+    assert!(
+        images.contains(image),
+        "{image} is not built by deploy/build.sh: {images:?}"
+    );
+    assert_eq!(
+        image, "millrace/learner:cuda",
+        "the GPU request needs the CUDA image"
+    );
+    assert_eq!(learner["resources"]["requests"]["nvidia.com/gpu"], "1");
+    let args = learner_args(&strings(&learner["args"]));
+    assert!(args.command.is_none(), "the Job trains");
+    let t = &args.train;
+    assert!(t.resume_if_present, "a restarted learner continues its run");
+    let listen = t.listen.expect("--listen");
+    assert!(
+        listen.ip().is_unspecified(),
+        "actors reach it from other pods"
+    );
+    assert_eq!(listen.port(), port(learner, "actors"));
+    let metrics = t.metrics_addr.expect("--metrics-addr");
+    assert_eq!(metrics.port(), port(learner, "metrics"));
+    let secret = mount(pod, learner, "secret");
+    assert_eq!(
+        t.token_file.as_deref(),
+        Some(secret.join("token").as_path())
+    );
+    let runs = mount(pod, learner, "persistentVolumeClaim");
+    let logdir = t.logdir.as_ref().expect("--logdir");
+    assert!(
+        logdir.starts_with(&runs),
+        "{logdir:?} is not on the volume {runs:?}"
+    );
+    assert!(
+        t.checkpoint_every_s.is_some(),
+        "periodic checkpoints bound what a crash loses"
+    );
+    let ready = probe(&strings(&learner["readinessProbe"]["exec"]["command"]));
+    assert_eq!(ready, ("learner".into(), metrics.port(), false));
+    let live = probe(&strings(&learner["livenessProbe"]["exec"]["command"]));
+    assert_eq!(live, ("learner".into(), metrics.port(), true));
+    check_env(learner);
+    let claim = &pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v.get("persistentVolumeClaim").is_some())
+        .unwrap()["persistentVolumeClaim"]["claimName"];
+    assert_eq!(
+        &kind(&objects, "PersistentVolumeClaim")["metadata"]["name"],
+        claim
+    );
+
+    // The Service in front of it.
+    let service = kind(&objects, "Service");
+    check_labels_select(
+        &service["spec"]["selector"],
+        &job["spec"]["template"]["metadata"]["labels"],
+    );
+    let service_port = |name: &str| {
+        let p = service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("the Service has no port {name}"));
+        assert_eq!(
+            p["targetPort"], name,
+            "the Service forwards to the named port"
+        );
+        p["port"].as_u64().unwrap() as u16
+    };
+    let actors_port = service_port("actors");
+    service_port("metrics");
+
+    // The actors.
+    let deployment = kind(&objects, "Deployment");
+    check_labels_select(
+        &deployment["spec"]["selector"]["matchLabels"],
+        &deployment["spec"]["template"]["metadata"]["labels"],
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    let actor = &pod["containers"][0];
+    let image = actor["image"].as_str().unwrap();
+    assert!(
+        images.contains(image),
+        "{image} is not built by deploy/build.sh: {images:?}"
+    );
+    let args = actor_args(&strings(&actor["args"]));
+    assert!(args.command.is_none());
+    let service_name = service["metadata"]["name"].as_str().unwrap();
+    assert_eq!(
+        args.learner,
+        format!("{service_name}:{actors_port}"),
+        "actors dial the Service"
+    );
+    let metrics = args.metrics_addr.expect("--metrics-addr");
+    assert_eq!(metrics.port(), port(actor, "metrics"));
+    let secret = mount(pod, actor, "secret");
+    assert_eq!(
+        args.token_file.as_deref(),
+        Some(secret.join("token").as_path())
+    );
+    let ready = probe(&strings(&actor["readinessProbe"]["exec"]["command"]));
+    assert_eq!(ready, ("actor".into(), metrics.port(), false));
+    let live = probe(&strings(&actor["livenessProbe"]["exec"]["command"]));
+    assert_eq!(live, ("actor".into(), metrics.port(), true));
+    check_env(actor);
+    assert!(
+        actor["resources"]["requests"]["cpu"].is_string(),
+        "actors request CPU"
+    );
+    // Both mount the same Secret.
+    let secret_of = |pod: &Value| {
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|v| v["secret"]["secretName"].as_str().map(str::to_string))
+            .unwrap()
+    };
+    assert_eq!(secret_of(pod), secret_of(&job["spec"]["template"]["spec"]));
+}
+
+/// `docker-compose config` on deploy/docker-compose.yml (variables at their defaults),
+/// as JSON; `None` when docker-compose is not installed.
+fn compose_config(files: &[&str]) -> Option<Value> {
+    let mut cmd = Command::new("docker-compose");
+    for f in files {
+        cmd.arg("-f").arg(repo().join("deploy").join(f));
+    }
+    let out = match cmd
+        .arg("config")
+        .env("MILLRACE_TOKEN_FILE", "/dev/null")
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => panic!("docker-compose: {e}"),
+    };
+    assert!(
+        out.status.success(),
+        "docker-compose rejects {files:?}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut py = Command::new(venv_python())
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(yaml.safe_load(sys.stdin)))",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(py.stdin.as_mut().unwrap(), &out.stdout).unwrap();
+    let json = py.wait_with_output().unwrap();
+    assert!(json.status.success());
+    Some(serde_json::from_slice(&json.stdout).unwrap())
+}
+
+/// A compose `command:` string as compose splits it (no quoting is used in ours).
+fn words(v: &Value) -> Vec<String> {
+    match v {
+        Value::String(s) => s.split_whitespace().map(str::to_string).collect(),
+        other => strings(other),
+    }
+}
+
+#[test]
+fn the_compose_file_agrees_with_the_binaries() {
+    let Some(c) = compose_config(&["docker-compose.yml"]) else {
+        println!("SKIPPED: docker-compose is not installed; the compose file was not checked");
+        return;
+    };
+    let images = built_images();
+    let learner = &c["services"]["learner"];
+    let actor = &c["services"]["actor"];
+    for s in [learner, actor] {
+        let image = s["image"].as_str().unwrap();
+        assert!(
+            images.contains(image),
+            "{image} is not built by deploy/build.sh"
+        );
+        assert_eq!(s["init"], true, "signals reach the process");
+        assert_eq!(
+            s["restart"], "on-failure",
+            "crashes restart, finished runs do not"
+        );
+        for k in s["environment"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k)
+        {
+            assert!(KNOWN_ENV.contains(&k.as_str()), "{k}: no binary reads it");
+        }
+    }
+    let secret_path = |s: &Value| {
+        let name = s["secrets"][0]["source"].as_str().unwrap().to_string();
+        PathBuf::from("/run/secrets").join(name)
+    };
+
+    let args = learner_args(&words(&learner["command"]));
+    let t = &args.train;
+    assert!(t.resume_if_present);
+    assert_eq!(
+        t.token_file.as_deref(),
+        Some(secret_path(learner).as_path())
+    );
+    let listen = t.listen.unwrap();
+    assert!(listen.ip().is_unspecified());
+    let metrics = t.metrics_addr.unwrap();
+    // docker-compose 1.x prints the short syntax (`runs:/runs:rw`,
+    // `127.0.0.1:9100:9100/tcp`), newer ones the long one.
+    let volume = &learner["volumes"][0];
+    let volume = volume["target"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| {
+            volume
+                .as_str()
+                .and_then(|v| v.split(':').nth(1))
+                .map(str::to_string)
+        })
+        .unwrap();
+    assert!(
+        t.logdir.as_ref().unwrap().starts_with(&volume),
+        "the run is kept in the volume"
+    );
+    let published = &learner["ports"][0];
+    let target = published["target"].as_u64().or_else(|| {
+        let short = published.as_str()?;
+        short.split('/').next()?.rsplit(':').next()?.parse().ok()
+    });
+    assert_eq!(
+        target,
+        Some(u64::from(metrics.port())),
+        "the metrics port is published"
+    );
+    let test = strings(&learner["healthcheck"]["test"]);
+    assert_eq!(test[0], "CMD");
+    assert_eq!(probe(&test[1..]), ("learner".into(), metrics.port(), false));
+
+    let a = actor_args(&words(&actor["command"]));
+    assert_eq!(
+        a.learner,
+        format!("learner:{}", listen.port()),
+        "actors dial the learner service"
+    );
+    assert_eq!(a.token_file.as_deref(), Some(secret_path(actor).as_path()));
+    let test = strings(&actor["healthcheck"]["test"]);
+    assert_eq!(
+        probe(&test[1..]),
+        ("actor".into(), a.metrics_addr.unwrap().port(), false)
+    );
+    assert_eq!(
+        actor["depends_on"]["learner"]["condition"],
+        "service_healthy"
+    );
+
+    // The GPU override gives the learner a device and the CUDA image.
+    let gpu = compose_config(&["docker-compose.yml", "docker-compose.gpu.yml"]).unwrap();
+    let l = &gpu["services"]["learner"];
+    assert_eq!(l["image"], "millrace/learner:cuda");
+    assert!(images.contains("millrace/learner:cuda"));
+    let devices = &l["deploy"]["resources"]["reservations"]["devices"][0];
+    assert_eq!(devices["capabilities"][0], "gpu");
+}
