@@ -16,3 +16,12 @@ cargo test --workspace --locked "$@"
 no_gym=(env CARGO_TARGET_DIR="$CARGO_TARGET_DIR/no-gym")
 "${no_gym[@]}" cargo clippy -p millrace-actor --all-targets --no-default-features --locked -- -D warnings
 "${no_gym[@]}" cargo test -p millrace-actor --no-default-features --locked "$@"
+# The local cluster (deploy/): where Docker runs, the images are built (deploy/build.sh;
+# Docker's cache makes this seconds after the first time) and the cluster is brought up
+# and put through its paces; elsewhere the test is reported as skipped, not passed.
+if docker info >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; then
+    deploy/build.sh
+    cargo test -p millrace-tests --test compose_cluster --locked -- --ignored --nocapture
+else
+    echo "SKIPPED (not passed): tests/tests/compose_cluster.rs, the docker-compose cluster: no Docker daemon or no docker-compose here" >&2
+fi
