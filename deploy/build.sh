@@ -113,6 +113,8 @@ if printf '%s\n' "${libs[@]}" | grep -q libtorch_cuda; then
     exit 1
 fi
 ctx="$(context learner-cpu "$exe" "${libs[@]}")"
+# Which PyTorch the libraries are, for `learner doctor` (it reads lib/../version.py).
+cp "$site/torch/version.py" "$ctx/"
 docker_build millrace/learner:cpu "$here/learner.Dockerfile" "$ctx" "$base"
 
 exe="$(cargo_bin millrace-actor actor "")"
@@ -126,6 +128,7 @@ if [[ $cuda -eq 1 ]]; then
     mapfile -t libs < <(find "$site/torch/lib" "$site"/nvidia/*/lib -maxdepth 1 -name '*.so*' \
         ! -name 'libtorch_python.so' | sort)
     ctx="$(context learner-cuda "$exe" "${libs[@]}")"
+    cp "$site/torch/version.py" "$ctx/"
     docker_build millrace/learner:cuda "$here/learner.Dockerfile" "$ctx" "$base"
 fi
 
@@ -133,6 +136,7 @@ if [[ $gym -eq 1 ]]; then
     exe="$(cargo_bin millrace-learner learner gym)"
     mapfile -t libs < <(venv_libs "$exe")
     ctx="$(context learner-gym "$exe" "${libs[@]}")"
+    cp "$site/torch/version.py" "$ctx/"
     docker_build millrace/learner:gym "$here/learner.Dockerfile" "$ctx" millrace/python:bookworm
     exe="$(cargo_bin millrace-actor actor gym)"
     ctx="$(context actor-gym "$exe")"

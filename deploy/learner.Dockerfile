@@ -13,6 +13,8 @@ ARG BASE=debian:bookworm-slim
 
 FROM ${BASE}
 COPY lib/ /opt/millrace/lib/
+# PyTorch's version.py, which `learner doctor` reads beside lib/.
+COPY version.py /opt/millrace/
 COPY bin/ /opt/millrace/bin/
 # Fails the build, not the first start, when a library is missing.
 RUN ! ldd /opt/millrace/bin/learner | grep 'not found' && /opt/millrace/bin/learner --version
