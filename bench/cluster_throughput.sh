@@ -33,7 +33,7 @@ compose() {
 }
 cleanup() {
     compose down -v --timeout 5 >/dev/null 2>&1 || true
-    docker rm -f "$project-embedded" >/dev/null 2>&1 || true
+    docker rm -fv "$project-embedded" >/dev/null 2>&1 || true
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -72,7 +72,7 @@ for n in "${ns[@]}"; do
         --max-steps 100000000 >/dev/null
     wait_ready
     measure "embedded, $n actor thread(s)"
-    docker rm -f "$project-embedded" >/dev/null
+    docker rm -fv "$project-embedded" >/dev/null
     compose up -d --scale "actor=$n" >/dev/null 2>&1
     wait_ready
     measure "cluster, $n actor container(s)"
