@@ -99,11 +99,11 @@ if [[ $gym -eq 1 ]]; then
     rm -rf "$py" && mkdir -p "$py/certs"
     # The environment packages at the versions the project pins (scripts/requirements.txt).
     grep -E "^(gymnasium|numpy|ale-py|minatar)==" "$root/scripts/requirements.txt" >"$py/requirements-gym.txt"
-    shopt -s nullglob
-    certs=(/usr/local/share/ca-certificates/*.crt)
-    shopt -u nullglob
-    [[ ${#certs[@]} -eq 0 ]] || cp "${certs[@]}" "$py/certs/"
+    # The host's extra CAs (update-ca-certificates reads *.crt, subfolders included),
+    # for the pip stage only; removed from the context again once it is built.
+    find /usr/local/share/ca-certificates -name '*.crt' -type f -exec cp {} "$py/certs/" \; 2>/dev/null || true
     docker_build millrace/python:bookworm "$here/python.Dockerfile" "$py" "$base" runtime
+    rm -rf "$py/certs"
 fi
 
 exe="$(cargo_bin millrace-learner learner "")"
