@@ -328,16 +328,9 @@ pub fn load_state_meta(path: &Path) -> Result<StateMeta, CheckpointError> {
 /// checking that it is complete and self-consistent. Whether it fits the run is the
 /// caller's [`check_fits`].
 pub fn load_state(path: &Path) -> Result<(StateMeta, DqnState, PathBuf), CheckpointError> {
+    let meta = load_state_meta(path)?;
     let dir = Layout::find(path)?.latest();
     let meta_path = dir.join(META);
-    if !meta_path.exists() {
-        return Err(CheckpointError::Missing(format!(
-            "{}: no latest/ state to resume from",
-            path.display()
-        )));
-    }
-    let meta: StateMeta = read_json(&meta_path)?;
-    check_format(&meta_path, meta.format)?;
     let model = dir.join(plain_name(&meta_path, &meta.model_file)?);
     let mut t = read_tensors(&meta_path, &model, &meta.network, &TENSORS)?.into_iter();
     let mut take = || t.next().expect("one tensor per name");
