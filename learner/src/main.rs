@@ -57,9 +57,12 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
         bar
     });
     init_logging(bar.clone());
+    let restarted = args.resume_if_present;
     let cfg = args.into_config()?;
-    if let Some(code) = already_finished(&cfg)? {
-        return Ok(code);
+    if restarted {
+        if let Some(code) = already_finished(&cfg)? {
+            return Ok(code);
+        }
     }
     // Bound before anything starts, so a taken port is one error line.
     let monitor = match cfg.metrics_addr {
@@ -122,9 +125,10 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(summary.reason.exit_code()))
 }
 
-/// A run resumed (`--resume`, `--resume-if-present`) that already ended for good is not
-/// trained again: solved, or out of the steps this invocation allows. Says so; exit 0,
-/// so that a restart policy does not start it over and over.
+/// A run restarted with `--resume-if-present` (a container's, a Job's pod) that already
+/// ended for good is not trained again: solved, or out of the steps this invocation
+/// allows. Says so; exit 0, so that a restart policy does not start it over and over.
+/// (An explicit `--resume` continues as asked, e.g. towards a higher target.)
 fn already_finished(cfg: &millrace_learner::RunConfig) -> anyhow::Result<Option<ExitCode>> {
     let Some(path) = &cfg.resume else {
         return Ok(None);
