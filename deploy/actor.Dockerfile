@@ -10,10 +10,11 @@ ARG BASE=debian:bookworm-slim
 
 FROM ${BASE}
 COPY bin/ /opt/millrace/bin/
-RUN ! ldd /opt/millrace/bin/actor | grep 'not found' && /opt/millrace/bin/actor --version
+RUN ! ldd /opt/millrace/bin/actor | grep 'not found' && /opt/millrace/bin/actor --version \
+    && /opt/millrace/bin/millrace-health --version
 ENV PATH=/opt/millrace/bin:$PATH
 EXPOSE 9101
 HEALTHCHECK --interval=5s --timeout=4s --start-period=30s --retries=3 \
-    CMD ["actor", "health", "--metrics-addr", "127.0.0.1:9101"]
+    CMD ["millrace-health", "--metrics-addr", "127.0.0.1:9101"]
 ENTRYPOINT ["actor"]
 

@@ -6,6 +6,7 @@
 #
 #   deploy/base-image.sh [IMAGE]        # default: millrace/base:bookworm
 #
+# Needs root (debootstrap, and apt-get when debootstrap is missing) and a Docker daemon.
 # MILLRACE_DEBIAN_MIRROR picks the mirror (default: this host's apt mirror, else
 # http://deb.debian.org/debian). Users with a registry need none of this: the
 # Dockerfiles default to BASE=debian:bookworm-slim.
@@ -35,12 +36,13 @@ dir="$(mktemp -d "${TMPDIR:-/tmp}/millrace-base.XXXXXX")"
 trap 'rm -rf "$dir"' EXIT
 echo "base-image: bootstrapping Debian bookworm (minbase) from $mirror (about a minute)" >&2
 start=$SECONDS
-debootstrap --variant=minbase bookworm "$dir" "$mirror" >"$dir.log" 2>&1 || {
-    tail -n 20 "$dir.log" >&2
+log="$dir.log"
+trap 'rm -rf "$dir" "$log"' EXIT
+debootstrap --variant=minbase bookworm "$dir" "$mirror" >"$log" 2>&1 || {
+    tail -n 20 "$log" >&2
     echo "base-image: debootstrap failed (log above)" >&2
     exit 1
 }
-rm -f "$dir.log"
 # What an image needs no more of: apt's downloaded packages and lists, docs.
 rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/* \
     "$dir"/usr/share/doc/* "$dir"/usr/share/man/* "$dir"/usr/share/locale/*

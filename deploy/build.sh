@@ -10,6 +10,9 @@
 #   --gym    also millrace/learner:gym, millrace/actor:gym: the Gymnasium bridge, with
 #            Python and the environment packages (Gymnasium, ale-py, MinAtar) installed
 #            by pip in a build stage (millrace/python:bookworm)
+#   both     also millrace/learner:gym-cuda (the bridge on a GPU)
+#
+# Every image also carries millrace-health, its health probe (no libtorch, no Python).
 #
 # Steps: the base image (deploy/base-image.sh makes millrace/base:bookworm when it is
 # missing and no --base is given); release binaries (cargo, features per image); each
@@ -29,8 +32,9 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --cuda) cuda=1 ;;
         --gym) gym=1 ;;
-        --base) base="$2"; shift ;;
-        -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        --base) [[ $# -ge 2 ]] || { echo "build: --base needs an image" >&2; exit 2; }
+                base="$2"; shift ;;
+        -h|--help) sed -n '2,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "build: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -60,12 +64,14 @@ exe = [m["executable"] for m in map(json.loads, sys.stdin)
 print(exe[-1])'
 }
 
-# context NAME BINARY LIBS...: a fresh context dir with bin/BINARY (stripped) and lib/.
+# context NAME BINARY LIBS...: a fresh context dir with bin/BINARY and bin/millrace-health
+# (stripped) and lib/.
 context() {
     local dir="$stage/$1" exe="$2"
     shift 2
     rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
     strip -o "$dir/bin/$(basename "$exe")" "$exe"
+    strip -o "$dir/bin/millrace-health" "$probe"
     [[ $# -eq 0 ]] || cp -L "$@" "$dir/lib/"
     # Timestamps do not enter Docker's cache key, contents do: unchanged binaries reuse
     # the cached layers.
@@ -106,6 +112,7 @@ if [[ $gym -eq 1 ]]; then
     rm -rf "$py/certs"
 fi
 
+probe="$(cargo_bin millrace-telemetry millrace-health "")"
 exe="$(cargo_bin millrace-learner learner "")"
 mapfile -t libs < <(venv_libs "$exe")
 if printf '%s\n' "${libs[@]}" | grep -q libtorch_cuda; then
@@ -141,4 +148,13 @@ if [[ $gym -eq 1 ]]; then
     exe="$(cargo_bin millrace-actor actor gym)"
     ctx="$(context actor-gym "$exe")"
     docker_build millrace/actor:gym "$here/actor.Dockerfile" "$ctx" millrace/python:bookworm
+fi
+
+if [[ $gym -eq 1 && $cuda -eq 1 ]]; then
+    exe="$(cargo_bin millrace-learner learner gym,cuda)"
+    mapfile -t libs < <(find "$site/torch/lib" "$site"/nvidia/*/lib -maxdepth 1 -name '*.so*' \
+        ! -name 'libtorch_python.so' | sort)
+    ctx="$(context learner-gym-cuda "$exe" "${libs[@]}")"
+    cp "$site/torch/version.py" "$ctx/"
+    docker_build millrace/learner:gym-cuda "$here/learner.Dockerfile" "$ctx" millrace/python:bookworm
 fi

@@ -17,7 +17,8 @@ COPY lib/ /opt/millrace/lib/
 COPY version.py /opt/millrace/
 COPY bin/ /opt/millrace/bin/
 # Fails the build, not the first start, when a library is missing.
-RUN ! ldd /opt/millrace/bin/learner | grep 'not found' && /opt/millrace/bin/learner --version
+RUN ! ldd /opt/millrace/bin/learner | grep 'not found' && /opt/millrace/bin/learner --version \
+    && /opt/millrace/bin/millrace-health --version
 ENV PATH=/opt/millrace/bin:$PATH
 # Remote actors; Prometheus metrics and health.
 EXPOSE 7787 9100
@@ -25,6 +26,6 @@ EXPOSE 7787 9100
 VOLUME /runs
 WORKDIR /runs
 HEALTHCHECK --interval=5s --timeout=4s --start-period=60s --retries=3 \
-    CMD ["learner", "health", "--metrics-addr", "127.0.0.1:9100"]
+    CMD ["millrace-health", "--metrics-addr", "127.0.0.1:9100"]
 ENTRYPOINT ["learner"]
 

@@ -15,6 +15,8 @@ actors="${1:-2}"
 # shellcheck disable=SC2086
 "$here/build.sh" ${MILLRACE_BUILD_FLAGS:-}
 token="${MILLRACE_TOKEN_FILE:-$here/token}"
+# compose reads a relative path from deploy/; make it this shell's.
+[[ "$token" == /* ]] || token="$PWD/$token"
 if [[ ! -s "$token" ]]; then
     (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$token")
     echo "up: wrote a new token to $token" >&2

@@ -6,7 +6,7 @@ Every manifest the kustomization lists is checked with kubernetes-validate (the
 OpenAPI schemas of a Kubernetes release, strict: unknown fields are errors), and every
 file in the folder must be listed. Prints {"version": ..., "objects": [...]} as JSON
 for the test that checks the manifests against the binaries
-(tests/tests/k8s_manifests.rs). Exits 1 with every problem found.
+(tests/tests/deploy_manifests.rs). Exits 1 with every problem found.
 """
 
 import argparse

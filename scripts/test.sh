@@ -19,6 +19,11 @@ no_gym=(env CARGO_TARGET_DIR="$CARGO_TARGET_DIR/no-gym")
 # The local cluster (deploy/): where Docker runs, the images are built (deploy/build.sh;
 # Docker's cache makes this seconds after the first time) and the cluster is brought up
 # and put through its paces; elsewhere the test is reported as skipped, not passed.
+if command -v docker-compose >/dev/null 2>&1; then
+    cargo test -p millrace-tests --test deploy_manifests --locked -- --ignored
+else
+    echo "SKIPPED (not passed): the compose file against the binaries (tests/tests/deploy_manifests.rs): no docker-compose here" >&2
+fi
 if docker info >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; then
     deploy/build.sh
     cargo test -p millrace-tests --test compose_cluster --locked -- --ignored --nocapture

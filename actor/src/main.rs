@@ -5,6 +5,8 @@
 //! another protocol version, an environment this actor cannot run).
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -40,13 +42,26 @@ async fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
     let _ = stop.send(true);
 }
 
-/// Serves this actor's page and readiness (connected to a learner), refreshed every
-/// second by a thread of its own; the server stops when the handle is dropped.
-fn serve_metrics(
-    addr: std::net::SocketAddr,
-    cfg: &RemoteConfig,
-) -> anyhow::Result<millrace_telemetry::ServerHandle> {
-    use std::sync::Arc;
+/// This actor's `--metrics-addr` endpoint and the thread that refreshes its page and
+/// readiness (connected to a learner) every [`REFRESH`]; dropping it stops both.
+struct Monitor {
+    stop: Arc<AtomicBool>,
+    refresher: Option<std::thread::JoinHandle<()>>,
+    _server: millrace_telemetry::ServerHandle,
+}
+
+const REFRESH: Duration = Duration::from_millis(500);
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.refresher.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve_metrics(addr: std::net::SocketAddr, cfg: &RemoteConfig) -> anyhow::Result<Monitor> {
     let endpoint = millrace_telemetry::Endpoint::new("not connected to a learner yet");
     let server = millrace_telemetry::serve(addr, Arc::clone(&endpoint))
         .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
@@ -55,22 +70,27 @@ fn serve_metrics(
         server.addr()
     );
     let (status, name, envs) = (Arc::clone(&cfg.status), cfg.name.clone(), cfg.envs);
-    std::thread::Builder::new()
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    let refresher = std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
-            // Lives as long as the process (the page is cheap to render).
-            loop {
+            while !stopping.load(Ordering::Relaxed) {
                 endpoint.publish(status.page(&name, envs));
                 if status.is_connected() {
                     endpoint.set_ready();
                 } else {
                     endpoint.set_not_ready("not connected to a learner");
                 }
-                std::thread::sleep(Duration::from_millis(500));
+                std::thread::sleep(REFRESH);
             }
         })
         .context("starting the metrics thread")?;
-    Ok(server)
+    Ok(Monitor {
+        stop,
+        refresher: Some(refresher),
+        _server: server,
+    })
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
@@ -86,7 +106,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(Command::Health(h)) = &args.command {
-        println!("{}", h.check()?.trim());
+        let answer = h
+            .check()
+            .with_context(|| format!("{}{}", h.metrics_addr, h.path()))?;
+        println!("{}", answer.trim());
         return Ok(());
     }
     if args.n == 0 || args.n > MAX_ENVS_PER_ACTOR as usize {

@@ -381,6 +381,34 @@ fn refuse_to_overwrite_population(logdir: &Path, resume: bool) -> anyhow::Result
     }
 }
 
+/// `--resume-if-present` found a checkpoint directory with no state to continue: it is
+/// this run's own, left by a start that stopped before its first checkpoint, only if it
+/// holds no population and its saved configuration (if any) is of the same
+/// environment; anything else is another run's, and is not overwritten.
+fn same_run_started_again(root: &Path, env: &str) -> anyhow::Result<()> {
+    let logdir = root.parent().unwrap_or(root);
+    if std::fs::read_dir(logdir.join("agents")).is_ok_and(|mut d| d.next().is_some()) {
+        bail!(
+            "--resume-if-present: {} holds a population, not this run; choose another --logdir",
+            logdir.display()
+        );
+    }
+    let config = root.join("config.json");
+    let Ok(text) = std::fs::read_to_string(&config) else {
+        return Ok(());
+    };
+    let saved: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("--resume-if-present: {}", config.display()))?;
+    match saved["env"]["id"].as_str() {
+        Some(id) if id == env => Ok(()),
+        other => bail!(
+            "--resume-if-present: {} holds a run of {}, not {env}; choose another --logdir",
+            logdir.display(),
+            other.unwrap_or("an unknown environment")
+        ),
+    }
+}
+
 /// A run writes its checkpoint into `<logdir>/checkpoint`: refuse a directory that
 /// already holds anything of another run's (its configuration or a saved policy count,
 /// with or without a `latest/` state), unless this run continues it (`--resume` of that
@@ -640,6 +668,7 @@ impl TrainArgs {
                 );
                 args.resume = Some(root);
             } else if root.exists() {
+                same_run_started_again(&root, &args.env)?;
                 tracing::warn!(
                     "--resume-if-present: {} holds no saved state (the run stopped before its first checkpoint): starting the run again",
                     root.display()

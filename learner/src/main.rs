@@ -137,6 +137,10 @@ fn already_finished(cfg: &millrace_learner::RunConfig) -> anyhow::Result<Option<
         return Ok(None);
     }
     let meta = checkpoint::load_state_meta(path)?;
+    if meta.env.id != cfg.env.id {
+        // Not this run's state: resuming refuses it, saying so (checkpoint::check_fits).
+        return Ok(None);
+    }
     let done = match meta.run_finished.as_deref() {
         Some("solved") => true,
         Some(_) => meta.env_steps >= cfg.max_steps,
@@ -162,7 +166,9 @@ fn already_finished(cfg: &millrace_learner::RunConfig) -> anyhow::Result<Option<
 }
 
 fn health(args: &millrace_telemetry::HealthArgs) -> anyhow::Result<ExitCode> {
-    let answer = args.check()?;
+    let answer = args
+        .check()
+        .with_context(|| format!("{}{}", args.metrics_addr, args.path()))?;
     println!("{}", answer.trim());
     Ok(ExitCode::SUCCESS)
 }

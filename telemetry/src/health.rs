@@ -1,5 +1,7 @@
-//! The health-check client: what `learner health` and `actor health` run inside their
-//! containers (docker-compose `healthcheck`, Kubernetes probes), so images need no curl.
+//! The health-check client: what `millrace-health` (the images' probe: no libtorch, so a
+//! probe costs milliseconds, not libtorch's start-up), `learner health` and `actor
+//! health` run inside their containers (docker-compose `healthcheck`, Kubernetes probes),
+//! so images need no curl.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -19,6 +21,8 @@ pub enum HealthError {
     Status(u16, String),
     #[error("not an HTTP answer: {0:?}")]
     Malformed(String),
+    #[error("--timeout-s must be more than 0 and at most 3600 seconds, got {0}")]
+    BadTimeout(f64),
 }
 
 /// `GET path` from `addr` (`HOST:PORT`) within `timeout`; the body when the answer is
@@ -29,17 +33,27 @@ pub fn check(addr: &str, path: &str, timeout: Duration) -> Result<String, Health
         source,
     };
     let deadline = Instant::now() + timeout;
-    let sock = addr
-        .to_socket_addrs()
-        .map_err(unreachable)?
-        .next()
-        .ok_or_else(|| {
-            unreachable(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "the name resolves to no address",
-            ))
-        })?;
-    let mut conn = TcpStream::connect_timeout(&sock, timeout).map_err(unreachable)?;
+    // Every address the name resolves to, in turn (`localhost` may be ::1 first while
+    // the endpoint listens on 0.0.0.0).
+    let mut last = std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        "the name resolves to no address",
+    );
+    let mut conn = None;
+    for sock in addr.to_socket_addrs().map_err(unreachable)? {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match TcpStream::connect_timeout(&sock, left) {
+            Ok(c) => {
+                conn = Some(c);
+                break;
+            }
+            Err(e) => last = e,
+        }
+    }
+    let mut conn = conn.ok_or_else(|| unreachable(last))?;
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
@@ -71,13 +85,22 @@ pub fn check(addr: &str, path: &str, timeout: Duration) -> Result<String, Health
     }
 }
 
-/// `learner health` and `actor health`: which endpoint to ask, and what. Exit status 0
-/// when the answer is 200, 1 otherwise (what docker-compose `healthcheck` and
-/// Kubernetes `exec` probes read).
+/// `millrace-health`'s command line (the images' probe; `src/bin/millrace-health.rs`).
+#[derive(clap::Parser, Debug)]
+#[command(name = "millrace-health", version, about = "Ask a millrace learner or actor whether it is healthy (exit status 0) or not (1).", long_about = None)]
+pub struct Probe {
+    #[command(flatten)]
+    pub health: HealthArgs,
+}
+
+/// `millrace-health`, `learner health` and `actor health`: which endpoint to ask, and
+/// what. Exit status 0 when the answer is 200, 1 otherwise (what docker-compose
+/// `healthcheck` and Kubernetes `exec` probes read).
 #[derive(clap::Args, Debug, Clone)]
 pub struct HealthArgs {
-    /// The process's --metrics-addr (HOST:PORT).
-    #[arg(long, default_value = "127.0.0.1:9100")]
+    /// The process's --metrics-addr (HOST:PORT; the images' learner serves 9100, actors
+    /// 9101).
+    #[arg(long)]
     pub metrics_addr: String,
     /// Only whether the process answers at all (/livez: a liveness probe), not whether
     /// it is ready (/healthz).
@@ -89,17 +112,24 @@ pub struct HealthArgs {
 }
 
 impl HealthArgs {
-    /// Asks; the answer's body when healthy.
-    pub fn check(&self) -> anyhow::Result<String> {
-        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= 3600.0) {
-            anyhow::bail!("--timeout-s must be between 0 and 3600 seconds");
+    /// The path asked: `/livez` or `/healthz`.
+    pub fn path(&self) -> &'static str {
+        if self.live {
+            "/livez"
+        } else {
+            "/healthz"
         }
-        let path = if self.live { "/livez" } else { "/healthz" };
+    }
+
+    /// Asks; the answer's body when healthy.
+    pub fn check(&self) -> Result<String, HealthError> {
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= 3600.0) {
+            return Err(HealthError::BadTimeout(self.timeout_s));
+        }
         check(
             &self.metrics_addr,
-            path,
+            self.path(),
             Duration::from_secs_f64(self.timeout_s),
         )
-        .map_err(|e| anyhow::anyhow!("{}{path}: {e}", self.metrics_addr))
     }
 }

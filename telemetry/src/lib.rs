@@ -9,13 +9,14 @@
 //!   deliberately tiny HTTP/1.1 responder, not a web framework: one request per
 //!   connection, bounded request size, read timeouts, so nothing a client sends can
 //!   stall or grow it.
-//! - [`check`] is the client the binaries' `health` subcommands use, so images need no
-//!   curl.
+//! - [`check`] is the client the binaries' `health` subcommands and `millrace-health`
+//!   (the images' probe, which links neither libtorch nor Python) use, so images need
+//!   no curl.
 
 mod exposition;
 mod health;
 mod server;
 
 pub use exposition::{Exposition, Kind};
-pub use health::{check, HealthArgs, HealthError};
+pub use health::{check, HealthArgs, HealthError, Probe};
 pub use server::{serve, Endpoint, ServerHandle};

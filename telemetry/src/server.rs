@@ -4,14 +4,15 @@
 //! and a health probe, not traffic; it must not share (or need) the async runtime that
 //! carries the actors' data. Each connection gets its own short-lived thread, at most
 //! [`MAX_CONNECTIONS`] at once (more are answered 503 at once), one request each, read
-//! with a deadline and a size limit.
+//! within a deadline from its acceptance ([`IO_TIMEOUT`]) and a size limit, so a slot is
+//! never held longer than that by a slow client.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Requests larger than this (request line and headers) are refused.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -132,12 +133,13 @@ fn accept_loop(listener: TcpListener, endpoint: Arc<Endpoint>, stop: Arc<AtomicB
             let _ = respond(&mut conn, 503, "text/plain", b"busy\n", false);
             continue;
         }
+        let accepted = Instant::now();
         let endpoint = Arc::clone(&endpoint);
         let active_here = Arc::clone(&active);
         let spawned = std::thread::Builder::new()
             .name("metrics-conn".into())
             .spawn(move || {
-                handle(conn, &endpoint);
+                handle(conn, &endpoint, accepted);
                 active_here.fetch_sub(1, Ordering::AcqRel);
             });
         if spawned.is_err() {
@@ -146,11 +148,19 @@ fn accept_loop(listener: TcpListener, endpoint: Arc<Endpoint>, stop: Arc<AtomicB
     }
 }
 
-/// Reads the request head (up to the blank line), bounded in size and time.
-fn read_head(conn: &mut TcpStream) -> Result<Vec<u8>, u16> {
+/// Reads the request head (up to the blank line), bounded in size and in time: the whole
+/// head must arrive within [`IO_TIMEOUT`] of the connection's acceptance, however the
+/// client spreads its bytes (a per-read timeout alone would let a client that sends a
+/// byte a second hold its connection for hours).
+fn read_head(conn: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, u16> {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(408);
+        }
+        conn.set_read_timeout(Some(left)).map_err(|_| 400u16)?;
         let n = conn.read(&mut buf).map_err(|_| 408u16)?;
         if n == 0 {
             return Err(400);
@@ -165,8 +175,8 @@ fn read_head(conn: &mut TcpStream) -> Result<Vec<u8>, u16> {
     }
 }
 
-fn handle(mut conn: TcpStream, endpoint: &Endpoint) {
-    let head = match read_head(&mut conn) {
+fn handle(mut conn: TcpStream, endpoint: &Endpoint, accepted: Instant) {
+    let head = match read_head(&mut conn, accepted + IO_TIMEOUT) {
         Ok(head) => head,
         Err(code) => {
             let _ = respond(&mut conn, code, "text/plain", b"bad request\n", false);
@@ -286,10 +296,35 @@ mod tests {
         assert!(get(addr, b"GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         let huge = vec![b'a'; MAX_REQUEST + 1];
         assert!(get(addr, &huge).starts_with("HTTP/1.1 431"));
-        // A client that connects and says nothing is timed out, not waited on forever;
-        // meanwhile others are served.
+        // Meanwhile a silent client does not keep others waiting.
         let _silent = TcpStream::connect(addr).unwrap();
         assert!(get(addr, b"GET /livez HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 200"));
+    }
+
+    #[test]
+    fn a_client_that_trickles_its_request_is_cut_off_at_the_deadline() {
+        let server = serve("127.0.0.1:0", Endpoint::new("x")).unwrap();
+        let mut c = TcpStream::connect(server.addr()).unwrap();
+        let start = Instant::now();
+        // One byte every 200 ms: each read returns well within any per-read timeout.
+        let mut answer = String::new();
+        c.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        for b in b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+            // Stop once the server has answered (writing on would reset the connection
+            // before its answer is read).
+            if c.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0) || c.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = c.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+        let took = start.elapsed();
+        assert!(
+            took < IO_TIMEOUT + Duration::from_millis(1500),
+            "cut off after {took:?}"
+        );
     }
 
     #[test]
