@@ -103,9 +103,14 @@ enum End {
     RunFinished(String),
     /// The learner refused us for a reason that retrying cannot fix.
     Refused(Refusal),
-    /// Connection lost or never made, a temporary refusal, or the learner stopping for
-    /// a restart: worth retrying.
+    /// Connection lost or never made, or a temporary refusal: worth retrying, backing
+    /// off further each time.
     Lost(String),
+    /// The learner said goodbye for now (stopping for a restart, or a population's agent
+    /// that ended sending its actors on to another): reconnect soon, from the shortest
+    /// backoff (the learner may have only moments left to take us, e.g. when the
+    /// population's last agent is about to end).
+    SentAway(String),
     /// The actor loop failed: not worth retrying.
     Failed(String),
     /// The welcome asks for what this actor cannot do: not worth retrying.
@@ -126,7 +131,7 @@ impl End {
         match g.reason {
             GoodbyeReason::RunFinished => End::RunFinished(g.message),
             GoodbyeReason::LearnerStopping | GoodbyeReason::ActorStopping => {
-                End::Lost(format!("the learner is stopping: {}", g.message))
+                End::SentAway(format!("the learner said goodbye for now: {}", g.message))
             }
         }
     }
@@ -182,14 +187,15 @@ pub async fn run(
         let started = Instant::now();
         let end = session(&cfg, &mut shutdown).await;
         cfg.status.disconnected();
+        let sent_away = matches!(end, End::SentAway(_));
         match end {
             End::Shutdown => return Ok(Finished::Stopped),
             End::RunFinished(message) => return Ok(Finished::RunFinished(message)),
             End::Refused(refusal) => return Err(RemoteError::Refused(refusal)),
             End::Failed(reason) => return Err(RemoteError::Actor(reason)),
             End::Incompatible(reason) => return Err(RemoteError::Incompatible(reason)),
-            End::Lost(reason) => {
-                if started.elapsed() > Duration::from_secs(10) {
+            End::Lost(reason) | End::SentAway(reason) => {
+                if sent_away || started.elapsed() > Duration::from_secs(10) {
                     backoff = cfg.backoff_initial;
                 }
                 let jitter = rand::rng().random_range(0.5..1.5);

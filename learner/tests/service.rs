@@ -446,3 +446,63 @@ fn the_end_of_a_run_is_a_typed_goodbye() {
         assert_eq!(g.message, "end of the test");
     }
 }
+
+/// Regression: a population's two agents ended 130 ms apart; the first one's actors,
+/// sent on to the other, reconnected after the run had finished and found nobody, and
+/// retried for ever. Now an actor that comes back within the server's last call (2 s
+/// after a connection last ended mid-run) is told the run is finished.
+#[test]
+fn an_actor_that_comes_back_just_after_the_run_finished_is_told_so() {
+    let mut f = fixture(None);
+    let addr = f.addr;
+    let mut c = WireClient::connect(addr);
+    let _ = c.join("");
+    wait_until("joined", LIMIT, || connected(&f) == 1);
+    // It leaves mid-run (as a population's agent sends its actors on) ...
+    drop(c);
+    wait_until("left", LIMIT, || connected(&f) == 0);
+    // ... and the run finishes while it is away.
+    let server = f.server.take().unwrap();
+    let stopping = std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        server
+            .shutdown(goodbye_for(true, "all agents ended"))
+            .unwrap();
+        start.elapsed()
+    });
+    // It comes back after an actor's shortest backoff (0.1–0.3 s).
+    std::thread::sleep(Duration::from_millis(300));
+    let mut back = WireClient::connect(addr);
+    match back.hello("") {
+        LearnerMsg::Goodbye(g) => {
+            assert_eq!(g.reason, GoodbyeReason::RunFinished);
+            assert_eq!(g.message, "all agents ended");
+        }
+        other => panic!("expected the run's goodbye, got {other:?}"),
+    }
+    let took = stopping.join().unwrap();
+    assert!(
+        took < Duration::from_secs(4),
+        "the last call ends: {took:?}"
+    );
+
+    // With nobody away when the run finishes, the server does not linger.
+    let mut f = fixture(None);
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("");
+    wait_until("joined", LIMIT, || connected(&f) == 1);
+    // The actor reads its goodbye and closes meanwhile, as actors do.
+    let reader = std::thread::spawn(move || c.goodbye().map(|g| g.reason));
+    let start = std::time::Instant::now();
+    f.server
+        .take()
+        .unwrap()
+        .shutdown(goodbye_for(true, "done"))
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(reader.join().unwrap(), Some(GoodbyeReason::RunFinished));
+}

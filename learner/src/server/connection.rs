@@ -32,6 +32,18 @@ pub(super) struct Connection {
     pub(super) peer: SocketAddr,
 }
 
+/// Marks, when a connection ends while the server is not stopping, that its actor may
+/// be reconnecting (the server's last call, [`super::LAST_CALL`]).
+struct MarkAway<'a>(&'a Connection);
+
+impl Drop for MarkAway<'_> {
+    fn drop(&mut self) {
+        if self.0.stop.borrow().is_none() {
+            self.0.shared.mark_away();
+        }
+    }
+}
+
 /// How a session ended.
 enum Outcome {
     /// The actor left, or the connection broke: nothing to send.
@@ -98,6 +110,7 @@ struct Session {
 
 impl Connection {
     pub(super) async fn run(self, stream: TcpStream) {
+        let _away = MarkAway(&self);
         let _ = stream.set_nodelay(true);
         let (rd, mut wr) = stream.into_split();
         let mut rd = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);

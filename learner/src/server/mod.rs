@@ -27,7 +27,7 @@ use millrace_actor::remote::SOCKET_BUFFER_BYTES;
 use millrace_actor::EpisodeStats;
 use millrace_proto::codec;
 use millrace_proto::io::{write_msg, MemoryBudget};
-use millrace_proto::wire::{Goodbye, LearnerMsg, Refusal, RefusalCode};
+use millrace_proto::wire::{Goodbye, GoodbyeReason, LearnerMsg, Refusal, RefusalCode};
 use millrace_proto::{EnvSpec, NetworkSpec, ParamsCell};
 use serde::Serialize;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -226,7 +226,29 @@ struct Shared {
     budget: Arc<MemoryBudget>,
     /// Sessions so far, for their stream ids (see [`remote_stream`]).
     sessions: AtomicU32,
+    /// When a connection last ended while the run went on (a population's agent that
+    /// ended sending its actors on, a temporary refusal, an actor that dropped): its
+    /// actor may be reconnecting. A std mutex: nothing awaits while holding it.
+    away: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+impl Shared {
+    /// Notes that an actor may be on its way back (see [`LAST_CALL`]).
+    fn mark_away(&self) {
+        *self.away.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    fn last_away(&self) -> Option<std::time::Instant> {
+        *self.away.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How long after a connection last ended mid-run the listener stays open once the run
+/// is finished, telling every actor that comes back that it is over (actors reconnect
+/// from a 0.2 s backoff, jittered to at most 0.3 s, after a goodbye). Without it, an
+/// actor sent on by a population's agent just before the last agent ended would retry
+/// an address nobody answers, for ever.
+const LAST_CALL: Duration = Duration::from_secs(2);
 
 /// The id a remote session's batches carry into replay (`actor_id`): replay keys frame
 /// streams by it, so it must differ from every other stream's while the session's
@@ -255,6 +277,7 @@ async fn serve(
         cfg: Arc::clone(&cfg),
         ctx,
         sessions: AtomicU32::new(0),
+        away: std::sync::Mutex::new(None),
     });
     // Bounds open connections, and with them the threads parked in replay inserts.
     let permits = Arc::new(Semaphore::new(cfg.max_connections));
@@ -299,23 +322,65 @@ async fn serve(
             _ = stop.changed() => break,
         }
     }
-    drop(listener);
+    let goodbye = stop.borrow().clone();
+    let last_call = last_call(listener, goodbye, &shared, refusals);
     // Every connection watches `stop` too: wait for their goodbyes (each gives up on a
     // stalled peer after a few seconds).
-    let wait = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(12), wait)
-        .await
-        .is_err()
-    {
-        tracing::warn!("some connections did not close in time");
+    let wait = async {
+        let all = async { while connections.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(12), all)
+            .await
+            .is_err()
+        {
+            tracing::warn!("some connections did not close in time");
+        }
+    };
+    tokio::join!(last_call, wait);
+}
+
+/// When the run is finished and some actor may be reconnecting (a connection ended
+/// mid-run within [`LAST_CALL`]), keeps accepting until then and tells each newcomer
+/// that the run is finished, so that it exits instead of retrying for ever.
+async fn last_call(
+    listener: TcpListener,
+    goodbye: Option<Goodbye>,
+    shared: &Shared,
+    refusals: Arc<Semaphore>,
+) {
+    let (Some(goodbye), Some(away)) = (goodbye, shared.last_away()) else {
+        return;
+    };
+    if !matches!(goodbye.reason, GoodbyeReason::RunFinished) {
+        return;
+    }
+    let until = tokio::time::Instant::from_std(away + LAST_CALL);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => return,
+            accepted = listener.accept() => {
+                let Ok((stream, peer)) = accepted else { continue };
+                tracing::info!("{peer}: an actor came back after the run finished: telling it so");
+                if let Ok(p) = Arc::clone(&refusals).try_acquire_owned() {
+                    let msg = LearnerMsg::Goodbye(goodbye.clone());
+                    tokio::spawn(async move {
+                        answer(stream, msg).await;
+                        drop(p);
+                    });
+                }
+            }
+        }
     }
 }
 
-/// Sends a refusal on a fresh connection and closes it without losing it to a reset
-/// (the actor's `Hello` is still unread), never waiting long.
+/// Sends a refusal on a fresh connection and closes it (see [`answer`]).
 async fn refuse(stream: TcpStream, refusal: Refusal) {
+    answer(stream, LearnerMsg::Refused(refusal)).await;
+}
+
+/// Sends `msg` on a fresh connection instead of a welcome and closes it without losing
+/// it to a reset (the actor's `Hello` is still unread), never waiting long.
+async fn answer(stream: TcpStream, msg: LearnerMsg) {
     let (rd, mut wr) = stream.into_split();
-    let msg = LearnerMsg::Refused(refusal);
     let sent = tokio::time::timeout(
         Duration::from_secs(1),
         write_msg(&mut wr, &msg, HANDSHAKE_MAX_FRAME),
