@@ -12,10 +12,12 @@ pub mod limiter;
 pub mod selector;
 pub mod shard;
 pub mod split;
+pub mod sum_tree;
 pub mod table;
 
 pub use key::ItemKey;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 pub use selector::{Selector, Uniform};
 pub use shard::{Cursor, OutOfMemory, SampleBuffers, Shard, TooLarge};
+pub use sum_tree::Prioritized;
 pub use table::{Closed, ReplayConfig, ReplayError, ReplayStats, Table};
