@@ -113,48 +113,47 @@ if [[ $gym -eq 1 ]]; then
 fi
 
 probe="$(cargo_bin millrace-telemetry millrace-health "")"
-exe="$(cargo_bin millrace-learner learner "")"
-mapfile -t libs < <(venv_libs "$exe")
-if printf '%s\n' "${libs[@]}" | grep -q libtorch_cuda; then
-    echo "build: the CPU learner links libtorch_cuda; build.rs should not force it" >&2
-    exit 1
-fi
-ctx="$(context learner-cpu "$exe" "${libs[@]}")"
-# Which PyTorch the libraries are, for `learner doctor` (it reads lib/../version.py).
-cp "$site/torch/version.py" "$ctx/"
-docker_build millrace/learner:cpu "$here/learner.Dockerfile" "$ctx" "$base"
+# learner_image TAG FEATURES FROM: the learner built with FEATURES, with the libraries
+# it loads from the virtualenv and PyTorch's version.py (which `learner doctor` reads
+# beside lib/), on FROM.
+learner_image() {
+    local tag="$1" features="$2" from="$3" exe ctx
+    local -a libs
+    exe="$(cargo_bin millrace-learner learner "$features")"
+    if [[ ",$features," == *,cuda,* ]]; then
+        # libtorch_cuda dlopens some of CUDA's libraries (cuDNN's parts, NVRTC's
+        # builtins): all of torch/lib and nvidia/*/lib, not only what ldd lists.
+        mapfile -t libs < <(find "$site/torch/lib" "$site"/nvidia/*/lib -maxdepth 1 \
+            -name '*.so*' ! -name 'libtorch_python.so' | sort)
+    else
+        mapfile -t libs < <(venv_libs "$exe")
+        if printf '%s\n' "${libs[@]}" | grep -q libtorch_cuda; then
+            echo "build: $tag links libtorch_cuda without the cuda feature; see learner/build.rs" >&2
+            exit 1
+        fi
+    fi
+    ctx="$(context "learner-${tag#*:}" "$exe" "${libs[@]}")"
+    cp "$site/torch/version.py" "$ctx/"
+    docker_build "$tag" "$here/learner.Dockerfile" "$ctx" "$from"
+}
 
-exe="$(cargo_bin millrace-actor actor "")"
-ctx="$(context actor-native "$exe")"
-docker_build millrace/actor:native "$here/actor.Dockerfile" "$ctx" "$base"
+# actor_image TAG FEATURES FROM: the actor built with FEATURES, on FROM.
+actor_image() {
+    local tag="$1" features="$2" from="$3" exe ctx
+    exe="$(cargo_bin millrace-actor actor "$features")"
+    ctx="$(context "actor-${tag#*:}" "$exe")"
+    docker_build "$tag" "$here/actor.Dockerfile" "$ctx" "$from"
+}
 
+learner_image millrace/learner:cpu "" "$base"
+actor_image millrace/actor:native "" "$base"
 if [[ $cuda -eq 1 ]]; then
-    exe="$(cargo_bin millrace-learner learner cuda)"
-    # libtorch_cuda dlopens some of CUDA's libraries (cuDNN's parts, NVRTC's builtins):
-    # all of torch/lib and nvidia/*/lib, not only what ldd lists.
-    mapfile -t libs < <(find "$site/torch/lib" "$site"/nvidia/*/lib -maxdepth 1 -name '*.so*' \
-        ! -name 'libtorch_python.so' | sort)
-    ctx="$(context learner-cuda "$exe" "${libs[@]}")"
-    cp "$site/torch/version.py" "$ctx/"
-    docker_build millrace/learner:cuda "$here/learner.Dockerfile" "$ctx" "$base"
+    learner_image millrace/learner:cuda cuda "$base"
 fi
-
 if [[ $gym -eq 1 ]]; then
-    exe="$(cargo_bin millrace-learner learner gym)"
-    mapfile -t libs < <(venv_libs "$exe")
-    ctx="$(context learner-gym "$exe" "${libs[@]}")"
-    cp "$site/torch/version.py" "$ctx/"
-    docker_build millrace/learner:gym "$here/learner.Dockerfile" "$ctx" millrace/python:bookworm
-    exe="$(cargo_bin millrace-actor actor gym)"
-    ctx="$(context actor-gym "$exe")"
-    docker_build millrace/actor:gym "$here/actor.Dockerfile" "$ctx" millrace/python:bookworm
+    learner_image millrace/learner:gym gym millrace/python:bookworm
+    actor_image millrace/actor:gym gym millrace/python:bookworm
 fi
-
 if [[ $gym -eq 1 && $cuda -eq 1 ]]; then
-    exe="$(cargo_bin millrace-learner learner gym,cuda)"
-    mapfile -t libs < <(find "$site/torch/lib" "$site"/nvidia/*/lib -maxdepth 1 -name '*.so*' \
-        ! -name 'libtorch_python.so' | sort)
-    ctx="$(context learner-gym-cuda "$exe" "${libs[@]}")"
-    cp "$site/torch/version.py" "$ctx/"
-    docker_build millrace/learner:gym-cuda "$here/learner.Dockerfile" "$ctx" millrace/python:bookworm
+    learner_image millrace/learner:gym-cuda gym,cuda millrace/python:bookworm
 fi

@@ -62,13 +62,8 @@ impl Drop for Monitor {
 }
 
 fn serve_metrics(addr: std::net::SocketAddr, cfg: &RemoteConfig) -> anyhow::Result<Monitor> {
-    let endpoint = millrace_telemetry::Endpoint::new("not connected to a learner yet");
-    let server = millrace_telemetry::serve(addr, Arc::clone(&endpoint))
+    let (endpoint, server) = millrace_telemetry::start(addr, "not connected to a learner yet")
         .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
-    tracing::info!(
-        "metrics on http://{}/metrics, health on /healthz",
-        server.addr()
-    );
     let (status, name, envs) = (Arc::clone(&cfg.status), cfg.name.clone(), cfg.envs);
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = Arc::clone(&stop);

@@ -66,16 +66,10 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
     }
     // Bound before anything starts, so a taken port is one error line.
     let monitor = match cfg.metrics_addr {
-        Some(addr) => {
-            let endpoint = millrace_telemetry::Endpoint::new("the learner is starting");
-            let server = millrace_telemetry::serve(addr, Arc::clone(&endpoint))
-                .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
-            tracing::info!(
-                "metrics on http://{}/metrics, health on /healthz",
-                server.addr()
-            );
-            Some((endpoint, server))
-        }
+        Some(addr) => Some(
+            millrace_telemetry::start(addr, "the learner is starting")
+                .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?,
+        ),
         None => None,
     };
     let interrupt = Arc::new(AtomicBool::new(false));

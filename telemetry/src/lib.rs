@@ -19,4 +19,4 @@ mod server;
 
 pub use exposition::{Exposition, Kind};
 pub use health::{check, HealthArgs, HealthError, Probe};
-pub use server::{serve, Endpoint, ServerHandle};
+pub use server::{serve, start, Endpoint, ServerHandle};

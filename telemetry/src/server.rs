@@ -92,6 +92,19 @@ impl Drop for ServerHandle {
     }
 }
 
+/// What both binaries' `--metrics-addr` does: binds `addr`, serves a new endpoint that
+/// is not ready yet (for `reason`) and logs where, in the one line tests and users look
+/// for (`metrics on http://ADDR/metrics, health on /healthz`).
+pub fn start(addr: SocketAddr, reason: &str) -> std::io::Result<(Arc<Endpoint>, ServerHandle)> {
+    let endpoint = Endpoint::new(reason);
+    let server = serve(addr, Arc::clone(&endpoint))?;
+    tracing::info!(
+        "metrics on http://{}/metrics, health on /healthz",
+        server.addr()
+    );
+    Ok((endpoint, server))
+}
+
 /// Binds `addr` and serves `endpoint` until the handle is dropped.
 pub fn serve(addr: impl ToSocketAddrs, endpoint: Arc<Endpoint>) -> std::io::Result<ServerHandle> {
     let listener = TcpListener::bind(addr)?;

@@ -9,9 +9,10 @@
 //! the run's target is out of reach, so that it cannot end before all that is done,
 //! however fast the machine; then the learner is stopped and started with CartPole's
 //! own target (475; docker-compose recreates its container on the same volume), resumes
-//! once more and solves; the finished learner and actor stay stopped (exit 0); the
-//! saved policy replayed in Gymnasium reaches the target; everything is torn down with
-//! its volumes.
+//! once more and solves; the finished learner and actor stay stopped (exit 0); out of
+//! the volume, the run's TensorBoard events are read by TensorBoard and the saved
+//! policy replayed in Gymnasium reaches the target; everything is torn down with its
+//! volumes.
 //!
 //! Needs Docker, docker-compose and the images: `deploy/build.sh`, then
 //! `cargo test -p millrace-tests --test compose_cluster -- --ignored`.
@@ -376,13 +377,25 @@ fn the_compose_cluster_trains_scales_survives_crashes_and_resumes() {
         started.elapsed().as_secs_f64()
     );
 
-    // The saved policy, out of the volume, replayed in Gymnasium itself.
-    let out = c.dir.path().join("checkpoint");
+    // The run out of the volume (as the README says to copy it): its TensorBoard events
+    // read by TensorBoard's own reader, across all four learners that wrote them ...
+    let run_dir = c.dir.path().join("run");
     docker(&[
         "cp",
-        &format!("{learner}:/runs/cartpole/checkpoint"),
-        out.to_str().unwrap(),
+        &format!("{learner}:/runs/cartpole"),
+        run_dir.to_str().unwrap(),
     ]);
+    let scalars = ok(Command::new(venv_python())
+        .arg(repo().join("bench/check_tensorboard.py"))
+        .arg(&run_dir));
+    for tag in ["eval/mean_return", "actors/connected", "perf/updates_per_s"] {
+        assert!(
+            scalars.lines().any(|l| l.starts_with(tag)),
+            "TensorBoard reads no {tag}:\n{scalars}"
+        );
+    }
+    // ... and the saved policy replayed in Gymnasium itself.
+    let out = run_dir.join("checkpoint");
     let solved = read_json(&out.join("solved/meta.json"));
     let policy = c.dir.path().join("policy.safetensors");
     ok(Command::new(binary("learner"))

@@ -20,14 +20,20 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The images `deploy/build.sh` makes (its `docker_build TAG ...` lines).
+/// The images `deploy/build.sh` makes (its `learner_image TAG`, `actor_image TAG` and
+/// `docker_build TAG` lines).
 fn built_images() -> BTreeSet<String> {
     let script = std::fs::read_to_string(repo().join("deploy/build.sh")).unwrap();
     let images: BTreeSet<String> = script
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("docker_build "))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .map(str::to_string)
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let verb = words.next()?;
+            let tag = words.next()?;
+            (["learner_image", "actor_image", "docker_build"].contains(&verb)
+                && tag.starts_with("millrace/"))
+            .then(|| tag.to_string())
+        })
         .collect();
     assert!(images.contains("millrace/learner:cpu"), "{images:?}");
     images
