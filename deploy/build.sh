@@ -15,11 +15,12 @@
 # Every image also carries millrace-health, its health probe (no libtorch, no Python).
 #
 # Steps: the base image (deploy/base-image.sh makes millrace/base:bookworm when it is
-# missing and no --base is given); release binaries (cargo, features per image); each
-# image's context staged under $CARGO_TARGET_DIR/deploy/ (binary, stripped, in bin/; the
-# libraries it loads from the project virtualenv in lib/, found through its
+# missing and no --base is given); each image's files staged under
+# $CARGO_TARGET_DIR/deploy/ by deploy/stage.sh (release binaries, stripped, in bin/; the
+# libraries they load from the project virtualenv in lib/, found through their
 # $ORIGIN/../lib rpath); `docker build` with the classic builder. Images whose context
-# did not change are rebuilt from Docker's cache in seconds.
+# did not change are rebuilt from Docker's cache in seconds. To build inside Docker
+# instead (no Rust or Python on the host), see deploy/source.Dockerfile.
 #
 # Where this host trusts extra CA certificates (/usr/local/share/ca-certificates, e.g.
 # a TLS-intercepting proxy), the pip stage trusts them too: they are copied into its
@@ -49,39 +50,9 @@ if [[ -z "$base" ]]; then
     "$here/base-image.sh" "$base"
 fi
 stage="$CARGO_TARGET_DIR/deploy"
-site="$("$MILLRACE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+# shellcheck source=deploy/stage.sh
+source "$here/stage.sh"
 export DOCKER_BUILDKIT=0  # the classic builder: no buildx plugin needed
-
-# cargo_bin PACKAGE BIN FEATURES: builds a release binary, prints its path.
-cargo_bin() {
-    local pkg="$1" bin="$2" features="$3"
-    cargo build --release --locked -p "$pkg" --bin "$bin" --no-default-features \
-        ${features:+--features "$features"} --message-format=json-render-diagnostics |
-        python3 -c '
-import json, sys
-exe = [m["executable"] for m in map(json.loads, sys.stdin)
-       if m.get("reason") == "compiler-artifact" and m.get("executable")]
-print(exe[-1])'
-}
-
-# context NAME BINARY LIBS...: a fresh context dir with bin/BINARY and bin/millrace-health
-# (stripped) and lib/.
-context() {
-    local dir="$stage/$1" exe="$2"
-    shift 2
-    rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
-    strip -o "$dir/bin/$(basename "$exe")" "$exe"
-    strip -o "$dir/bin/millrace-health" "$probe"
-    [[ $# -eq 0 ]] || cp -L "$@" "$dir/lib/"
-    # Timestamps do not enter Docker's cache key, contents do: unchanged binaries reuse
-    # the cached layers.
-    echo "$dir"
-}
-
-# The libraries `exe` loads from the virtualenv (ldd follows every dependency).
-venv_libs() {
-    ldd "$1" | awk '{print $3}' | grep -F "$site/" | sort -u
-}
 
 # docker_build TAG DOCKERFILE CONTEXT BASE [TARGET]
 docker_build() {
@@ -112,37 +83,19 @@ if [[ $gym -eq 1 ]]; then
     rm -rf "$py/certs"
 fi
 
-probe="$(cargo_bin millrace-telemetry millrace-health "")"
-# learner_image TAG FEATURES FROM: the learner built with FEATURES, with the libraries
-# it loads from the virtualenv and PyTorch's version.py (which `learner doctor` reads
-# beside lib/), on FROM.
+# learner_image TAG FEATURES FROM: the learner built with FEATURES (deploy/stage.sh), on
+# FROM.
 learner_image() {
-    local tag="$1" features="$2" from="$3" exe ctx
-    local -a libs
-    exe="$(cargo_bin millrace-learner learner "$features")"
-    if [[ ",$features," == *,cuda,* ]]; then
-        # libtorch_cuda dlopens some of CUDA's libraries (cuDNN's parts, NVRTC's
-        # builtins): all of torch/lib and nvidia/*/lib, not only what ldd lists.
-        mapfile -t libs < <(find "$site/torch/lib" "$site"/nvidia/*/lib -maxdepth 1 \
-            -name '*.so*' ! -name 'libtorch_python.so' | sort)
-    else
-        mapfile -t libs < <(venv_libs "$exe")
-        if printf '%s\n' "${libs[@]}" | grep -q libtorch_cuda; then
-            echo "build: $tag links libtorch_cuda without the cuda feature; see learner/build.rs" >&2
-            exit 1
-        fi
-    fi
-    ctx="$(context "learner-${tag#*:}" "$exe" "${libs[@]}")"
-    cp "$site/torch/version.py" "$ctx/"
-    docker_build "$tag" "$here/learner.Dockerfile" "$ctx" "$from"
+    local tag="$1" features="$2" from="$3" dir="$stage/learner-${1#*:}"
+    stage_learner "$dir" "$features"
+    docker_build "$tag" "$here/learner.Dockerfile" "$dir" "$from"
 }
 
 # actor_image TAG FEATURES FROM: the actor built with FEATURES, on FROM.
 actor_image() {
-    local tag="$1" features="$2" from="$3" exe ctx
-    exe="$(cargo_bin millrace-actor actor "$features")"
-    ctx="$(context "actor-${tag#*:}" "$exe")"
-    docker_build "$tag" "$here/actor.Dockerfile" "$ctx" "$from"
+    local tag="$1" features="$2" from="$3" dir="$stage/actor-${1#*:}"
+    stage_actor "$dir" "$features"
+    docker_build "$tag" "$here/actor.Dockerfile" "$dir" "$from"
 }
 
 learner_image millrace/learner:cpu "" "$base"

@@ -93,13 +93,13 @@ fn probe(command: &[String]) -> (u16, bool) {
 }
 
 /// A probe runs a binary every image has on its PATH: `millrace-health`, which
-/// deploy/build.sh puts beside the learner and the actor (or those two themselves).
+/// deploy/stage.sh puts beside the learner and the actor (or those two themselves).
 fn check_probe_binary(command: &[String]) {
     if command[0] == "millrace-health" {
-        let script = std::fs::read_to_string(repo().join("deploy/build.sh")).unwrap();
+        let script = std::fs::read_to_string(repo().join("deploy/stage.sh")).unwrap();
         assert!(
             script.contains("\"$dir/bin/millrace-health\""),
-            "deploy/build.sh does not put millrace-health in the images"
+            "deploy/stage.sh does not put millrace-health in the images"
         );
     }
 }
