@@ -123,6 +123,7 @@ fn compare(cfg: &ActorConfig, count: usize, shards: usize, capacity: usize) -> O
         stack,
         obs_rows_per_item: ReplayConfig::FRAMES_PER_ITEM,
         limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e12, 64).unwrap(),
+        priority: None,
     })
     .unwrap();
     // Which stored item is which transition: items are numbered per shard in the order
@@ -134,6 +135,7 @@ fn compare(cfg: &ActorConfig, count: usize, shards: usize, capacity: usize) -> O
     let (mut o, mut n) = (vec![0u8; rows * obs_bytes], vec![0u8; rows * obs_bytes]);
     let (mut a, mut r, mut d) = (vec![0i64; rows], vec![0f32; rows], vec![0f32; rows]);
     let mut keys = vec![ItemKey::default(); rows];
+    let mut weights = vec![0f32; rows];
     let mut compared = 0;
     let mut k = 0;
     for (b, w) in frames.iter().zip(&whole) {
@@ -161,6 +163,7 @@ fn compare(cfg: &ActorConfig, count: usize, shards: usize, capacity: usize) -> O
                 rewards: &mut r,
                 discounts: &mut d,
                 keys: &mut keys,
+                weights: &mut weights,
             };
             table.try_sample(&mut rng, &mut out).unwrap().unwrap();
             for row in 0..rows {

@@ -389,6 +389,7 @@ fn table(net: Net, batch: usize) -> Arc<Table> {
                 batch as u64,
             )
             .unwrap(),
+            priority: None,
         })
         .unwrap(),
     )
@@ -496,6 +497,7 @@ fn end_to_end(
                 replay_bytes: 0,
                 batch_size: b,
             },
+            feedback: None,
             panic_after: None,
             oom_after: None,
         };
@@ -630,6 +632,7 @@ fn replay_throughput(net: Net, b: usize, seconds: f64) -> (f64, f64) {
             stack: 1,
             obs_rows_per_item: ReplayConfig::obs_rows_for(ENVS, N_STEP, items),
             limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+            priority: None,
         })
         .unwrap(),
     );

@@ -115,6 +115,7 @@ fn main() {
                 actions: Tensor::randint(6, [k64, b, 1], (Kind::Int64, device)),
                 rewards: Tensor::randn([k64, b, 1], (Kind::Float, device)),
                 discounts: Tensor::full([k64, b, 1], 0.99, (Kind::Float, device)),
+                weights: None,
             }
         } else {
             Batch {
@@ -122,6 +123,7 @@ fn main() {
                 actions: Tensor::randint(2, [k64, b, 1], (Kind::Int64, device)),
                 rewards: Tensor::randn([k64, b, 1], (Kind::Float, device)),
                 discounts: Tensor::full([k64, b, 1], 0.99, (Kind::Float, device)),
+                weights: None,
             }
         };
         // Warm up, then time whole seconds of updates (a host sync at the end), and as

@@ -130,6 +130,7 @@ fn main() {
         stack,
         obs_rows_per_item: ReplayConfig::FRAMES_PER_ITEM,
         limiter: RateLimiterConfig::sample_to_insert_ratio(8.0, 1, 1e12, 32).unwrap(),
+        priority: None,
     };
     let table = Table::new(&config(capacity)).unwrap();
     let mut frames = Sink {

@@ -95,6 +95,7 @@ fn table(shape: Shape) -> Arc<Table> {
             obs_rows_per_item: 2.0,
             // No rate limiting: measure the transport, not the replay ratio.
             limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+            priority: None,
         })
         .unwrap(),
     )

@@ -17,6 +17,7 @@ use crate::config::{
 };
 use crate::dqn::{DqnConfig, TargetUpdate};
 use crate::network::NetworkChoice;
+use crate::replay_flags::ReplayFlags;
 use crate::server::ServerConfig;
 
 /// Train a DQN agent with asynchronous actors (embedded mode: one process), or serve
@@ -315,6 +316,9 @@ pub struct TrainArgs {
     /// (CatchPixels: 1.4), or replay holds fewer transitions than its capacity.
     #[arg(long, default_value_t = 1.05)]
     pub replay_frames_per_item: f64,
+
+    #[command(flatten)]
+    pub sampling: ReplayFlags,
 
     /// Initial exploration rate.
     #[arg(long, default_value_t = 1.0)]
@@ -753,6 +757,12 @@ impl TrainArgs {
             }
             None => None,
         };
+        let priority = args.sampling.priority(args.max_steps)?;
+        if priority.is_some() && population {
+            bail!(
+                "--replay prioritized is for one agent: a population samples uniformly (for now)"
+            );
+        }
         let faults = match std::env::var("MILLRACE_INJECT_FAULT") {
             Ok(spec) => Faults::parse(&spec).map_err(anyhow::Error::msg)?,
             Err(_) => Faults::default(),
@@ -790,6 +800,8 @@ impl TrainArgs {
                 tolerance: args.samples_per_insert_tolerance,
                 learning_starts: args.learning_starts,
                 frames_per_item: args.replay_frames_per_item,
+                priority,
+                prefetch_depth: args.sampling.prefetch_depth,
             },
             actors: ActorsConfig {
                 count: actors,

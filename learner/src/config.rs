@@ -11,6 +11,7 @@ use serde::{Serialize, Serializer};
 
 use crate::dqn::DqnConfig;
 use crate::network::NetworkChoice;
+use crate::replay_flags::{PriorityOptions, PRIORITIZED_PREFETCH_DEPTH};
 use crate::server::ServerConfig;
 
 /// Serializes a duration as seconds (a float), for config files people read.
@@ -71,6 +72,22 @@ pub struct ReplayOptions {
     /// Frames allocated per transition when replay stores frames of stacked
     /// observations (each episode start adds a stack, so short episodes need more).
     pub frames_per_item: f64,
+    /// Prioritized replay's settings; `None` samples uniformly.
+    pub priority: Option<PriorityOptions>,
+    /// Staging buffers the sampler fills ahead (`None`: the memory-bound default, at
+    /// most [`PRIORITIZED_PREFETCH_DEPTH`] with priorities).
+    pub prefetch_depth: Option<usize>,
+}
+
+impl ReplayOptions {
+    /// Staging buffers for the sampler, given the memory-bound default.
+    pub fn prefetch_depth(&self, default: usize) -> usize {
+        match (self.prefetch_depth, &self.priority) {
+            (Some(d), _) => d,
+            (None, Some(_)) => default.min(PRIORITIZED_PREFETCH_DEPTH),
+            (None, None) => default,
+        }
+    }
 }
 
 /// The actors of this process (embedded mode) and how every actor, local or remote,

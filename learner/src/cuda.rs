@@ -292,6 +292,50 @@ impl Stopwatch {
     }
 }
 
+/// An event on PyTorch's compute stream marking where queued work ends, for reading
+/// back the results of asynchronous device-to-host copies once they are done.
+#[derive(Debug)]
+pub struct Marker(TimingEvent);
+
+impl Marker {
+    pub fn new(device: usize) -> Result<Self, CopyStreamError> {
+        let rt = Runtime::get()?;
+        let device = device as i32;
+        rt.on(device, || {
+            let mut event: Event = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            check("cudaEventCreateWithFlags", unsafe {
+                (rt.event_create)(&mut event, EVENT_BLOCKING_SYNC)
+            })?;
+            Ok(Self(TimingEvent { event, device }))
+        })
+    }
+
+    /// Marks the end of the work queued so far on the compute stream.
+    pub fn record(&self) -> Result<(), CopyStreamError> {
+        let rt = Runtime::get()?;
+        let event = self.0.event;
+        rt.on(self.0.device, || {
+            // SAFETY: live event; the legacy stream always exists.
+            check("cudaEventRecord", unsafe {
+                (rt.event_record)(event, LEGACY_STREAM)
+            })
+        })
+    }
+
+    /// Waits on the host until the marked work is done (at once if it already is).
+    pub fn wait(&self) -> Result<(), CopyStreamError> {
+        let rt = Runtime::get()?;
+        let event = self.0.event;
+        rt.on(self.0.device, || {
+            // SAFETY: live event.
+            check("cudaEventSynchronize", unsafe {
+                (rt.event_synchronize)(event)
+            })
+        })
+    }
+}
+
 /// A non-blocking CUDA stream for copies to one device.
 pub struct CopyStream {
     rt: &'static Runtime,

@@ -89,11 +89,25 @@ pub struct Batch {
     pub rewards: Tensor,
     /// `[K, B, 1]` f32: `γ^k`, or 0 where the episode terminated.
     pub discounts: Tensor,
+    /// `[K, B, 1]` f32: prioritized replay's importance-sampling weights, which scale
+    /// each item's loss; `None` for uniform replay (all 1).
+    pub weights: Option<Tensor>,
 }
 
 impl Batch {
     pub fn batch_size(&self) -> i64 {
         self.actions.size()[1]
+    }
+
+    /// The same tensors, shared.
+    pub fn shallow_clone(&self) -> Self {
+        Self {
+            obs2: self.obs2.shallow_clone(),
+            actions: self.actions.shallow_clone(),
+            rewards: self.rewards.shallow_clone(),
+            discounts: self.discounts.shallow_clone(),
+            weights: self.weights.as_ref().map(Tensor::shallow_clone),
+        }
     }
 }
 
@@ -654,7 +668,8 @@ impl Dqn {
         td.squeeze_dim(2)
     }
 
-    /// Writes the gradient of the double-DQN Huber loss (each agent's batch mean) into
+    /// Writes the gradient of the double-DQN Huber loss (each agent's batch mean, each
+    /// item's loss scaled by its importance weight where the batch has them) into
     /// the flat gradient buffer; returns `Q(s, a)` and the targets, both `[K, B, 1]`.
     pub fn gradient(&mut self, batch: &Batch) -> (Tensor, Tensor) {
         let b = batch.batch_size();
@@ -695,6 +710,9 @@ impl Dqn {
         // zero for the actions not taken.
         let delta = self.config.huber_delta;
         let mut g = (&q_taken - &targets).clamp(-delta, delta);
+        if let Some(w) = &batch.weights {
+            g *= w;
+        }
         let _ = g.g_mul_scalar_(1.0 / b as f64);
         let mut d = q.zeros_like();
         let _ = d.scatter_(2, &batch.actions, &g);
@@ -1042,6 +1060,7 @@ mod tests {
             actions: Tensor::zeros([k, b, 1], (Kind::Int64, Device::Cpu)),
             rewards: Tensor::full([k, b, 1], f64::from(reward), (Kind::Float, Device::Cpu)),
             discounts: Tensor::zeros([k, b, 1], (Kind::Float, Device::Cpu)),
+            weights: None,
         }
     }
 
@@ -1099,8 +1118,9 @@ mod tests {
         close(&want, &q);
     }
 
-    /// The hand-written backward pass against autograd on the same loss.
-    fn check_gradient_against_autograd(k: usize) {
+    /// The hand-written backward pass against autograd on the same loss (with
+    /// importance weights: each item's Huber loss scaled by its weight).
+    fn check_gradient_against_autograd(k: usize, weighted: bool) {
         let mut dqn = Dqn::new(spec(k), config(), Device::Cpu, 5);
         // Move the target away from the online net so targets are non-trivial.
         let other = Dqn::new(spec(k), config(), Device::Cpu, 6);
@@ -1112,6 +1132,7 @@ mod tests {
             actions: Tensor::randint(2, [k, b, 1], (Kind::Int64, Device::Cpu)),
             rewards: Tensor::randn([k, b, 1], (Kind::Float, Device::Cpu)) * 3.0,
             discounts: Tensor::rand([k, b, 1], (Kind::Float, Device::Cpu)).round() * 0.99,
+            weights: weighted.then(|| Tensor::rand([k, b, 1], (Kind::Float, Device::Cpu))),
         };
         let _ = dqn.gradient(&batch);
         let manual = dqn.grad.copy();
@@ -1129,13 +1150,32 @@ mod tests {
             )
         });
         let q = q_all.narrow(1, 0, b).gather(2, &batch.actions, false);
-        let loss = q.huber_loss(&targets, Reduction::Mean, 1.0) * k as f64;
+        let loss = match &batch.weights {
+            None => q.huber_loss(&targets, Reduction::Mean, 1.0) * k as f64,
+            Some(w) => (q.huber_loss(&targets, Reduction::None, 1.0) * w)
+                .mean_dim([1i64, 2].as_slice(), false, Kind::Float)
+                .sum(Kind::Float),
+        };
         let auto = Tensor::run_backward(&[&loss], &[&leaf], false, false)
             .pop()
             .unwrap();
         let err = (&manual - &auto).abs().max().double_value(&[]);
         let scale = auto.abs().max().double_value(&[]);
         assert!(scale > 1e-3, "gradient is not trivially zero");
+        if weighted {
+            // The weights matter: the unweighted gradient differs.
+            let mut plain = Dqn::new(spec(k as usize), config(), Device::Cpu, 5);
+            plain.target.copy_(&other.online);
+            let _ = plain.gradient(&Batch {
+                weights: None,
+                ..batch.shallow_clone()
+            });
+            let diff = (&plain.grad - &manual).abs().max().double_value(&[]);
+            assert!(
+                diff > 1e-3 * scale,
+                "importance weights change the gradient"
+            );
+        }
         assert!(
             err < 1e-5 * scale.max(1.0),
             "max |manual - autograd| = {err}"
@@ -1144,12 +1184,18 @@ mod tests {
 
     #[test]
     fn manual_backward_matches_autograd() {
-        check_gradient_against_autograd(1);
+        check_gradient_against_autograd(1, false);
     }
 
     #[test]
     fn manual_backward_matches_autograd_for_a_population() {
-        check_gradient_against_autograd(3);
+        check_gradient_against_autograd(3, false);
+    }
+
+    #[test]
+    fn importance_weighted_backward_matches_autograd() {
+        check_gradient_against_autograd(1, true);
+        check_gradient_against_autograd(3, true);
     }
 
     /// A Nature-style network on small images (36×36: feature maps 8, 3, 1).
@@ -1177,6 +1223,7 @@ mod tests {
             actions: Tensor::randint(2, [1, b, 1], (Kind::Int64, Device::Cpu)),
             rewards: Tensor::randn([1, b, 1], (Kind::Float, Device::Cpu)) * 3.0,
             discounts: Tensor::full([1, b, 1], 0.99, (Kind::Float, Device::Cpu)),
+            weights: None,
         };
         let _ = dqn.gradient(&batch);
         let manual = dqn.grad.copy();
@@ -1250,6 +1297,7 @@ mod tests {
             actions: Tensor::zeros([1, 3, 1], (Kind::Int64, Device::Cpu)),
             rewards: Tensor::full([1, 3, 1], 2.0, (Kind::Float, Device::Cpu)),
             discounts: Tensor::zeros([1, 3, 1], (Kind::Float, Device::Cpu)),
+            weights: None,
         };
         for _ in 0..100 {
             let _ = dqn.update(&batch);

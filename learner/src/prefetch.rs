@@ -40,6 +40,10 @@ pub struct StagingBuffer {
     actions: Tensor,
     rewards: Tensor,
     discounts: Tensor,
+    /// Importance-sampling weights (prioritized replay).
+    weights: Tensor,
+    /// Whether the last batch came from prioritized replay (its weights count).
+    weighted: bool,
     /// Which replay item each row is (for priority updates).
     keys: Vec<ItemKey>,
     /// Oldest parameter version among the sampled rows (staleness).
@@ -64,6 +68,7 @@ struct DeviceCopy {
     actions: Tensor,
     rewards: Tensor,
     discounts: Tensor,
+    weights: Tensor,
 }
 
 impl Drop for DeviceCopy {
@@ -119,6 +124,8 @@ impl StagingBuffer {
             actions: make(&[1, b, 1], Kind::Int64),
             rewards: make(&[1, b, 1], Kind::Float),
             discounts: make(&[1, b, 1], Kind::Float),
+            weights: make(&[1, b, 1], Kind::Float),
+            weighted: false,
             keys: vec![ItemKey::default(); batch_size],
             oldest_version: 0,
             pinned: pin_for.is_some(),
@@ -143,6 +150,7 @@ impl StagingBuffer {
             actions: on_device(&buf.actions),
             rewards: on_device(&buf.rewards),
             discounts: on_device(&buf.discounts),
+            weights: on_device(&buf.weights),
         };
         // The buffers may be cached blocks that work already queued on the compute
         // stream still uses: the first copy into them waits for that work too.
@@ -177,6 +185,7 @@ impl StagingBuffer {
             (&d.actions, &self.actions),
             (&d.rewards, &self.rewards),
             (&d.discounts, &self.discounts),
+            (&d.weights, &self.weights),
         ] {
             let bytes = src.numel() * src.kind().elt_size_in_bytes();
             // SAFETY: `src` is pinned host memory of `bytes` bytes and `dst` a device
@@ -193,12 +202,13 @@ impl StagingBuffer {
         // SAFETY: staging tensors are contiguous host tensors created in `new`, never
         // shared outside this buffer (see the type's invariant), and `&mut self` means
         // this thread alone holds the buffer.
-        let (obs2, actions, rewards, discounts) = unsafe {
+        let (obs2, actions, rewards, discounts, weights) = unsafe {
             (
                 bytes_mut(&mut self.obs2),
                 bytes_mut(&mut self.actions),
                 bytes_mut(&mut self.rewards),
                 bytes_mut(&mut self.discounts),
+                bytes_mut(&mut self.weights),
             )
         };
         let (obs, next_obs) = obs2.split_at_mut(obs2.len() / 2);
@@ -209,6 +219,7 @@ impl StagingBuffer {
             rewards: bytemuck_mut(rewards),
             discounts: bytemuck_mut(discounts),
             keys: &mut self.keys,
+            weights: bytemuck_mut(weights),
         }
     }
 
@@ -219,6 +230,7 @@ impl StagingBuffer {
         rng: &mut SmallRng,
     ) -> Result<(), millrace_replay::Closed> {
         self.oldest_version = table.sample(rng, &mut self.buffers())?;
+        self.weighted = table.prioritized();
         Ok(())
     }
 
@@ -232,6 +244,7 @@ impl StagingBuffer {
         match table.try_sample(rng, &mut self.buffers())? {
             Some(oldest) => {
                 self.oldest_version = oldest;
+                self.weighted = table.prioritized();
                 Ok(true)
             }
             None => Ok(false),
@@ -257,6 +270,7 @@ impl StagingBuffer {
                 actions: d.actions.shallow_clone(),
                 rewards: d.rewards.shallow_clone(),
                 discounts: d.discounts.shallow_clone(),
+                weights: self.weighted.then(|| d.weights.shallow_clone()),
             };
         }
         let mv = |t: &Tensor| {
@@ -271,6 +285,7 @@ impl StagingBuffer {
             actions: mv(&self.actions),
             rewards: mv(&self.rewards),
             discounts: mv(&self.discounts),
+            weights: self.weighted.then(|| mv(&self.weights)),
         }
     }
 }
@@ -294,7 +309,7 @@ fn finish_copies(stream: Option<&CopyStream>) {
 /// of pinned memory when `cuda`: the learner waits for the device once per half ring;
 /// with a copy stream, as much again of device memory for the buffers' device twins).
 pub fn default_depth(obs: &ObsSpec, batch_size: usize, cuda: bool) -> usize {
-    let bytes = batch_size * (2 * obs.row_bytes() + 8 + 4 + 4);
+    let bytes = batch_size * (2 * obs.row_bytes() + 8 + 4 + 4 + 4);
     let budget: usize = if cuda { 512 << 20 } else { 64 << 20 };
     (budget / bytes.max(1)).clamp(2, 256)
 }
@@ -514,6 +529,7 @@ mod tests {
                 stack: 1,
                 obs_rows_per_item: 2.0,
                 limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+                priority: None,
             })
             .unwrap(),
         )
@@ -638,6 +654,7 @@ mod tests {
                 stack: 1,
                 obs_rows_per_item: 2.0,
                 limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+                priority: None,
             })
             .unwrap(),
         );

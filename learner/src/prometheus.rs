@@ -93,6 +93,22 @@ pub fn page(
         replay.sampled as f64,
     )
     .labelled(
+        "millrace_replay_priority_updates_total",
+        Kind::Counter,
+        "Priorities handed to replay by the learner (prioritized replay), by what became of them.",
+        "outcome",
+        [
+            ("applied", replay.priority_updates as f64),
+            ("stale", replay.stale_priority_updates as f64),
+        ],
+    )
+    .metric(
+        "millrace_replay_invalid_priorities_total",
+        Kind::Counter,
+        "Priorities that were negative or not finite (replaced by the running maximum, never stored).",
+        replay.invalid_priorities as f64,
+    )
+    .labelled(
         "millrace_rate_limiter_blocked_seconds_total",
         Kind::Counter,
         "Seconds each side spent blocked by replay's rate limiter.",

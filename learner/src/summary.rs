@@ -192,6 +192,16 @@ impl std::fmt::Display for RunSummary {
             r.insert_blocked_s,
             r.sample_blocked_s,
         )?;
+        if r.priority_updates + r.stale_priority_updates + r.invalid_priorities > 0 {
+            writeln!(
+                f,
+                "  priorities:      {} updated by TD error, {} stale (item overwritten since sampled), {} invalid (replaced, not stored); largest {:.3}",
+                r.priority_updates,
+                r.stale_priority_updates,
+                r.invalid_priorities,
+                r.max_priority,
+            )?;
+        }
         let kept: Vec<&str> = [
             ("latest/", true),
             ("best/", self.best.is_some()),

@@ -21,6 +21,7 @@ use crate::cuda::Stopwatch;
 use crate::dqn::{Dqn, UpdateStats};
 use crate::memory::Footprint;
 use crate::prefetch::{PrefetchError, Prefetcher, StagingBuffer};
+use crate::priority_feedback::PriorityFeedback;
 use crate::publisher::Publisher;
 
 /// Requests to the learner thread.
@@ -134,6 +135,8 @@ pub struct LearnerParts {
     pub publisher: Publisher,
     pub steps: std::sync::Arc<StepCounter>,
     pub footprint: Footprint,
+    /// Prioritized replay: the TD errors' way back into replay.
+    pub feedback: Option<PriorityFeedback>,
     /// Panic after this many updates (tests of the shutdown path).
     pub panic_after: Option<u64>,
     /// Fail an update as out of memory after this many (tests of that path).
@@ -224,6 +227,7 @@ pub fn run(
         mut publisher,
         steps,
         footprint,
+        mut feedback,
         panic_after,
         oom_after,
     } = parts;
@@ -239,9 +243,14 @@ pub fn run(
             writer,
             &steps,
             &footprint,
+            feedback.as_mut(),
             (panic_after, oom_after),
         )
     }));
+    if let Some(fb) = &mut feedback {
+        // The last rounds' priorities, before the final checkpoint copies replay.
+        fb.finish();
+    }
     let (stop, mut error) = match ended {
         Ok(Ok(end)) => (Some(end), None),
         Ok(Err(e)) => (None, Some(e)),
@@ -372,6 +381,7 @@ impl LoopState {
         writer: &CheckpointWriter,
         steps: &StepCounter,
         footprint: &Footprint,
+        mut feedback: Option<&mut PriorityFeedback>,
         (panic_after, oom_after): (Option<u64>, Option<u64>),
     ) -> Result<LoopEnd, LearnerError> {
         let device = dqn.device();
@@ -417,13 +427,20 @@ impl LoopState {
                 }
                 dqn.update(&batch)
             }));
-            if let Err(panic) = updated {
-                let msg = crate::panic_message(&*panic);
-                if !is_out_of_memory(&msg) {
-                    std::panic::resume_unwind(panic);
+            let td = match updated {
+                Ok(td) => td,
+                Err(panic) => {
+                    let msg = crate::panic_message(&*panic);
+                    if !is_out_of_memory(&msg) {
+                        std::panic::resume_unwind(panic);
+                    }
+                    // The caller saves the state before reporting this.
+                    return Err(LearnerError::OutOfMemory(footprint.explain(&msg)));
                 }
-                // The caller saves the state before reporting this.
-                return Err(LearnerError::OutOfMemory(footprint.explain(&msg)));
+            };
+            // The priorities' round trip counts as compute: it is the update's output.
+            if let Some(fb) = feedback.as_deref_mut() {
+                fb.push(&td, buf.keys(), steps.get());
             }
             let t3 = Instant::now();
             drop(batch);

@@ -59,6 +59,7 @@ fn batch(spec: &NetworkSpec, agent: usize, step: usize, b: i64) -> Batch {
         actions: Tensor::randint(3, [1, b, 1], (Kind::Int64, Device::Cpu)),
         rewards: Tensor::randn([1, b, 1], (Kind::Float, Device::Cpu)) * 2.0,
         discounts: Tensor::rand([1, b, 1], (Kind::Float, Device::Cpu)).round() * 0.99,
+        weights: None,
     }
 }
 
@@ -71,6 +72,7 @@ fn stacked(batches: &[Batch]) -> Batch {
         actions: cat(&|b| &b.actions),
         rewards: cat(&|b| &b.rewards),
         discounts: cat(&|b| &b.discounts),
+        weights: None,
     }
 }
 

@@ -50,6 +50,7 @@ fn fixture_with(configure: impl FnOnce(&mut ServerConfig)) -> Fixture {
             stack: 1,
             obs_rows_per_item: 2.0,
             limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e9, 1).unwrap(),
+            priority: None,
         })
         .unwrap(),
     );

@@ -252,3 +252,61 @@ fn eval_agrees_with_gymnasium_on_a_policy_with_spread() {
     );
     assert_agree(&gym, &ours);
 }
+
+#[test]
+fn prioritized_replay_solves_cartpole_and_the_saved_policy_replays_in_gymnasium() {
+    let dir = tempfile::tempdir().unwrap();
+    // Lock-step: priorities are applied in order, so this run is the same every time.
+    let out = learner(
+        &[
+            "--deterministic",
+            "--replay",
+            "prioritized",
+            "--seed",
+            "1",
+            "--max-steps",
+            "100000",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
+    let summary = String::from_utf8_lossy(&out.stdout);
+    let line = summary
+        .lines()
+        .find(|l| l.trim_start().starts_with("priorities:"))
+        .unwrap_or_else(|| panic!("no priorities line:\n{summary}"));
+    let updated: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(updated > 10_000, "priorities were fed back: {line}");
+    assert!(line.contains(" 0 invalid"), "{line}");
+    let config = read_json(&dir.path().join("checkpoint/config.json"));
+    assert_eq!(config["replay"]["priority"]["alpha"], 0.6, "{config}");
+    let gym = play_in_gymnasium(&dir.path().join("checkpoint"), "solved", dir.path());
+    assert!(gym["mean"].as_f64().unwrap() >= 475.0, "Gymnasium: {gym}");
+}
+
+#[test]
+fn deterministic_prioritized_runs_are_bit_identical() {
+    let run = || {
+        let dir = tempfile::tempdir().unwrap();
+        let out = learner(
+            &[
+                "--deterministic",
+                "--replay",
+                "prioritized",
+                "--seed",
+                "5",
+                "--max-steps",
+                "5000",
+                "--target-return",
+                "1000",
+            ],
+            dir.path(),
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        (timeless(&out), model_bytes(dir.path()))
+    };
+    let (a, model_a) = run();
+    let (b, model_b) = run();
+    assert_eq!(a, b);
+    assert!(model_a == model_b, "same parameters, bit for bit");
+}

@@ -20,4 +20,6 @@ pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 pub use selector::{Selector, Uniform};
 pub use shard::{Cursor, OutOfMemory, SampleBuffers, Shard, TooLarge};
 pub use sum_tree::Prioritized;
-pub use table::{Closed, ReplayConfig, ReplayError, ReplayStats, Table};
+pub use table::{
+    Closed, PriorityConfig, PriorityUpdate, ReplayConfig, ReplayError, ReplayStats, Table,
+};

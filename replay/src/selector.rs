@@ -19,6 +19,11 @@ pub trait Selector: Send {
     /// The live position whose weight interval contains `u` (values outside
     /// `[0, total)` are clamped into it), or `None` when nothing is stored.
     fn sample(&self, u: f64) -> Option<usize>;
+    /// The sampling weight of the live item at `pos` (1 for [`Uniform`]).
+    fn weight(&self, pos: usize) -> f64;
+    /// The smallest weight of a live item (`+∞` when nothing is stored): the largest
+    /// importance-sampling weight belongs to it.
+    fn min_weight(&self) -> f64;
     /// The priority of the item at `pos`, for selectors that keep one (checkpoints).
     fn priority(&self, pos: usize) -> Option<f64>;
     /// Forgets every item.
@@ -71,6 +76,18 @@ impl Selector for Uniform {
         // never index past the live run. Negative and NaN `u` cast to 0.
         let i = (u as usize).min(self.len - 1);
         Some((self.first + i) % self.capacity)
+    }
+
+    fn weight(&self, _pos: usize) -> f64 {
+        1.0
+    }
+
+    fn min_weight(&self) -> f64 {
+        if self.len == 0 {
+            f64::INFINITY
+        } else {
+            1.0
+        }
     }
 
     fn priority(&self, _pos: usize) -> Option<f64> {

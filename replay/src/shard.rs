@@ -20,6 +20,9 @@ pub struct SampleBuffers<'a> {
     pub discounts: &'a mut [f32],
     /// Which item each row is, for priority updates.
     pub keys: &'a mut [ItemKey],
+    /// Each row's importance-sampling weight, normalised by the largest (1 everywhere
+    /// for uniform replay).
+    pub weights: &'a mut [f32],
 }
 
 impl SampleBuffers<'_> {
@@ -273,6 +276,11 @@ impl Shard {
         self.selector.total()
     }
 
+    /// The smallest weight of an item stored here (`+∞` when empty).
+    pub fn min_weight(&self) -> f64 {
+        self.selector.min_weight()
+    }
+
     /// Bytes of storage allocated per item of capacity, rows included.
     pub fn bytes_per_item(&self) -> f64 {
         Self::bytes_for(self.capacity, self.row_capacity, self.row_bytes, self.stack) as f64
@@ -307,7 +315,8 @@ impl Shard {
     }
 
     /// Copies a (validated) batch in, evicting the oldest batches to make room. Items
-    /// get the batch's priorities, or `default_priority` where it has none. Returns how
+    /// get the batch's priorities, or `default_priority` where it has none or an invalid
+    /// one (negative or not finite). Returns how
     /// many transitions were stored (in frame mode, those whose stacks can be rebuilt).
     pub fn insert(
         &mut self,
@@ -380,10 +389,13 @@ impl Shard {
             self.rewards[dst] = batch.rewards[i];
             self.discounts[dst] = batch.discounts[i];
             self.versions[dst] = batch.version;
+            // The table counted invalid priorities; they are never stored.
             let priority = batch
                 .priorities
                 .get(i)
-                .map_or(default_priority, |p| f64::from(*p));
+                .map(|p| f64::from(*p))
+                .filter(|p| p.is_finite() && *p >= 0.0)
+                .unwrap_or(default_priority);
             self.selector.insert(dst, priority);
             self.next_seq += 1;
         }
@@ -639,9 +651,10 @@ impl Shard {
         }
     }
 
-    /// Gathers the item chosen by weight `u` into row `row` of `out`; returns its
-    /// version, or `None` (and writes nothing) when the shard is empty.
-    pub fn gather(&self, u: f64, out: &mut SampleBuffers<'_>, row: usize) -> Option<u64> {
+    /// Gathers the item chosen by weight `u` into row `row` of `out` (all but its
+    /// importance weight, which the table computes); returns its version and sampling
+    /// weight, or `None` (and writes nothing) when the shard is empty.
+    pub fn gather(&self, u: f64, out: &mut SampleBuffers<'_>, row: usize) -> Option<(u64, f64)> {
         let pos = self.selector.sample(u)?;
         let ob = self.row_bytes * self.stack;
         self.copy_obs(self.obs_pos[pos], &mut out.obs[row * ob..(row + 1) * ob]);
@@ -656,7 +669,7 @@ impl Shard {
         let first = self.first_seq();
         let offset = (pos + self.capacity - self.pos(first)) % self.capacity;
         out.keys[row] = ItemKey::new(self.index, first + offset as u64);
-        Some(self.versions[pos])
+        Some((self.versions[pos], self.selector.weight(pos)))
     }
 }
 
@@ -687,7 +700,15 @@ mod tests {
         b
     }
 
-    struct Out(Vec<u8>, Vec<u8>, Vec<i64>, Vec<f32>, Vec<f32>, Vec<ItemKey>);
+    struct Out(
+        Vec<u8>,
+        Vec<u8>,
+        Vec<i64>,
+        Vec<f32>,
+        Vec<f32>,
+        Vec<ItemKey>,
+        Vec<f32>,
+    );
 
     impl Out {
         fn new(n: usize) -> Self {
@@ -698,6 +719,7 @@ mod tests {
                 vec![0.0; n],
                 vec![0.0; n],
                 vec![ItemKey::default(); n],
+                vec![0.0; n],
             )
         }
         fn buffers(&mut self) -> SampleBuffers<'_> {
@@ -708,6 +730,7 @@ mod tests {
                 rewards: &mut self.3,
                 discounts: &mut self.4,
                 keys: &mut self.5,
+                weights: &mut self.6,
             }
         }
         fn obs(&self, i: usize) -> f32 {
@@ -922,6 +945,7 @@ mod tests {
         let (mut o, mut x) = (vec![0u8; 2 * n], vec![0u8; 2 * n]);
         let (mut a, mut r, mut d) = (vec![0i64; n], vec![0f32; n], vec![0f32; n]);
         let mut k = vec![ItemKey::default(); n];
+        let mut w = vec![0f32; n];
         let mut out = SampleBuffers {
             obs: &mut o,
             next_obs: &mut x,
@@ -929,6 +953,7 @@ mod tests {
             rewards: &mut r,
             discounts: &mut d,
             keys: &mut k,
+            weights: &mut w,
         };
         for i in 0..n {
             shard.gather(i as f64 + 0.5, &mut out, i).unwrap();

@@ -68,12 +68,6 @@ impl Prioritized {
         p.powf(self.alpha)
     }
 
-    /// The smallest weight of a live item, for the largest importance weight
-    /// `(N · w_min / Σw)^-β`; `None` when nothing is stored.
-    pub fn min_weight(&self) -> Option<f64> {
-        (self.live > 0).then_some(self.min[1])
-    }
-
     /// The weight of the item at `pos`, if one lives there.
     pub fn weight_at(&self, pos: usize) -> Option<f64> {
         self.raw.get(pos)?.map(|_| self.sum[self.size + pos])
@@ -160,6 +154,15 @@ impl Selector for Prioritized {
         }
     }
 
+    fn weight(&self, pos: usize) -> f64 {
+        self.weight_at(pos).unwrap_or(0.0)
+    }
+
+    /// For the largest importance weight `(N · w_min / Σw)^-β`; `+∞` when empty.
+    fn min_weight(&self) -> f64 {
+        self.min[1]
+    }
+
     fn priority(&self, pos: usize) -> Option<f64> {
         self.raw.get(pos).copied().flatten()
     }
@@ -239,7 +242,7 @@ mod tests {
                 s.insert(pos, p);
             }
             assert!(s.total() > 0.0 && s.total().is_finite());
-            let w = s.min_weight().unwrap();
+            let w = s.min_weight();
             assert!(w > 0.0 && w.is_finite());
             let counts = histogram(&s, 80_000, 3);
             for c in counts {
@@ -289,7 +292,7 @@ mod tests {
         let min = (0..1000)
             .filter_map(|p| s.weight_at(p))
             .fold(f64::INFINITY, f64::min);
-        assert_eq!(s.min_weight(), Some(min), "the min tree is exact");
+        assert_eq!(s.min_weight(), min, "the min tree is exact");
     }
 
     #[test]
@@ -306,7 +309,7 @@ mod tests {
         let direct: Vec<f64> = powered.iter().map(|w| (5.0 * w / z).powf(-beta)).collect();
         let max = direct.iter().cloned().fold(0.0, f64::max);
         let n = s.len() as f64;
-        let largest = (n * s.min_weight().unwrap() / s.total()).powf(-beta);
+        let largest = (n * s.min_weight() / s.total()).powf(-beta);
         for (pos, d) in direct.iter().enumerate() {
             let ours = (n * s.weight_at(pos).unwrap() / s.total()).powf(-beta) / largest;
             assert!(
@@ -321,7 +324,7 @@ mod tests {
     #[test]
     fn deletes_updates_and_clear_keep_the_trees_consistent() {
         let mut s = Prioritized::new(3, 1.0);
-        assert_eq!((s.sample(0.5), s.min_weight()), (None, None));
+        assert_eq!((s.sample(0.5), s.min_weight()), (None, f64::INFINITY));
         s.insert(0, 1.0);
         s.insert(1, 3.0);
         s.insert(2, 6.0);
@@ -341,7 +344,7 @@ mod tests {
         s.update(2, 2.0);
         assert_eq!(
             (s.total(), s.priority(2), s.min_weight()),
-            (3.0, Some(2.0), Some(1.0))
+            (3.0, Some(2.0), 1.0)
         );
         s.clear();
         assert_eq!((s.total(), s.len(), s.sample(0.0)), (0.0, 0, None));

@@ -10,8 +10,9 @@ use rand::Rng;
 
 use crate::key::ItemKey;
 use crate::limiter::{RateLimiter, RateLimiterConfig};
-use crate::selector::Uniform;
+use crate::selector::{Selector, Uniform};
 use crate::shard::{Cursor, OutOfMemory, SampleBuffers, Shard, TooLarge};
+use crate::sum_tree::Prioritized;
 
 /// Replay settings, checked by whoever builds them.
 #[derive(Clone, Debug)]
@@ -34,6 +35,18 @@ pub struct ReplayConfig {
     /// the data needs more, the oldest items are evicted early instead.
     pub obs_rows_per_item: f64,
     pub limiter: RateLimiterConfig,
+    /// Proportional prioritized sampling; `None` samples uniformly.
+    pub priority: Option<PriorityConfig>,
+}
+
+/// Proportional prioritized replay (Schaul et al. 2016): item `i` is drawn with
+/// probability `p_i^α / Σ p^α`; β (the importance-sampling exponent) is set on the
+/// table as it anneals ([`Table::set_beta`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PriorityConfig {
+    pub alpha: f64,
+    /// β until the first [`Table::set_beta`].
+    pub beta: f64,
 }
 
 impl ReplayConfig {
@@ -107,6 +120,15 @@ pub struct ReplayStats {
     pub insert_blocked_s: f64,
     /// Total time samplers spent blocked by the rate limiter.
     pub sample_blocked_s: f64,
+    /// Prioritized replay: priorities applied by key, and those ignored because their
+    /// item was overwritten since it was sampled.
+    pub priority_updates: u64,
+    pub stale_priority_updates: u64,
+    /// Priorities that were negative or not finite (from actors or the learner):
+    /// replaced by the running maximum, never stored.
+    pub invalid_priorities: u64,
+    /// The largest priority seen so far: what items arriving without one get.
+    pub max_priority: f64,
 }
 
 struct Gate {
@@ -123,18 +145,63 @@ struct Gate {
 struct ShardGauge {
     len: AtomicUsize,
     total: AtomicU64,
+    min_weight: AtomicU64,
 }
 
 impl ShardGauge {
-    /// The weight first: a reader that sees the new length sees its weight too.
+    /// The weights first: a reader that sees the new length sees its weights too.
     fn set(&self, shard: &Shard) {
         self.total.store(shard.total().to_bits(), Ordering::Release);
+        self.min_weight
+            .store(shard.min_weight().to_bits(), Ordering::Release);
         self.len.store(shard.len(), Ordering::Release);
     }
 
     fn total(&self) -> f64 {
         f64::from_bits(self.total.load(Ordering::Acquire))
     }
+
+    fn min_weight(&self) -> f64 {
+        f64::from_bits(self.min_weight.load(Ordering::Acquire))
+    }
+}
+
+/// An `f64` shared without a lock.
+#[derive(Debug)]
+struct AtomicF64(AtomicU64);
+
+impl AtomicF64 {
+    fn new(v: f64) -> Self {
+        Self(AtomicU64::new(v.to_bits()))
+    }
+
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Raises the value to `v` if `v` is larger.
+    fn raise(&self, v: f64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                (v > f64::from_bits(old)).then_some(v.to_bits())
+            });
+    }
+}
+
+/// What [`Table::update_priorities`] did with the priorities it was given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PriorityUpdate {
+    /// Set on live items (invalid ones as the running maximum).
+    pub applied: usize,
+    /// Ignored: their items were overwritten since they were sampled.
+    pub stale: usize,
+    /// Negative or not finite.
+    pub invalid: usize,
 }
 
 /// Sharded replay with rate-limited, blocking insert and sample.
@@ -157,6 +224,13 @@ pub struct Table {
     changed: Condvar,
     insert_blocked_ns: AtomicU64,
     sample_blocked_ns: AtomicU64,
+    /// Prioritized replay's settings; `None` for uniform.
+    priority: Option<PriorityConfig>,
+    beta: AtomicF64,
+    max_priority: AtomicF64,
+    priority_updates: AtomicU64,
+    stale_priority_updates: AtomicU64,
+    invalid_priorities: AtomicU64,
 }
 
 impl std::fmt::Debug for Table {
@@ -168,8 +242,9 @@ impl std::fmt::Debug for Table {
     }
 }
 
-/// Priority of items inserted without one. Uniform replay ignores priorities.
-const DEFAULT_PRIORITY: f64 = 1.0;
+/// The running maximum priority starts here (the priority of the first items inserted
+/// without one). Uniform replay ignores priorities.
+const INITIAL_MAX_PRIORITY: f64 = 1.0;
 
 impl Table {
     /// Allocates every shard's storage up front; a capacity the allocator refuses is
@@ -178,13 +253,17 @@ impl Table {
         let (shards, per_shard, obs_per_shard) = config.shape();
         let built = (0..shards)
             .map(|i| {
+                let selector: Box<dyn Selector> = match config.priority {
+                    Some(p) => Box::new(Prioritized::new(per_shard, p.alpha)),
+                    None => Box::new(Uniform::new(per_shard)),
+                };
                 Shard::new(
                     i as u16,
                     per_shard,
                     obs_per_shard,
                     config.row_bytes(),
                     config.stack.max(1),
-                    Box::new(Uniform::new(per_shard)),
+                    selector,
                 )
                 .map(Mutex::new)
             })
@@ -203,7 +282,55 @@ impl Table {
             changed: Condvar::new(),
             insert_blocked_ns: AtomicU64::new(0),
             sample_blocked_ns: AtomicU64::new(0),
+            priority: config.priority,
+            beta: AtomicF64::new(config.priority.map_or(0.0, |p| p.beta)),
+            max_priority: AtomicF64::new(INITIAL_MAX_PRIORITY),
+            priority_updates: AtomicU64::new(0),
+            stale_priority_updates: AtomicU64::new(0),
+            invalid_priorities: AtomicU64::new(0),
         })
+    }
+
+    /// Whether sampling is prioritized.
+    pub fn prioritized(&self) -> bool {
+        self.priority.is_some()
+    }
+
+    /// Sets β, the importance-sampling exponent of the batches sampled from now on (0:
+    /// no correction, 1: full); ignored by uniform replay. Values outside `[0, 1]` are
+    /// clamped.
+    pub fn set_beta(&self, beta: f64) {
+        self.beta.set(if beta.is_nan() {
+            1.0
+        } else {
+            beta.clamp(0.0, 1.0)
+        });
+    }
+
+    pub fn beta(&self) -> f64 {
+        self.beta.get()
+    }
+
+    /// Counts a batch's invalid priorities (the shard stores the running maximum in
+    /// their place) and raises the running maximum to its valid ones.
+    fn screen_priorities(&self, batch: &TransitionBatch) {
+        if self.priority.is_none() || batch.priorities.is_empty() {
+            return;
+        }
+        let mut invalid = 0;
+        let mut max = f64::NEG_INFINITY;
+        for p in &batch.priorities {
+            if p.is_finite() && *p >= 0.0 {
+                max = max.max(f64::from(*p));
+            } else {
+                invalid += 1;
+            }
+        }
+        if invalid > 0 {
+            self.invalid_priorities
+                .fetch_add(invalid, Ordering::Relaxed);
+        }
+        self.max_priority.raise(max);
     }
 
     fn gate(&self) -> MutexGuard<'_, Gate> {
@@ -241,8 +368,9 @@ impl Table {
 
     /// Stores a batch in one shard; returns how many transitions it kept.
     fn store(&self, shard: usize, batch: &TransitionBatch) -> Result<usize, ReplayError> {
+        let default = self.max_priority.get();
         let mut s = self.shard(shard);
-        let kept = s.insert(batch, DEFAULT_PRIORITY)?;
+        let kept = s.insert(batch, default)?;
         self.gauges[shard].set(&s);
         Ok(kept)
     }
@@ -289,6 +417,7 @@ impl Table {
     }
 
     fn insert_now(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
+        self.screen_priorities(batch);
         let shards = self.shards.len();
         if batch.frames.is_none() {
             let shard =
@@ -367,13 +496,24 @@ impl Table {
     /// shard by shard, each under its own lock once. A shard's weight may change between
     /// the draw and its gather (an insert elsewhere in its ring); the draw is then
     /// clamped into its current weight, a bias of at most one batch's worth of items.
+    ///
+    /// Prioritized: the draws are stratified (row `i` draws from the `i`-th of `n`
+    /// equal slices of the total weight, as Schaul et al. do) and each row gets its
+    /// importance-sampling weight `(N·P(i))^-β / max_j (N·P(j))^-β = (w_min / w_i)^β`,
+    /// `w_min` the smallest weight stored in any shard.
     fn gather<R: Rng>(&self, rng: &mut R, out: &mut SampleBuffers<'_>) -> u64 {
         let n = out.rows();
         let totals: Vec<f64> = self.gauges.iter().map(ShardGauge::total).collect();
         let sum: f64 = totals.iter().sum();
+        let stratified = self.priority.is_some();
         let mut draws: Vec<(usize, f64)> = Vec::with_capacity(n);
-        for _ in 0..n {
-            let mut u = rng.random::<f64>() * sum;
+        for i in 0..n {
+            let x = if stratified {
+                (i as f64 + rng.random::<f64>()) / n as f64
+            } else {
+                rng.random::<f64>()
+            };
+            let mut u = x * sum;
             let mut s = 0;
             while s + 1 < totals.len() && u >= totals[s] {
                 u -= totals[s];
@@ -385,6 +525,12 @@ impl Table {
             }
             draws.push((s, u));
         }
+        let beta = self.beta.get();
+        let w_min = self
+            .gauges
+            .iter()
+            .map(ShardGauge::min_weight)
+            .fold(f64::INFINITY, f64::min);
         let mut oldest = u64::MAX;
         for s in 0..self.shards.len() {
             if !draws.iter().any(|(d, _)| *d == s) {
@@ -394,19 +540,37 @@ impl Table {
             for (row, (_, u)) in draws.iter().enumerate().filter(|(_, (d, _))| *d == s) {
                 // Shards never shrink to empty once they hold items, and the draw only
                 // picks shards that held some: a gather always finds one.
-                if let Some(version) = shard.gather(*u, out, row) {
+                if let Some((version, w)) = shard.gather(*u, out, row) {
                     oldest = oldest.min(version);
+                    out.weights[row] = if stratified {
+                        // The gauges' minimum may lag an update by a moment: clamp.
+                        (w_min / w).powf(beta).min(1.0) as f32
+                    } else {
+                        1.0
+                    };
                 }
             }
         }
         oldest
     }
 
-    /// Sets the priorities of sampled items by key; keys of items evicted since they
-    /// were sampled are ignored. Returns how many were applied. Each shard is locked
-    /// once.
-    pub fn update_priorities(&self, keys: &[ItemKey], priorities: &[f32]) -> usize {
-        let mut applied = 0;
+    /// Sets the priorities of sampled items by key (the learner's |TD errors|); keys of
+    /// items evicted since they were sampled are ignored. A priority that is negative
+    /// or not finite is counted and replaced by the running maximum, so one NaN cannot
+    /// poison a tree. Each shard is locked once.
+    pub fn update_priorities(&self, keys: &[ItemKey], priorities: &[f32]) -> PriorityUpdate {
+        let mut r = PriorityUpdate::default();
+        let valid = |p: f32| p.is_finite() && p >= 0.0;
+        let mut max = f64::NEG_INFINITY;
+        for p in priorities.iter().take(keys.len()) {
+            if valid(*p) {
+                max = max.max(f64::from(*p));
+            } else {
+                r.invalid += 1;
+            }
+        }
+        self.max_priority.raise(max);
+        let max = self.max_priority.get();
         for s in 0..self.shards.len() {
             let mine = keys
                 .iter()
@@ -418,11 +582,22 @@ impl Table {
             }
             let mut shard = self.shard(s);
             for (key, p) in it {
-                applied += usize::from(shard.update(*key, f64::from(*p)));
+                let p = if valid(*p) { f64::from(*p) } else { max };
+                if shard.update(*key, p) {
+                    r.applied += 1;
+                } else {
+                    r.stale += 1;
+                }
             }
             self.gauges[s].set(&shard);
         }
-        applied
+        self.priority_updates
+            .fetch_add(r.applied as u64, Ordering::Relaxed);
+        self.stale_priority_updates
+            .fetch_add(r.stale as u64, Ordering::Relaxed);
+        self.invalid_priorities
+            .fetch_add(r.invalid as u64, Ordering::Relaxed);
+        r
     }
 
     /// Blocks until `ready` holds or the table closes, then runs `then` under the same
@@ -490,6 +665,7 @@ impl Table {
         if Self::holds_nothing(batch) {
             return Ok(());
         }
+        self.screen_priorities(batch);
         self.store(shard % self.shards.len(), batch)?;
         // Under the gate, like every other wake-up: a sampler between its check and its
         // wait holds it, so it cannot miss this one.
@@ -566,6 +742,10 @@ impl Table {
                 .sum(),
             insert_blocked_s: self.insert_blocked_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             sample_blocked_s: self.sample_blocked_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            priority_updates: self.priority_updates.load(Ordering::Relaxed),
+            stale_priority_updates: self.stale_priority_updates.load(Ordering::Relaxed),
+            invalid_priorities: self.invalid_priorities.load(Ordering::Relaxed),
+            max_priority: self.max_priority.get(),
         }
     }
 }
@@ -586,6 +766,7 @@ mod tests {
             stack: 1,
             obs_rows_per_item: 2.0,
             limiter: RateLimiterConfig::sample_to_insert_ratio(spi, min_size, 1e9, 64).unwrap(),
+            priority: None,
         }
     }
 
@@ -610,6 +791,7 @@ mod tests {
         rewards: Vec<f32>,
         discounts: Vec<f32>,
         keys: Vec<ItemKey>,
+        weights: Vec<f32>,
     }
 
     impl Out {
@@ -621,6 +803,7 @@ mod tests {
                 rewards: vec![0.0; n],
                 discounts: vec![0.0; n],
                 keys: vec![ItemKey::default(); n],
+                weights: vec![0.0; n],
             }
         }
         fn buffers(&mut self) -> SampleBuffers<'_> {
@@ -631,6 +814,7 @@ mod tests {
                 rewards: &mut self.rewards,
                 discounts: &mut self.discounts,
                 keys: &mut self.keys,
+                weights: &mut self.weights,
             }
         }
     }
@@ -828,14 +1012,21 @@ mod tests {
             .sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             .unwrap();
         let keys = out.keys.clone();
-        assert_eq!(table.update_priorities(&keys, &[2.0; 4]), 4);
+        assert_eq!(table.update_priorities(&keys, &[2.0; 4]).applied, 4);
         // Two more batches of 4 evict the first: its keys are stale now.
         let mut b = batch(0, 4..8);
         b.seq = 1;
         table.insert(&b).unwrap();
         b.seq = 2;
         table.insert(&b).unwrap();
-        assert_eq!(table.update_priorities(&keys, &[2.0; 4]), 0);
+        assert_eq!(
+            table.update_priorities(&keys, &[2.0; 4]),
+            PriorityUpdate {
+                applied: 0,
+                stale: 4,
+                invalid: 0
+            }
+        );
     }
 
     #[test]
@@ -968,5 +1159,217 @@ mod tests {
             (out.obs.as_slice(), out.next.as_slice()),
             (&[7u8, 8][..], &[9u8, 10][..])
         );
+    }
+    fn prioritized(capacity: usize, shards: usize, alpha: f64, beta: f64) -> Table {
+        table(ReplayConfig {
+            priority: Some(PriorityConfig { alpha, beta }),
+            // Neither inserts nor samples ever wait.
+            ..config(capacity, shards, 1.0, 1)
+        })
+    }
+
+    /// Items `values` (action = value) with priorities `priority(value)`.
+    fn with_priorities(
+        actor_id: u32,
+        seq: u64,
+        values: std::ops::Range<i64>,
+        priority: impl Fn(i64) -> f32,
+    ) -> TransitionBatch {
+        let mut b = batch(actor_id, values.clone());
+        b.seq = seq;
+        b.priorities = values.map(priority).collect();
+        b
+    }
+
+    /// Every live item's priority, by action, from a snapshot.
+    fn priorities_by_action(t: &Table) -> Vec<(i64, f32)> {
+        let mut all = Vec::new();
+        t.snapshot(|_, b| all.extend(b.actions.iter().copied().zip(b.priorities.clone())));
+        all.sort_by_key(|(a, _)| *a);
+        all
+    }
+
+    #[test]
+    fn prioritized_sampling_across_shards_matches_the_priorities() {
+        // 3 shards of different sizes and priority mass; priorities over three orders
+        // of magnitude. P(i) = p_i^α / Σ p^α over the whole table, whatever the shard.
+        let alpha = 0.6;
+        let t = prioritized(3000, 3, alpha, 0.4);
+        let priority = |v: i64| 0.01 + (v % 17) as f32 * 0.7 + if v % 50 == 0 { 20.0 } else { 0.0 };
+        let mut next = 0;
+        for (actor, size) in [(0u32, 60), (1, 120), (2, 220)] {
+            // Actor a's first batch goes to shard a.
+            t.insert(&with_priorities(actor, 0, next..next + size, priority))
+                .unwrap();
+            next += size;
+        }
+        assert_eq!(t.shard_lens(), [60, 120, 220]);
+        let weights: Vec<f64> = (0..next)
+            .map(|v| f64::from(priority(v)).powf(alpha))
+            .collect();
+        let sum: f64 = weights.iter().sum();
+        let w_min = weights.iter().copied().fold(f64::INFINITY, f64::min);
+        let (batches, rows) = (800, 256);
+        let draws = (batches * rows) as f64;
+        let mut counts = vec![0u64; next as usize];
+        let mut rng = SmallRng::seed_from_u64(3);
+        let mut out = Out::new(rows);
+        for _ in 0..batches {
+            t.sample(&mut rng, &mut out.buffers()).unwrap();
+            for (a, w) in out.actions.iter().zip(&out.weights) {
+                counts[*a as usize] += 1;
+                // The importance weight against a direct computation.
+                let direct = (w_min / weights[*a as usize]).powf(0.4);
+                assert!(
+                    (f64::from(*w) - direct).abs() < 1e-5,
+                    "item {a}: {w} vs {direct}"
+                );
+            }
+        }
+        // 204,800 draws. Per item: within 5 binomial standard deviations (stratified
+        // draws vary less than independent ones, never more); over all: chi-square with
+        // 399 degrees of freedom (mean 399, sd 28) below 399 + 6 sd.
+        let mut chi2 = 0.0;
+        for (i, c) in counts.iter().enumerate() {
+            let p = weights[i] / sum;
+            let expected = draws * p;
+            let sd = (draws * p * (1.0 - p)).sqrt();
+            assert!(
+                (*c as f64 - expected).abs() <= 5.0 * sd + 1.0,
+                "item {i}: {c} draws, expected {expected:.1} ± {sd:.1}"
+            );
+            chi2 += (*c as f64 - expected).powi(2) / expected;
+        }
+        assert!(chi2 < 399.0 + 6.0 * 28.3, "chi2 {chi2}");
+    }
+
+    #[test]
+    fn zero_priorities_sample_uniformly_with_finite_weights() {
+        let t = prioritized(100, 2, 0.6, 1.0);
+        t.insert(&with_priorities(0, 0, 0..40, |_| 0.0)).unwrap();
+        t.insert(&with_priorities(0, 1, 40..80, |_| 1e-30)).unwrap();
+        let mut counts = [0u32; 80];
+        let mut out = Out::new(80);
+        let mut rng = SmallRng::seed_from_u64(0);
+        for _ in 0..500 {
+            t.sample(&mut rng, &mut out.buffers()).unwrap();
+            for (a, w) in out.actions.iter().zip(&out.weights) {
+                counts[*a as usize] += 1;
+                assert_eq!(*w, 1.0, "all at the floor: equal weights");
+            }
+        }
+        // 40,000 draws over 80 items, 500 each: stratified over equal weights, so
+        // every item gets within a few of 500.
+        assert!(counts.iter().all(|c| (450..=550).contains(c)), "{counts:?}");
+    }
+
+    #[test]
+    fn invalid_priorities_are_counted_and_never_stored() {
+        let t = prioritized(100, 1, 0.6, 0.4);
+        t.insert(&with_priorities(0, 0, 0..4, |v| {
+            [2.0, f32::NAN, -1.0, 5.0][v as usize]
+        }))
+        .unwrap();
+        t.insert(&with_priorities(0, 1, 4..6, |v| {
+            [f32::INFINITY, 0.5][v as usize - 4]
+        }))
+        .unwrap();
+        // Without priorities: the running maximum.
+        let mut plain = batch(0, 6..7);
+        plain.seq = 2;
+        t.insert(&plain).unwrap();
+        let stats = t.stats();
+        assert_eq!((stats.invalid_priorities, stats.max_priority), (3, 5.0));
+        let stored = priorities_by_action(&t);
+        assert!(
+            stored.iter().all(|(_, p)| p.is_finite() && *p >= 0.0),
+            "{stored:?}"
+        );
+        assert_eq!(stored[0], (0, 2.0));
+        assert_eq!(stored[3], (3, 5.0));
+        assert_eq!(stored[5], (5, 0.5));
+        assert_eq!(stored[6], (6, 5.0), "no priority: the running maximum");
+        // The replaced ones have a valid priority (the maximum at the time).
+        for i in [1, 2, 4] {
+            assert!(stored[i].1 >= 2.0, "{:?}", stored[i]);
+        }
+        // From the learner: a NaN among valid TD errors.
+        let mut out = Out::new(7);
+        t.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            .unwrap();
+        let td: Vec<f32> = (0..7)
+            .map(|i| if i == 3 { f32::NAN } else { 0.25 })
+            .collect();
+        let r = t.update_priorities(&out.keys, &td);
+        assert_eq!((r.applied, r.invalid), (7, 1));
+        assert_eq!(t.stats().invalid_priorities, 4);
+        assert!(priorities_by_action(&t).iter().all(|(_, p)| p.is_finite()));
+        let mut rng = SmallRng::seed_from_u64(1);
+        t.sample(&mut rng, &mut out.buffers()).unwrap();
+        assert!(out
+            .weights
+            .iter()
+            .all(|w| w.is_finite() && *w > 0.0 && *w <= 1.0));
+    }
+
+    #[test]
+    fn stale_priority_updates_leave_the_distribution_alone() {
+        let t = prioritized(8, 1, 1.0, 0.4);
+        t.insert(&with_priorities(0, 0, 0..4, |_| 1.0)).unwrap();
+        let mut out = Out::new(4);
+        t.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            .unwrap();
+        let old_keys = out.keys.clone();
+        // Two more batches evict the first; the positions are reused.
+        t.insert(&with_priorities(0, 1, 4..8, |_| 1.0)).unwrap();
+        t.insert(&with_priorities(0, 2, 8..12, |_| 1.0)).unwrap();
+        let before = priorities_by_action(&t);
+        let r = t.update_priorities(&old_keys, &[1000.0; 4]);
+        assert_eq!((r.applied, r.stale), (0, 4));
+        assert_eq!(priorities_by_action(&t), before, "nothing changed");
+        assert_eq!(t.stats().stale_priority_updates, 4);
+    }
+
+    #[test]
+    fn a_snapshot_restores_the_same_priorities_and_distribution() {
+        let alpha = 0.6;
+        let t = prioritized(600, 3, alpha, 0.5);
+        for seq in 0..6u64 {
+            let lo = seq as i64 * 50;
+            t.insert(&with_priorities(0, seq, lo..lo + 50, |v| {
+                0.1 + (v % 7) as f32
+            }))
+            .unwrap();
+        }
+        // Priorities changed by the learner after insertion are what must survive.
+        let mut out = Out::new(64);
+        let mut rng = SmallRng::seed_from_u64(5);
+        t.sample(&mut rng, &mut out.buffers()).unwrap();
+        let td: Vec<f32> = out.actions.iter().map(|a| 10.0 + *a as f32).collect();
+        assert!(t.update_priorities(&out.keys, &td).applied > 0);
+        let before = priorities_by_action(&t);
+        // Into a table with another shard count.
+        let restored = prioritized(600, 2, alpha, 0.5);
+        let (inserts, samples) = t.snapshot(|shard, b| restored.restore(shard, &b).unwrap());
+        restored.restore_counters(inserts, samples);
+        assert_eq!(priorities_by_action(&restored), before);
+        assert_eq!(restored.stats().max_priority, t.stats().max_priority);
+        // The same distribution: total weight, and the draw frequencies of an item.
+        let total = |t: &Table| t.gauges.iter().map(ShardGauge::total).sum::<f64>();
+        assert!((total(&t) - total(&restored)).abs() < 1e-9 * total(&t));
+        let frequency = |t: &Table, item: i64| {
+            let mut rng = SmallRng::seed_from_u64(9);
+            let mut out = Out::new(300);
+            let mut hits = 0;
+            for _ in 0..200 {
+                t.sample(&mut rng, &mut out.buffers()).unwrap();
+                hits += out.actions.iter().filter(|a| **a == item).count();
+            }
+            hits as f64 / 60_000.0
+        };
+        let top = before.iter().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap().0;
+        let (f0, f1) = (frequency(&t, top), frequency(&restored, top));
+        let sd = (f0 * (1.0 - f0) / 60_000.0).sqrt();
+        assert!((f0 - f1).abs() < 6.0 * sd, "{f0} vs {f1}");
     }
 }

@@ -26,6 +26,7 @@ fn sampled_batches_are_true_cartpole_transitions() {
             stack: 1,
             obs_rows_per_item: ReplayConfig::obs_rows_for(4, 1, 32),
             limiter: RateLimiterConfig::sample_to_insert_ratio(1e6, 100, 1e12, 32).unwrap(),
+            priority: None,
         })
         .unwrap(),
     );

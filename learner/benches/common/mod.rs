@@ -29,6 +29,7 @@ pub fn random_batch(obs: &ObsSpec, actions: usize, b: usize, device: Device) -> 
         actions: Tensor::randint(actions as i64, [1, b, 1], (Kind::Int64, device)),
         rewards: Tensor::randn([1, b, 1], (Kind::Float, device)),
         discounts: Tensor::full([1, b, 1], 0.99, (Kind::Float, device)),
+        weights: None,
     }
 }
 

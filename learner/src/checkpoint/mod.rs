@@ -585,6 +585,7 @@ mod tests {
             actions: Tensor::ones([1, 4, 1], (Kind::Int64, Device::Cpu)),
             rewards: Tensor::ones([1, 4, 1], (Kind::Float, Device::Cpu)),
             discounts: Tensor::zeros([1, 4, 1], (Kind::Float, Device::Cpu)),
+            weights: None,
         };
         for _ in 0..3 {
             let _ = dqn.update(&batch);
@@ -669,6 +670,7 @@ mod tests {
             actions: Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
             rewards: Tensor::ones([1, 1, 1], (Kind::Float, Device::Cpu)),
             discounts: Tensor::zeros([1, 1, 1], (Kind::Float, Device::Cpu)),
+            weights: None,
         };
         let _ = dqn.update(&batch);
         save_state(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
@@ -680,16 +682,20 @@ mod tests {
         assert_eq!(names, ["meta.json", "model-000000000004.safetensors"]);
     }
 
-    fn replay_table(shards: usize, capacity: usize) -> Table {
-        Table::new(&ReplayConfig {
+    fn replay_config(shards: usize, capacity: usize) -> ReplayConfig {
+        ReplayConfig {
             capacity,
             shards,
             obs_row_bytes: 16,
             stack: 1,
             obs_rows_per_item: 1.5,
             limiter: RateLimiterConfig::sample_to_insert_ratio(4.0, 10, 1e9, 8).unwrap(),
-        })
-        .unwrap()
+            priority: None,
+        }
+    }
+
+    fn replay_table(shards: usize, capacity: usize) -> Table {
+        Table::new(&replay_config(shards, capacity)).unwrap()
     }
 
     /// Seven batches of five transitions (rewards = batch number), 35 in all.
@@ -719,11 +725,79 @@ mod tests {
             rewards: &mut r,
             discounts: &mut d,
             keys: &mut keys,
+            weights: &mut vec![0f32; n],
         };
         let got = table
             .try_sample(&mut rand::rngs::SmallRng::seed_from_u64(0), &mut out)
             .unwrap();
         got.map(|_| r)
+    }
+
+    #[test]
+    fn priorities_survive_a_checkpoint_and_resume_samples_the_same_distribution() {
+        let prioritized = |shards: usize| {
+            Table::new(&ReplayConfig {
+                priority: Some(millrace_replay::PriorityConfig {
+                    alpha: 0.6,
+                    beta: 0.4,
+                }),
+                ..replay_config(shards, 1000)
+            })
+            .unwrap()
+        };
+        let (env, net, dqn) = setup();
+        let table = prioritized(3);
+        fill(&table);
+        // The learner's TD errors on a sample: distinct priorities to keep.
+        let n = 16;
+        let mut rows = vec![0u8; 16 * n];
+        let mut next = vec![0u8; 16 * n];
+        let (mut a, mut r, mut d) = (vec![0i64; n], vec![0f32; n], vec![0f32; n]);
+        let (mut keys, mut w) = (vec![ItemKey::default(); n], vec![0f32; n]);
+        table
+            .try_sample(
+                &mut rand::rngs::SmallRng::seed_from_u64(1),
+                &mut SampleBuffers {
+                    obs: &mut rows,
+                    next_obs: &mut next,
+                    actions: &mut a,
+                    rewards: &mut r,
+                    discounts: &mut d,
+                    keys: &mut keys,
+                    weights: &mut w,
+                },
+            )
+            .unwrap()
+            .unwrap();
+        let td: Vec<f32> = (0..n).map(|i| 0.5 + 3.0 * i as f32).collect();
+        assert!(table.update_priorities(&keys, &td).applied > 0);
+        let dir = tempfile::tempdir().unwrap();
+        let latest = dir.path().join("latest");
+        save_state(&latest, &dqn.state(), Some(&table), meta(&env, &net)).unwrap();
+        let (m, _, at) = load_state(dir.path()).unwrap();
+        let restored = prioritized(2);
+        assert_eq!(restore_replay(&at, &m, &restored, 10).unwrap().held, 35);
+        // Every item (by its first observation) keeps its priority.
+        let priorities = |t: &Table| {
+            let mut v: Vec<(u32, u32)> = Vec::new();
+            t.snapshot(|_, b| {
+                for (i, p) in b.priorities.iter().enumerate() {
+                    let row = b.obs_index[i] as usize * 16;
+                    let x = f32::from_ne_bytes(b.obs[row..row + 4].try_into().unwrap());
+                    v.push((x.to_bits(), p.to_bits()));
+                }
+            });
+            v.sort_unstable();
+            v
+        };
+        let before = priorities(&table);
+        assert_eq!(before.len(), 35);
+        assert!(
+            before.iter().any(|(_, p)| f32::from_bits(*p) > 1.0),
+            "updated"
+        );
+        assert_eq!(priorities(&restored), before);
+        assert_eq!(restored.stats().max_priority, table.stats().max_priority);
     }
 
     #[test]

@@ -105,6 +105,16 @@ pub fn run(
     }
     let mut staging = StagingBuffer::new(&setup.env.obs, cfg.batch_size, None);
     let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 0x5eed);
+    // Priorities are applied as soon as a round is complete (on the CPU, in order):
+    // lock-step runs stay reproducible with prioritized replay too.
+    let mut feedback = cfg.replay.priority.map(|p| {
+        crate::priority_feedback::PriorityFeedback::new(
+            std::sync::Arc::clone(&setup.table),
+            p.beta,
+            p.feedback_every,
+            Device::Cpu,
+        )
+    });
     let mut version = setup.params.version();
     let mut source = Arc::clone(&setup.params);
     let mut stalls = StallTimes::default();
@@ -142,7 +152,10 @@ pub fn run(
             .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?
         {
             let batch = staging.to_device(Device::Cpu);
-            let _td = dqn.update(&batch);
+            let td = dqn.update(&batch);
+            if let Some(fb) = &mut feedback {
+                fb.push(&td, staging.keys(), setup.steps.get());
+            }
             if dqn
                 .updates()
                 .is_multiple_of(cfg.learner.publish_every.max(1))

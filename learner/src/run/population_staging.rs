@@ -23,6 +23,8 @@ pub struct PopulationStaging {
     rewards: Tensor,
     discounts: Tensor,
     keys: Vec<ItemKey>,
+    /// Importance weights: always 1 (populations sample uniformly).
+    weights: Vec<f32>,
     /// Which agents' slices hold a batch not used yet.
     ready: Vec<bool>,
     batch: usize,
@@ -40,6 +42,7 @@ impl PopulationStaging {
             rewards: zeros(&[k, b, 1], Kind::Float),
             discounts: zeros(&[k, b, 1], Kind::Float),
             keys: vec![ItemKey::default(); agents * batch],
+            weights: vec![1.0; agents * batch],
             ready: vec![false; agents],
             batch,
         }
@@ -72,7 +75,8 @@ impl PopulationStaging {
             actions: &mut bytemuck_mut::<i64>(actions)[rows.clone()],
             rewards: &mut bytemuck_mut::<f32>(rewards)[rows.clone()],
             discounts: &mut bytemuck_mut::<f32>(discounts)[rows.clone()],
-            keys: &mut self.keys[rows],
+            keys: &mut self.keys[rows.clone()],
+            weights: &mut self.weights[rows],
         };
         self.ready[row] = table.try_sample(rng, &mut out)?.is_some();
         Ok(self.ready[row])
@@ -98,6 +102,7 @@ impl PopulationStaging {
             actions: mv(&self.actions),
             rewards: mv(&self.rewards),
             discounts: mv(&self.discounts),
+            weights: None,
         }
     }
 }

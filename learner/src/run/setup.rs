@@ -74,6 +74,13 @@ pub fn replay_config(cfg: &RunConfig, env: &EnvSpec) -> Result<ReplayConfig, Run
             )
         },
         limiter,
+        priority: cfg
+            .replay
+            .priority
+            .map(|p| millrace_replay::PriorityConfig {
+                alpha: p.alpha,
+                beta: p.beta.start,
+            }),
     })
 }
 
@@ -191,7 +198,11 @@ pub fn prepare(
     checkpoint::files::write_json(&layout.config(), cfg).map_err(RunError::Config)?;
     let metrics = Metrics::new(&cfg.logdir, bar, monitor, steps.get())?;
     let p = network.layout().len * network.population * 4;
-    let staging_depth = crate::prefetch::default_depth(&env.obs, cfg.batch_size, cuda);
+    let staging_depth = cfg.replay.prefetch_depth(crate::prefetch::default_depth(
+        &env.obs,
+        cfg.batch_size,
+        cuda,
+    ));
     let batch_bytes = cfg.batch_size * (2 * env.obs.row_bytes() + 16);
     let footprint = Footprint {
         device: cfg.device,

@@ -26,6 +26,7 @@ use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter};
 use crate::config::{DeviceChoice, RunConfig};
 use crate::evaluation::Evaluator;
 use crate::prefetch::{Prefetcher, SamplerConfig};
+use crate::priority_feedback::PriorityFeedback;
 use crate::publisher::Publisher;
 use crate::server::{Route, Routes, ServerContext};
 use crate::update_loop::{self, Command, LearnerParts, LearnerReport};
@@ -137,6 +138,9 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         publisher,
         steps: Arc::clone(&setup.steps),
         footprint: setup.footprint,
+        feedback: cfg.replay.priority.map(|p| {
+            PriorityFeedback::new(Arc::clone(&setup.table), p.beta, p.feedback_every, device)
+        }),
         panic_after: cfg.faults.learner_panic.then_some(50),
         oom_after: cfg.faults.learner_oom.then_some(50),
     };

@@ -191,6 +191,7 @@ mod tests {
             stack: 1,
             obs_rows_per_item: 2.0,
             limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e9, 1).unwrap(),
+            priority: None,
         })
         .unwrap();
         AgentSpec {

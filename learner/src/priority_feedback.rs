@@ -1,0 +1,286 @@
+//! Prioritized replay's feedback: the learner's per-item TD errors back into replay as
+//! priorities, by the items' stable keys, and β's schedule.
+//!
+//! Each update leaves its TD errors on the device; every `every` updates they are
+//! joined and read back at once. On a GPU the read-back is an asynchronous copy into
+//! pinned memory, applied one round later, after an event says it has landed: the
+//! learner never waits for the device to drain its queue, and there is no host sync
+//! per update. An item overwritten since it was sampled is left alone (its key is
+//! stale); a TD error that is not finite is counted by replay and never stored.
+
+use std::sync::Arc;
+
+use millrace_replay::{ItemKey, PriorityUpdate, Table};
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::cuda::Marker;
+
+/// β, the importance-sampling exponent: linear from `start` to `end` over `steps` env
+/// steps, then `end` (Schaul et al. anneal it to 1; Ape-X keeps 0.4).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct BetaSchedule {
+    pub start: f64,
+    pub end: f64,
+    pub steps: u64,
+}
+
+impl BetaSchedule {
+    pub fn at(&self, env_steps: u64) -> f64 {
+        if self.steps == 0 {
+            return self.end;
+        }
+        let f = (env_steps as f64 / self.steps as f64).min(1.0);
+        self.start + f * (self.end - self.start)
+    }
+}
+
+/// A read-back on its way to the host (GPU): pinned memory, its keys, and the event
+/// after the copy.
+struct InFlight {
+    host: Tensor,
+    keys: Vec<ItemKey>,
+    marker: Marker,
+}
+
+/// Collects TD errors and keys per update; hands them to replay in rounds.
+pub struct PriorityFeedback {
+    table: Arc<Table>,
+    beta: BetaSchedule,
+    every: usize,
+    device: Device,
+    tds: Vec<Tensor>,
+    keys: Vec<ItemKey>,
+    in_flight: Option<InFlight>,
+    /// Markers of read-backs already applied, for reuse.
+    spare: Option<Marker>,
+    totals: PriorityUpdate,
+}
+
+impl std::fmt::Debug for PriorityFeedback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PriorityFeedback")
+            .field("every", &self.every)
+            .field("pending", &self.tds.len())
+            .field("totals", &self.totals)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PriorityFeedback {
+    /// Feedback into `table` every `every` updates (at least 1), for updates on
+    /// `device`; sets β for the first batches.
+    pub fn new(table: Arc<Table>, beta: BetaSchedule, every: usize, device: Device) -> Self {
+        table.set_beta(beta.at(0));
+        Self {
+            table,
+            beta,
+            every: every.max(1),
+            device,
+            tds: Vec::new(),
+            keys: Vec::new(),
+            in_flight: None,
+            spare: None,
+            totals: PriorityUpdate::default(),
+        }
+    }
+
+    /// Takes one update's TD errors (`[1, B]`, on the device) and the keys of the
+    /// items it was computed on; every `every` calls, hands the priorities to replay.
+    /// `env_steps` moves β along its schedule.
+    pub fn push(&mut self, td: &Tensor, keys: &[ItemKey], env_steps: u64) {
+        self.tds.push(td.detach().reshape([-1]));
+        self.keys.extend_from_slice(keys);
+        if self.tds.len() >= self.every {
+            self.flush(env_steps);
+        }
+    }
+
+    /// Hands every priority collected so far to replay, waiting for any read-back in
+    /// flight (the end of a run, or before a checkpoint).
+    pub fn finish(&mut self) {
+        if !self.tds.is_empty() {
+            self.round();
+        }
+        self.land();
+    }
+
+    /// What replay did with the priorities handed over so far.
+    pub fn totals(&self) -> PriorityUpdate {
+        self.totals
+    }
+
+    fn flush(&mut self, env_steps: u64) {
+        self.table.set_beta(self.beta.at(env_steps));
+        self.round();
+    }
+
+    /// One round: |TD| of the collected updates, read back (on a GPU, asynchronously:
+    /// the previous round's read-back is applied instead).
+    fn round(&mut self) {
+        let td = Tensor::cat(&self.tds, 0).abs().to_kind(Kind::Float);
+        self.tds.clear();
+        let keys = std::mem::take(&mut self.keys);
+        let Device::Cuda(i) = self.device else {
+            self.apply(&td, &keys);
+            return;
+        };
+        // Pinned, so that the copy does not block: PyTorch pins the destination of a
+        // non-blocking copy to the host.
+        let host = td.to_device_(Device::Cpu, Kind::Float, true, false);
+        let marker = match self.spare.take().map_or_else(|| Marker::new(i), Ok) {
+            Ok(m) if m.record().is_ok() => m,
+            _ => {
+                // No event: wait for the copy here (correct, slower).
+                tch::Cuda::synchronize(i as i64);
+                self.land();
+                self.apply(&host, &keys);
+                return;
+            }
+        };
+        self.land();
+        self.in_flight = Some(InFlight { host, keys, marker });
+    }
+
+    /// Applies the read-back in flight, if any, once it has landed.
+    fn land(&mut self) {
+        let Some(f) = self.in_flight.take() else {
+            return;
+        };
+        if f.marker.wait().is_err() {
+            if let Device::Cuda(i) = self.device {
+                tch::Cuda::synchronize(i as i64);
+            }
+        }
+        self.apply(&f.host, &f.keys);
+        self.spare = Some(f.marker);
+    }
+
+    fn apply(&mut self, host: &Tensor, keys: &[ItemKey]) {
+        let priorities = match Vec::<f32>::try_from(host) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!("priorities: cannot read TD errors back: {e}");
+                return;
+            }
+        };
+        let r = self.table.update_priorities(keys, &priorities);
+        self.totals.applied += r.applied;
+        self.totals.stale += r.stale;
+        self.totals.invalid += r.invalid;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_proto::TransitionBatch;
+    use millrace_replay::{PriorityConfig, RateLimiterConfig, ReplayConfig, SampleBuffers};
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+
+    #[test]
+    fn beta_anneals_linearly_then_holds() {
+        let b = BetaSchedule {
+            start: 0.4,
+            end: 1.0,
+            steps: 1000,
+        };
+        assert_eq!(b.at(0), 0.4);
+        assert!((b.at(500) - 0.7).abs() < 1e-12);
+        assert_eq!((b.at(1000), b.at(10_000)), (1.0, 1.0));
+        let fixed = BetaSchedule {
+            start: 0.4,
+            end: 0.4,
+            steps: 0,
+        };
+        assert_eq!(fixed.at(123), 0.4);
+    }
+
+    #[test]
+    fn td_errors_become_priorities_of_the_sampled_items_in_rounds() {
+        let table = Arc::new(
+            Table::new(&ReplayConfig {
+                capacity: 64,
+                shards: 2,
+                obs_row_bytes: 4,
+                stack: 1,
+                obs_rows_per_item: 2.0,
+                limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e9, 1).unwrap(),
+                priority: Some(PriorityConfig {
+                    alpha: 1.0,
+                    beta: 0.0,
+                }),
+            })
+            .unwrap(),
+        );
+        for seq in 0..4 {
+            let mut b = TransitionBatch::with_capacity(4, 8, 16);
+            for v in 0..8i64 {
+                let v = v + 8 * seq as i64;
+                b.push_f32(&[v as f32], v, 0.0, 0.9, &[v as f32]);
+            }
+            b.seq = seq;
+            table.insert(&b).unwrap();
+        }
+        let beta = BetaSchedule {
+            start: 0.2,
+            end: 0.6,
+            steps: 100,
+        };
+        let mut fb = PriorityFeedback::new(Arc::clone(&table), beta, 2, Device::Cpu);
+        assert_eq!(table.beta(), 0.2);
+        let sample = |n: usize| {
+            let mut out = (
+                vec![0u8; 4 * n],
+                vec![0u8; 4 * n],
+                vec![0i64; n],
+                vec![0f32; n],
+                vec![0f32; n],
+                vec![ItemKey::default(); n],
+                vec![0f32; n],
+            );
+            table
+                .sample(
+                    &mut SmallRng::seed_from_u64(n as u64),
+                    &mut SampleBuffers {
+                        obs: &mut out.0,
+                        next_obs: &mut out.1,
+                        actions: &mut out.2,
+                        rewards: &mut out.3,
+                        discounts: &mut out.4,
+                        keys: &mut out.5,
+                        weights: &mut out.6,
+                    },
+                )
+                .unwrap();
+            (out.2, out.5)
+        };
+        let (a1, k1) = sample(4);
+        let (a2, k2) = sample(4);
+        // TD errors of either sign: priorities are their magnitudes.
+        let td = |a: &[i64]| {
+            Tensor::from_slice(&a.iter().map(|v| -(*v as f32) - 1.0).collect::<Vec<_>>())
+                .view([1, -1])
+        };
+        fb.push(&td(&a1), &k1, 10);
+        assert_eq!(fb.totals().applied, 0, "not before a round is complete");
+        fb.push(&td(&a2), &k2, 50);
+        assert_eq!(fb.totals().applied, 8);
+        assert!((table.beta() - 0.4).abs() < 1e-12, "β at 50 of 100 steps");
+        let mut stored = Vec::new();
+        table.snapshot(|_, b| stored.extend(b.actions.iter().copied().zip(b.priorities.clone())));
+        for (a, p) in stored {
+            if a1.contains(&a) || a2.contains(&a) {
+                assert_eq!(p, a as f32 + 1.0, "item {a}");
+            } else {
+                assert_eq!(p, 1.0, "item {a}: untouched, the initial maximum");
+            }
+        }
+        // A partial round goes in on finish.
+        let (a3, k3) = sample(2);
+        fb.push(&td(&a3), &k3, 60);
+        fb.finish();
+        assert_eq!(fb.totals().applied, 10);
+    }
+}
