@@ -10,9 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use millrace_learner::cli::{Args, Command, TrainArgs, Which};
+use millrace_learner::cli::{Command, TrainArgs, Which};
 use millrace_learner::{checkpoint, cli, evaluation, export};
 
 /// Log output that shares the terminal with the progress bar.
@@ -45,7 +44,10 @@ fn init_logging(bar: Option<ProgressBar>) {
         .init();
 }
 
-fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
+fn train(
+    args: TrainArgs,
+    env_defaults: &millrace_learner::env_defaults::Flags,
+) -> anyhow::Result<ExitCode> {
     let show_bar = !args.no_progress && std::io::stderr().is_terminal();
     let bar = show_bar.then(|| {
         let bar = ProgressBar::with_draw_target(Some(args.max_steps), ProgressDrawTarget::stderr());
@@ -57,6 +59,17 @@ fn train(args: TrainArgs) -> anyhow::Result<ExitCode> {
         bar
     });
     init_logging(bar.clone());
+    if !env_defaults.is_empty() {
+        let flags: Vec<String> = env_defaults
+            .iter()
+            .map(|(k, v)| format!("--{k} {v}"))
+            .collect();
+        tracing::info!(
+            "{}'s defaults from learner/hyperparams.toml (flags given win): {}",
+            args.env,
+            flags.join(" ")
+        );
+    }
     let restarted = args.resume_if_present;
     let cfg = args.into_config()?;
     if restarted {
@@ -253,9 +266,11 @@ fn doctor() -> anyhow::Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let parsed = millrace_learner::env_defaults::parse(&argv).unwrap_or_else(|e| e.exit());
+    let args = parsed.args;
     let result = match args.command {
-        None => train(args.train),
+        None => train(args.train, &parsed.applied),
         Some(Command::Export {
             checkpoint,
             agent,

@@ -1,0 +1,191 @@
+//! Per-environment default hyperparameters (`learner/hyperparams.toml`, one file for
+//! every environment, as rl-zoo3's `hyperparams/dqn.yml`), applied beneath the command
+//! line: a flag the user typed always wins, and the effective configuration is printed
+//! and saved with the run as ever.
+//!
+//! The defaults become command-line arguments placed before the user's, for the flags
+//! the user did not give, so that they are parsed and checked exactly as typed ones.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
+
+use crate::cli::Args;
+
+/// The file, compiled in: a binary's defaults are the ones it was built with.
+pub const HYPERPARAMS: &str = include_str!("../hyperparams.toml");
+
+/// Flags and values, by flag name without dashes.
+pub type Flags = BTreeMap<String, String>;
+
+/// The defaults `HYPERPARAMS` gives `env` (empty when it has no table).
+pub fn for_env(env: &str) -> Result<Flags, String> {
+    let all: toml::Table =
+        toml::from_str(HYPERPARAMS).map_err(|e| format!("hyperparams.toml: {e}"))?;
+    let Some(table) = all.get(env) else {
+        return Ok(Flags::new());
+    };
+    let table = table
+        .as_table()
+        .ok_or_else(|| format!("hyperparams.toml: [{env:?}] is not a table"))?;
+    table
+        .iter()
+        .map(|(k, v)| {
+            Ok((
+                k.clone(),
+                value(v).map_err(|e| format!("hyperparams.toml: [{env:?}] {k}: {e}"))?,
+            ))
+        })
+        .collect()
+}
+
+/// A TOML value as it would be typed after its flag.
+fn value(v: &toml::Value) -> Result<String, String> {
+    match v {
+        toml::Value::String(s) => Ok(s.clone()),
+        toml::Value::Integer(i) => Ok(i.to_string()),
+        toml::Value::Float(f) => Ok(f.to_string()),
+        toml::Value::Boolean(b) => Ok(b.to_string()),
+        toml::Value::Array(items) => Ok(items
+            .iter()
+            .map(value)
+            .collect::<Result<Vec<_>, _>>()?
+            .join(",")),
+        other => Err(format!("unsupported value {other}")),
+    }
+}
+
+/// What parsing with defaults applied: the arguments, and the defaults that took
+/// effect (those the command line did not override), to print.
+#[derive(Debug)]
+pub struct Parsed {
+    pub args: Args,
+    pub applied: Flags,
+}
+
+/// Parses `argv` (the program name first) with `defaults` beneath it: each default
+/// whose flag the command line does not give is inserted before the user's arguments.
+/// A default naming no flag is an error, as is one clap refuses.
+pub fn parse_with(argv: &[OsString], defaults: &Flags) -> Result<Parsed, clap::Error> {
+    let mut cmd = Args::command();
+    let given = cmd.try_get_matches_from_mut(argv)?;
+    let mut inserted: Vec<OsString> = Vec::new();
+    let mut applied = Flags::new();
+    for (flag, v) in defaults {
+        let Some(arg) = cmd
+            .get_arguments()
+            .find(|a| a.get_long() == Some(flag.as_str()))
+        else {
+            return Err(cmd.error(
+                clap::error::ErrorKind::UnknownArgument,
+                format!("hyperparams.toml names --{flag}, which `learner` does not have"),
+            ));
+        };
+        if given.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine) {
+            continue;
+        }
+        if arg.get_action().takes_values() {
+            inserted.push(format!("--{flag}").into());
+            inserted.push(v.into());
+        } else if v == "true" {
+            inserted.push(format!("--{flag}").into());
+        } else if v != "false" {
+            return Err(cmd.error(
+                clap::error::ErrorKind::InvalidValue,
+                format!("hyperparams.toml: --{flag} is a switch: true or false, not {v:?}"),
+            ));
+        }
+        applied.insert(flag.clone(), v.clone());
+    }
+    if inserted.is_empty() {
+        return Ok(Parsed {
+            args: Args::from_arg_matches(&given)?,
+            applied,
+        });
+    }
+    let mut all = vec![argv.first().cloned().unwrap_or_else(|| "learner".into())];
+    all.extend(inserted);
+    all.extend(argv.iter().skip(1).cloned());
+    let matches = Args::command().try_get_matches_from(all)?;
+    Ok(Parsed {
+        args: Args::from_arg_matches(&matches)?,
+        applied,
+    })
+}
+
+/// The command line with the environment's defaults beneath it (training only: a
+/// subcommand's arguments are parsed as given).
+pub fn parse(argv: &[OsString]) -> Result<Parsed, clap::Error> {
+    let plain = parse_with(argv, &Flags::new())?;
+    if plain.args.command.is_some() {
+        return Ok(plain);
+    }
+    let defaults = for_env(&plain.args.train.env)
+        .map_err(|e| Args::command().error(clap::error::ErrorKind::InvalidValue, e))?;
+    parse_with(argv, &defaults)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        std::iter::once("learner")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    #[test]
+    fn every_table_parses_into_a_valid_configuration() {
+        let all: toml::Table = toml::from_str(HYPERPARAMS).unwrap();
+        assert!(all.len() >= 2, "Acrobot and MountainCar at least");
+        for env in all.keys() {
+            let parsed = parse(&argv(&["--cpu", "--env", env])).unwrap();
+            assert_eq!(
+                parsed.applied.len(),
+                all[env].as_table().unwrap().len(),
+                "{env}"
+            );
+            parsed
+                .args
+                .train
+                .into_config()
+                .unwrap_or_else(|e| panic!("{env}: {e}"));
+        }
+    }
+
+    #[test]
+    fn defaults_apply_beneath_the_command_line() {
+        let p = parse(&argv(&["--cpu", "--env", "Acrobot-v1", "--lr", "0.01"])).unwrap();
+        let t = &p.args.train;
+        assert_eq!(t.lr, 0.01, "the command line wins");
+        assert_eq!(t.batch_size, 128, "the file's");
+        assert_eq!(t.hidden, [256, 256], "a list replaced, not appended to");
+        assert!(!p.applied.contains_key("lr"));
+        assert_eq!(p.applied["batch-size"], "128");
+        let p = parse(&argv(&["--cpu", "--env", "Acrobot-v1", "--hidden", "64"])).unwrap();
+        assert_eq!(p.args.train.hidden, [64]);
+        // CartPole has no table: the flags' own defaults.
+        let p = parse(&argv(&["--cpu"])).unwrap();
+        assert!(p.applied.is_empty());
+        assert_eq!(p.args.train.lr, 2.3e-3);
+    }
+
+    #[test]
+    fn defaults_naming_unknown_flags_or_bad_values_are_refused() {
+        let mut bad = Flags::new();
+        bad.insert("learning-rate".into(), "0.1".into());
+        let e = parse_with(&argv(&["--cpu"]), &bad).unwrap_err().to_string();
+        assert!(e.contains("--learning-rate"), "{e}");
+        let mut bad = Flags::new();
+        bad.insert("lr".into(), "fast".into());
+        assert!(parse_with(&argv(&["--cpu"]), &bad).is_err());
+        let mut switch = Flags::new();
+        switch.insert("deterministic".into(), "true".into());
+        let p = parse_with(&argv(&["--cpu"]), &switch).unwrap();
+        assert!(p.args.train.deterministic);
+    }
+}
