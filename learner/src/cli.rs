@@ -223,8 +223,8 @@ pub struct TrainArgs {
 
     /// Stop when a greedy evaluation's mean return reaches this, and a second one on
     /// fresh episodes confirms it. Default: the environment's Gymnasium reward
-    /// threshold (475 for CartPole-v1).
-    #[arg(long)]
+    /// threshold (475 for CartPole-v1). Negative values as typed (`--target-return -80`).
+    #[arg(long, allow_negative_numbers = true)]
     pub target_return: Option<f32>,
 
     /// Directory for TensorBoard event files and the checkpoint (`checkpoint/`).
@@ -287,6 +287,11 @@ pub struct TrainArgs {
     /// Gradient L2-norm clip.
     #[arg(long, default_value_t = 10.0)]
     pub max_grad_norm: f64,
+
+    /// A dueling head (Wang et al. 2016): the last hidden layer split into a value and
+    /// an advantage stream, Q = V + A − mean(A). Published policies stay plain MLPs.
+    #[arg(long)]
+    pub dueling: bool,
 
     /// Replay ratio as items sampled per item inserted. 32 with batch 64 is one update
     /// per two env steps, rl-zoo3's CartPole ratio (128 gradient steps per 256 steps).
@@ -757,6 +762,14 @@ impl TrainArgs {
             }
             None => None,
         };
+        if args.dueling {
+            if population {
+                bail!("--dueling is for one agent: a population's networks are plain (for now)");
+            }
+            let network = crate::network::build(args.network, &spec, &args.hidden)?;
+            crate::dueling::DuelingHead::new(&network, tch::Device::Cpu)
+                .map_err(|e| anyhow::anyhow!("--dueling: {e}"))?;
+        }
         let priority = args.sampling.priority(args.max_steps)?;
         if priority.is_some() && population {
             bail!(
@@ -790,6 +803,7 @@ impl TrainArgs {
                 lr: args.lr,
                 max_grad_norm: args.max_grad_norm,
                 target,
+                dueling: args.dueling,
                 ..DqnConfig::default()
             },
             batch_size: args.batch_size,
@@ -854,6 +868,14 @@ mod tests {
         assert_eq!(json["dqn"]["lr"], 2.3e-3);
         assert_eq!(json["replay"]["capacity"], 100_000);
         assert_eq!(json["device"], "cpu");
+    }
+
+    #[test]
+    fn negative_targets_parse_as_typed() {
+        let args =
+            Args::try_parse_from(["learner", "--env", "Acrobot-v1", "--target-return", "-80"])
+                .unwrap();
+        assert_eq!(args.train.target_return, Some(-80.0));
     }
 
     #[test]

@@ -33,6 +33,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
+use crate::dueling::DuelingHead;
 use crate::host_adam;
 use crate::population::{AgentHparams, AgentTensors, Sync};
 
@@ -58,6 +59,8 @@ pub struct DqnConfig {
     /// Huber loss threshold between quadratic and linear.
     pub huber_delta: f64,
     pub target: TargetUpdate,
+    /// A dueling head (value and advantage streams, [`crate::dueling`]).
+    pub dueling: bool,
 }
 
 impl Default for DqnConfig {
@@ -71,6 +74,7 @@ impl Default for DqnConfig {
             max_grad_norm: 10.0,
             huber_delta: 1.0,
             target: TargetUpdate::Hard { period: 200 },
+            dueling: false,
         }
     }
 }
@@ -113,7 +117,10 @@ impl Batch {
 
 /// Online and target parameters, Adam state and on-device statistics.
 pub struct Dqn {
+    /// The learner's network (with a dueling head's extra output, if it has one).
     spec: NetworkSpec,
+    /// The dueling head, whose published network is what [`Dqn::spec`] returns.
+    dueling: Option<DuelingHead>,
     config: DqnConfig,
     device: Device,
     /// `[K, P]`.
@@ -361,7 +368,11 @@ impl Dqn {
         device: Device,
     ) -> Self {
         assert_eq!(agents.len(), spec.population, "one entry per agent");
-        let layout = spec.layout();
+        let head = config
+            .dueling
+            .then(|| DuelingHead::new(&spec, Device::Cpu))
+            .and_then(Result::ok);
+        let layout = head.as_ref().map_or(&spec, |h| h.internal()).layout();
         let (k, p) = (spec.population, layout.len);
         let mut values = vec![0.0f32; k * p];
         for (agent, hp) in values.chunks_exact_mut(p).zip(agents) {
@@ -379,6 +390,9 @@ impl Dqn {
                         *v = rng.random_range(-bound..bound);
                     }
                 }
+            }
+            if let Some(h) = &head {
+                h.mask_host(agent);
             }
         }
         let host = Tensor::from_slice(&values).view([k as i64, p as i64]);
@@ -411,7 +425,7 @@ impl Dqn {
     /// # Panics
     /// If a state is not one agent's of this network.
     pub fn admit_states(&self, newcomers: Vec<(AgentHparams, Option<DqnState>)>) -> Self {
-        let mut spec = self.spec.clone();
+        let mut spec = self.spec().clone();
         spec.population = newcomers.len();
         let fresh = Self::population_states(spec, self.config.clone(), newcomers, self.device);
         let hps = fresh.agents.hparams.clone();
@@ -478,7 +492,7 @@ impl Dqn {
         counters: impl Fn(&Tensor, &Tensor) -> Tensor,
         other: &Self,
     ) -> Self {
-        let mut spec = self.spec.clone();
+        let mut spec = self.spec().clone();
         spec.population = agents.len();
         let mut next = Self::restore_joined(
             spec,
@@ -530,6 +544,12 @@ impl Dqn {
         state: DqnState,
     ) -> Self {
         assert_eq!(agents.len(), spec.population, "one entry per agent");
+        // A spec that cannot have a dueling head was refused when the flags were
+        // checked.
+        let dueling = config
+            .dueling
+            .then(|| DuelingHead::new(&spec, device).expect("a dueling head fits this network"));
+        let spec = dueling.as_ref().map_or(spec, |h| h.internal().clone());
         let layout = spec.layout();
         let k = spec.population as i64;
         // Contiguous f32: the CPU's optimizer works on the flat storage.
@@ -552,6 +572,7 @@ impl Dqn {
         let torso = Torso::new(&spec, &online, &target, &grad);
         Self {
             spec,
+            dueling,
             config,
             device,
             online,
@@ -610,8 +631,12 @@ impl Dqn {
         self.host_optimizer = false;
     }
 
+    /// The network as actors, evaluation and export see it (a dueling head folded into
+    /// a plain last layer).
     pub fn spec(&self) -> &NetworkSpec {
-        &self.spec
+        self.dueling
+            .as_ref()
+            .map_or(&self.spec, DuelingHead::published)
     }
 
     pub fn device(&self) -> Device {
@@ -695,7 +720,10 @@ impl Dqn {
             inputs.push(h);
             h = if l + 1 < layers { z.relu() } else { z };
         }
-        let q_all = h;
+        let q_all = match &self.dueling {
+            Some(head) => head.q(&h),
+            None => h,
+        };
         let q_next_target = self.target_q(&batch.obs2.narrow(1, b, b));
         let targets = double_dqn_targets(
             &q_all.narrow(1, b, b),
@@ -716,6 +744,9 @@ impl Dqn {
         let _ = g.g_mul_scalar_(1.0 / b as f64);
         let mut d = q.zeros_like();
         let _ = d.scatter_(2, &batch.actions, &g);
+        if let Some(head) = &self.dueling {
+            d = head.dz(&d);
+        }
         // Backward through the layers, on the first B rows only (next_obs is not
         // differentiated); ReLU's derivative is read off its output.
         for l in (0..layers).rev() {
@@ -734,17 +765,31 @@ impl Dqn {
                 }
             }
         }
+        if let Some(head) = &self.dueling {
+            head.mask(&self.grad_views[2 * (layers - 1)]);
+        }
         (q_taken, targets)
+    }
+
+    /// The dueling head's Q-values from the last layer's outputs (the outputs as they
+    /// are without one).
+    fn head(&self, z: Tensor) -> Tensor {
+        match &self.dueling {
+            Some(head) => head.q(&z),
+            None => z,
+        }
     }
 
     /// Q-values of the target network for next observations `[K, B, ...]` (no graph).
     fn target_q(&self, next_obs: &Tensor) -> Tensor {
-        tch::no_grad(|| match &self.torso {
-            Some(t) => forward(
-                &self.target_views,
-                &torso_forward(&t.target, &t.strides, &t.image, next_obs),
-            ),
-            None => forward(&self.target_views, next_obs),
+        tch::no_grad(|| {
+            self.head(match &self.torso {
+                Some(t) => forward(
+                    &self.target_views,
+                    &torso_forward(&t.target, &t.strides, &t.image, next_obs),
+                ),
+                None => forward(&self.target_views, next_obs),
+            })
         })
     }
 
@@ -942,8 +987,7 @@ impl Dqn {
     /// The online parameters as host floats, `[K, P]` row-major (to publish to actors).
     pub fn online_params(&self) -> Vec<f32> {
         let host = self
-            .online
-            .detach()
+            .published(&self.online.detach())
             .to_device(Device::Cpu)
             .contiguous()
             .view([-1]);
@@ -963,20 +1007,31 @@ impl Dqn {
 
     /// A copy of the online parameters `[K, P]` on the device (queued, no host sync).
     pub fn online_snapshot(&self) -> Tensor {
-        tch::no_grad(|| self.online.copy())
+        tch::no_grad(|| match &self.dueling {
+            Some(head) => head.fold(&self.online),
+            None => self.online.copy(),
+        })
+    }
+
+    /// Parameters `[K, P]` as published: a dueling head folded into its last layer.
+    fn published(&self, flat: &Tensor) -> Tensor {
+        match &self.dueling {
+            Some(head) => tch::no_grad(|| head.fold(flat)),
+            None => flat.shallow_clone(),
+        }
     }
 
     /// Q-values of the online network for `obs` `[K, N, ...]` (tests, export).
     pub fn q_values(&self, obs: &Tensor) -> Tensor {
         tch::no_grad(|| {
             let obs = obs.to_device(self.device);
-            match &self.torso {
+            self.head(match &self.torso {
                 Some(t) => forward(
                     &self.online_views,
                     &torso_forward(&t.online, &t.strides, &t.image, &obs),
                 ),
                 None => forward(&self.online_views, &obs),
-            }
+            })
         })
     }
 
@@ -1182,6 +1237,95 @@ mod tests {
         );
     }
 
+    /// The dueling head's hand-written backward against autograd through the head's
+    /// combination (autograd's gradient masked as the update masks it), for a
+    /// population of 2 and 3 actions.
+    #[test]
+    fn dueling_backward_matches_autograd_and_publishes_a_plain_network() {
+        let obs = ObsSpec {
+            shape: vec![3],
+            dtype: DType::F32,
+        };
+        let spec = NetworkSpec::mlp(&obs, &[8, 6], 3, 2).unwrap();
+        let cfg = DqnConfig {
+            dueling: true,
+            ..config()
+        };
+        let mut dqn = Dqn::new(spec.clone(), cfg.clone(), Device::Cpu, 5);
+        let other = Dqn::new(spec.clone(), cfg.clone(), Device::Cpu, 6);
+        dqn.target.copy_(&other.online);
+        let (k, b) = (2, 16);
+        tch::manual_seed(12);
+        let batch = Batch {
+            obs2: Tensor::randn([k, 2 * b, 3], (Kind::Float, Device::Cpu)),
+            actions: Tensor::randint(3, [k, b, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::randn([k, b, 1], (Kind::Float, Device::Cpu)) * 3.0,
+            discounts: Tensor::rand([k, b, 1], (Kind::Float, Device::Cpu)).round() * 0.99,
+            weights: Some(Tensor::rand([k, b, 1], (Kind::Float, Device::Cpu))),
+        };
+        let _ = dqn.gradient(&batch);
+        let manual = dqn.grad.copy();
+        let head = dqn.dueling.as_ref().unwrap();
+        let layout = head.internal().layout();
+        let leaf = dqn.online.detach().copy().set_requires_grad(true);
+        let views = param_views(&leaf, &layout, k);
+        let q_all = head.q(&forward(&views, &batch.obs2));
+        let targets = tch::no_grad(|| {
+            let q_next_target = dqn.target_q(&batch.obs2.narrow(1, b, b));
+            double_dqn_targets(
+                &q_all.narrow(1, b, b),
+                &q_next_target,
+                &batch.rewards,
+                &batch.discounts,
+            )
+        });
+        let q = q_all.narrow(1, 0, b).gather(2, &batch.actions, false);
+        let loss = (q.huber_loss(&targets, Reduction::None, 1.0) * batch.weights.as_ref().unwrap())
+            .mean_dim([1i64, 2].as_slice(), false, Kind::Float)
+            .sum(Kind::Float);
+        let auto = Tensor::run_backward(&[&loss], &[&leaf], false, false)
+            .pop()
+            .unwrap();
+        head.mask(&param_views(&auto, &layout, k)[4]);
+        let err = (&manual - &auto).abs().max().double_value(&[]);
+        let scale = auto.abs().max().double_value(&[]);
+        assert!(scale > 1e-3, "gradient is not trivially zero");
+        assert!(
+            err < 1e-5 * scale.max(1.0),
+            "max |manual - autograd| = {err}"
+        );
+
+        // Updates never move the cross-stream weights off zero.
+        for _ in 0..20 {
+            let _ = dqn.update(&batch);
+        }
+        let w = &param_views(&dqn.online, &layout, k)[4];
+        let crossed = (w - &(w * head_mask(&dqn))).abs().max().double_value(&[]);
+        assert_eq!(crossed, 0.0, "the streams stay apart");
+
+        // What is published is a plain network of the published spec, with the same Q.
+        assert_eq!(dqn.spec(), &spec);
+        let published = Tensor::from_slice(&dqn.online_params()).view([k, -1]);
+        assert_eq!(published.size()[1] as usize, spec.layout().len);
+        let x = Tensor::randn([k, 5, 3], (Kind::Float, Device::Cpu));
+        let plain = forward(&param_views(&published, &spec.layout(), k), &x);
+        let ours = dqn.q_values(&x);
+        let diff = (&plain - &ours).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "published network differs by {diff}");
+        let snapshot = dqn.online_snapshot();
+        assert!(snapshot.allclose(&published, 1e-6, 1e-6, false));
+    }
+
+    /// The dueling head's mask, as a tensor of the last layer's weight shape.
+    fn head_mask(dqn: &Dqn) -> Tensor {
+        let head = dqn.dueling.as_ref().unwrap();
+        let layout = head.internal().layout();
+        let ones = Tensor::ones([1, layout.len as i64], (Kind::Float, Device::Cpu));
+        let w = param_views(&ones, &layout, 1)[4].copy();
+        head.mask(&w);
+        w
+    }
+
     #[test]
     fn manual_backward_matches_autograd() {
         check_gradient_against_autograd(1, false);
@@ -1213,8 +1357,21 @@ mod tests {
 
     #[test]
     fn cnn_gradient_matches_autograd_end_to_end() {
-        let mut dqn = Dqn::new(cnn_spec(), config(), Device::Cpu, 5);
-        let other = Dqn::new(cnn_spec(), config(), Device::Cpu, 6);
+        check_cnn_gradient(false);
+    }
+
+    #[test]
+    fn cnn_dueling_gradient_matches_autograd_end_to_end() {
+        check_cnn_gradient(true);
+    }
+
+    fn check_cnn_gradient(dueling: bool) {
+        let cfg = DqnConfig {
+            dueling,
+            ..config()
+        };
+        let mut dqn = Dqn::new(cnn_spec(), cfg.clone(), Device::Cpu, 5);
+        let other = Dqn::new(cnn_spec(), cfg, Device::Cpu, 6);
         dqn.target.copy_(&other.online);
         let b = 6;
         tch::manual_seed(12);
@@ -1235,10 +1392,10 @@ mod tests {
             conv_views(&leaf, &layout, 1),
         );
         let t = dqn.torso.as_ref().unwrap();
-        let q_all = forward(
+        let q_all = dqn.head(forward(
             &head,
             &torso_forward(&conv, &t.strides, &t.image, &batch.obs2),
-        );
+        ));
         let targets = tch::no_grad(|| {
             double_dqn_targets(
                 &q_all.narrow(1, b, b),
@@ -1252,6 +1409,10 @@ mod tests {
         let auto = Tensor::run_backward(&[&loss], &[&leaf], false, false)
             .pop()
             .unwrap();
+        if let Some(d) = &dqn.dueling {
+            let last = layout.entries.len() - 2;
+            d.mask(&param_views(&auto, &layout, 1)[last]);
+        }
         let conv0 = layout.conv[0].offset as i64;
         for (what, lo, len) in [
             ("head", 0, conv0),

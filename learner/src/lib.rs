@@ -22,6 +22,7 @@ pub mod config;
 pub mod cuda;
 pub mod doctor;
 pub mod dqn;
+pub mod dueling;
 pub mod env_defaults;
 pub mod evaluation;
 pub mod export;

@@ -310,3 +310,37 @@ fn deterministic_prioritized_runs_are_bit_identical() {
     assert_eq!(a, b);
     assert!(model_a == model_b, "same parameters, bit for bit");
 }
+
+#[test]
+fn a_dueling_network_solves_and_its_saved_policies_are_plain_mlps_in_gymnasium() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = learner(
+        &[
+            "--deterministic",
+            "--dueling",
+            "--seed",
+            "1",
+            "--max-steps",
+            "60000",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
+    let config = read_json(&dir.path().join("checkpoint/config.json"));
+    assert_eq!(config["dqn"]["dueling"], true);
+    let latest = read_json(&dir.path().join("checkpoint/latest/meta.json"));
+    assert_eq!(
+        latest["dueling"], true,
+        "the learner's state holds the streams"
+    );
+    // The solved policy and the latest state, folded, play in Gymnasium as plain
+    // MLPs of the published network.
+    let ckpt = dir.path().join("checkpoint");
+    let solved = play_in_gymnasium(&ckpt, "solved", dir.path());
+    assert!(
+        solved["mean"].as_f64().unwrap() >= 475.0,
+        "Gymnasium: {solved}"
+    );
+    let last = play_in_gymnasium(&ckpt, "latest", dir.path());
+    assert_agree(&last, &eval_json(&ckpt, "latest"));
+}

@@ -29,6 +29,7 @@ use millrace_replay::Table;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
+use crate::dueling::DuelingHead;
 pub use files::CheckpointError;
 use files::{
     invalid, io, plain_name, read_json, remove_unreferenced, tensor_err, write_atomic, write_json,
@@ -167,6 +168,22 @@ pub struct StateMeta {
     pub last_eval: Option<EvalRecord>,
     /// Set when the run ended here for good ("solved" or "max steps").
     pub run_finished: Option<String>,
+    /// The learner's networks have a dueling head: the tensors hold its streams (the
+    /// network with one more output, [`crate::dueling`]); `network` is the published
+    /// plain one.
+    #[serde(default)]
+    pub dueling: bool,
+}
+
+impl StateMeta {
+    /// The network the saved tensors are laid out by: `network`, or with a dueling
+    /// head its learner-side form.
+    pub fn learner_network(&self) -> Result<NetworkSpec, String> {
+        match self.dueling {
+            true => DuelingHead::new(&self.network, Device::Cpu).map(|h| h.internal().clone()),
+            false => Ok(self.network.clone()),
+        }
+    }
 }
 
 impl StateMeta {
@@ -194,6 +211,7 @@ impl StateMeta {
             replay_samples: 0,
             last_eval: None,
             run_finished: None,
+            dueling: false,
         }
     }
 }
@@ -230,6 +248,9 @@ pub fn save_state(
     meta.updates = state.updates;
     meta.adam_step = state.adam_step;
     meta.model_file = format!("model-{:012}.safetensors", state.updates);
+    // A learner with a dueling head holds more parameters than its published network.
+    let held = state.online.size().get(1).copied().unwrap_or(0) as usize;
+    meta.dueling = held != meta.network.layout().len;
     let model = dir.join(&meta.model_file);
     write_atomic(&model, |tmp| {
         let tensors = [&state.online, &state.target, &state.adam_m, &state.adam_v];
@@ -332,7 +353,8 @@ pub fn load_state(path: &Path) -> Result<(StateMeta, DqnState, PathBuf), Checkpo
     let dir = Layout::find(path)?.latest();
     let meta_path = dir.join(META);
     let model = dir.join(plain_name(&meta_path, &meta.model_file)?);
-    let mut t = read_tensors(&meta_path, &model, &meta.network, &TENSORS)?.into_iter();
+    let network = meta.learner_network().map_err(|e| invalid(&meta_path, e))?;
+    let mut t = read_tensors(&meta_path, &model, &network, &TENSORS)?.into_iter();
     let mut take = || t.next().expect("one tensor per name");
     let state = DqnState {
         online: take(),
@@ -507,11 +529,16 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
             layout.root.display()
         )));
     }
+    // Latest: the learner's tensors, folded into the published network if need be.
+    let mut learner_network = None;
     let (env, network, version, steps, updates, eval, confirm, file) = match which {
         Which::Latest => {
             let m: StateMeta = read_json(&meta_path)?;
             check_format(&meta_path, m.format)?;
             let file = plain_name(&meta_path, &m.model_file)?.to_string();
+            if m.dueling {
+                learner_network = Some(m.learner_network().map_err(|e| invalid(&meta_path, e))?);
+            }
             (
                 m.env,
                 m.network,
@@ -540,10 +567,13 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
         }
     };
     // Both file kinds hold the online network as `online`.
-    let online = read_tensors(&meta_path, &dir.join(file), &network, &["online"])?
-        .remove(0)
-        .contiguous()
-        .view([-1]);
+    let held = learner_network.as_ref().unwrap_or(&network);
+    let mut online = read_tensors(&meta_path, &dir.join(file), held, &["online"])?.remove(0);
+    if learner_network.is_some() {
+        let head = DuelingHead::new(&network, Device::Cpu).map_err(|e| invalid(&meta_path, e))?;
+        online = head.fold(&online);
+    }
+    let online = online.contiguous().view([-1]);
     let online = Vec::<f32>::try_from(&online).map_err(tensor_err(&dir))?;
     let env_config = run_env_config(&layout)
         .filter(|c| c.id == env.id)
@@ -609,7 +639,38 @@ mod tests {
             replay_samples: 500,
             last_eval: None,
             run_finished: None,
+            dueling: false,
         }
+    }
+
+    #[test]
+    fn a_dueling_learner_resumes_and_its_latest_policy_is_the_published_network() {
+        let (env, net, _) = setup();
+        let cfg = DqnConfig {
+            dueling: true,
+            ..DqnConfig::default()
+        };
+        let dqn = Dqn::new(net.clone(), cfg.clone(), Device::Cpu, 3);
+        let dir = tempfile::tempdir().unwrap();
+        save_state(
+            &dir.path().join("latest"),
+            &dqn.state(),
+            None,
+            meta(&env, &net),
+        )
+        .unwrap();
+        let (m, state, _) = load_state(dir.path()).unwrap();
+        assert!(m.dueling, "the learner's layout is recorded");
+        assert_eq!(m.network, net, "the published network");
+        let resumed = Dqn::from_state(net.clone(), cfg, Device::Cpu, state);
+        assert_eq!(resumed.online_params(), dqn.online_params());
+        let latest = load_policy(dir.path(), Some(Which::Latest)).unwrap();
+        assert_eq!(
+            latest.online,
+            dqn.online_params(),
+            "folded to the plain network"
+        );
+        assert_eq!(latest.online.len(), net.layout().len);
     }
 
     fn record(version: u64, mean: f32) -> EvalRecord {

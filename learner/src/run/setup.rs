@@ -143,6 +143,16 @@ pub fn prepare(
         Some(path) => {
             let (meta, state, dir) = checkpoint::load_state(path).map_err(RunError::Resume)?;
             checkpoint::check_fits(&meta, &env, &network).map_err(RunError::Resume)?;
+            if meta.dueling != cfg.dqn.dueling {
+                let (had, has) = (meta.dueling, cfg.dqn.dueling);
+                return Err(RunError::Resume(checkpoint::CheckpointError::Mismatch(
+                    format!(
+                        "it was trained {} a dueling head, this run is {} one (check --dueling)",
+                        if had { "with" } else { "without" },
+                        if has { "with" } else { "without" }
+                    ),
+                )));
+            }
             tracing::info!(
                 "resuming from {} ({} updates, {} env steps)",
                 dir.display(),
