@@ -148,6 +148,7 @@ fn main() {
                         epsilon: EpsilonSchedule::Constant(0.01),
                         env_epsilons: None,
                         clip_rewards: true,
+                        initial_priorities: false,
                     };
                     run_actor(&acfg, &net, &mut params, &mut Drop_, &steps, &stop).unwrap();
                 }

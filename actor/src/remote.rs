@@ -244,7 +244,8 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         capabilities: Capabilities {
             envs: cfg.envs as u32,
             env_ids: env::capabilities(),
-            features: Vec::new(),
+            // It can send initial priorities (its n-step TD errors).
+            features: vec![millrace_proto::wire::FEATURE_PRIORITIES.into()],
         },
         agent: None,
     });
@@ -478,5 +479,9 @@ fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> 
         },
         env_epsilons: w.epsilon_decay.is_none().then(|| w.epsilons.clone()),
         clip_rewards: w.clip_rewards,
+        initial_priorities: w
+            .features
+            .iter()
+            .any(|f| f == millrace_proto::wire::FEATURE_PRIORITIES),
     })
 }

@@ -43,6 +43,11 @@ pub struct ActorConfig {
     /// Rewards in transitions clipped to [-1, 1] (DQN on Atari); episode returns stay
     /// the environment's own.
     pub clip_rewards: bool,
+    /// Send each transition's initial priority, its n-step TD error under this actor's
+    /// copy of the parameters (Ape-X), for prioritized replay. Whole-observation
+    /// batches only: frame-mode batches (stacked pixels) go without, and replay gives
+    /// their items the running maximum.
+    pub initial_priorities: bool,
 }
 
 /// A finished episode, as seen by an actor.
@@ -310,12 +315,49 @@ impl<O: Pod + Default> ActorLoop<O> {
             }
             Output::Frames(writer) => writer.take(),
         };
+        if self.cfg.initial_priorities && policy.version().is_some() && full.frames.is_none() {
+            initial_priorities(policy, &mut full, self.num_actions);
+        }
         full.actor_id = self.cfg.actor_id;
         full.seq = self.seq;
         full.version = self.batch_version.unwrap_or(0);
         self.seq += 1;
         Ok(Some(full))
     }
+}
+
+/// Sets a whole-observation batch's priorities to its n-step TD errors under `policy`
+/// (Ape-X's actors: one batched forward pass over the batch's rows):
+/// `|R + γ^n·max_a Q(s', a) − Q(s, a)|`, the discount 0 where the episode ended. The
+/// actor has no target network, so its own parameters stand in for it. A batch whose
+/// rows cannot be read as observations keeps no priorities.
+fn initial_priorities<O: Pod + Default>(
+    policy: &mut dyn Policy<O>,
+    batch: &mut TransitionBatch,
+    num_actions: usize,
+) {
+    // A copy: a byte vector is not aligned for `O` (once per batch, not per step).
+    let size = std::mem::size_of::<O>();
+    if size == 0 || !batch.obs.len().is_multiple_of(size) {
+        return;
+    }
+    let mut obs = vec![O::default(); batch.obs.len() / size];
+    bytemuck::cast_slice_mut::<O, u8>(&mut obs).copy_from_slice(&batch.obs);
+    let rows = batch.obs_rows();
+    let mut q = vec![0f32; rows * num_actions];
+    policy.q_values(&obs, &mut q);
+    let row = |i: u32| &q[i as usize * num_actions..(i as usize + 1) * num_actions];
+    batch.priorities = (0..batch.len())
+        .map(|i| {
+            let taken = row(batch.obs_index[i])[batch.actions[i] as usize];
+            let next = row(batch.next_index[i])
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max);
+            let target = batch.rewards[i] + batch.discounts[i] * next;
+            (target - taken).abs()
+        })
+        .collect();
 }
 
 /// What the n-step windows write into: whole observation rows (carried from batch to
@@ -496,6 +538,7 @@ mod tests {
             epsilon: EpsilonSchedule::Constant(1.0),
             env_epsilons: None,
             clip_rewards: false,
+            initial_priorities: false,
         };
         let mut sink = Collect {
             limit: 10,
@@ -547,6 +590,62 @@ mod tests {
             terminal >= out.episodes.len(),
             "every episode ends in terminal rows"
         );
+    }
+
+    #[test]
+    fn initial_priorities_are_the_actors_n_step_td_errors() {
+        let spec = env::spec("CartPole-v1").unwrap();
+        let net = NetworkSpec::mlp(&spec.obs, &[8], 2, 1).unwrap();
+        let mut policy = MlpPolicy::new(net.clone(), 0).unwrap();
+        let data: Vec<f32> = (0..net.layout().len)
+            .map(|i| ((i * 37 % 19) as f32 - 9.0) / 10.0)
+            .collect();
+        policy
+            .load(&Params {
+                version: 1,
+                env_steps: 0,
+                updates: 0,
+                population: 1,
+                data,
+            })
+            .unwrap();
+        // Rows 0..4; transitions 0 → 3 (bootstrapped), 1 → 2 (terminal: itself), 2 → 3.
+        let mut b = TransitionBatch::with_capacity(16, 3, 4);
+        let rows = [
+            [0.1f32, -0.2, 0.3, 0.0],
+            [1.0, 0.5, -0.5, 2.0],
+            [0.0; 4],
+            [-1.0, 0.2, 0.1, 0.4],
+        ];
+        for r in &rows {
+            b.push_obs_f32(r);
+        }
+        b.push_transition(0, 1, 2.5, 0.97, 3);
+        b.push_transition(1, 0, 1.0, 0.0, 1);
+        b.push_transition(2, 1, -0.5, 0.9, 3);
+        initial_priorities::<f32>(&mut policy, &mut b, 2);
+        let q: Vec<[f32; 2]> = rows
+            .iter()
+            .map(|r| {
+                let mut out = [0f32; 2];
+                policy.q_values(r, &mut out);
+                out
+            })
+            .collect();
+        let direct = [
+            (2.5 + 0.97 * q[3][0].max(q[3][1]) - q[0][1]).abs(),
+            (1.0 - q[1][0]).abs(),
+            (-0.5 + 0.9 * q[3][0].max(q[3][1]) - q[2][1]).abs(),
+        ];
+        assert_eq!(b.priorities.len(), 3);
+        for (got, want) in b.priorities.iter().zip(direct) {
+            assert!(
+                (got - want).abs() < 1e-5,
+                "{:?} vs {direct:?}",
+                b.priorities
+            );
+        }
+        b.validate(16, 1).unwrap();
     }
 
     #[test]
@@ -629,6 +728,7 @@ mod life_loss_tests {
             epsilon: EpsilonSchedule::Constant(1.0),
             env_epsilons: None,
             clip_rewards: true,
+            initial_priorities: false,
         };
         let net = millrace_proto::NetworkSpec::mlp(&spec.obs, &[2], 2, 1).unwrap();
         let mut policy = MlpPolicy::new(net, 0).unwrap();

@@ -206,6 +206,7 @@ fn config(id: &str, envs: usize, batch_rows: usize) -> ActorConfig {
         epsilon: EpsilonSchedule::Constant(1.0),
         env_epsilons: None,
         clip_rewards: false,
+        initial_priorities: false,
     }
 }
 

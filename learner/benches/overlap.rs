@@ -281,6 +281,7 @@ fn actor_config(net: Net, id: u32) -> ActorConfig {
         epsilon: EpsilonSchedule::Constant(0.1),
         env_epsilons: None,
         clip_rewards: false,
+        initial_priorities: false,
     }
 }
 

@@ -122,6 +122,7 @@ fn main() {
         epsilon: EpsilonSchedule::Constant(1.0),
         env_epsilons: None,
         clip_rewards: true,
+        initial_priorities: false,
     };
     let config = |capacity: usize| ReplayConfig {
         capacity,

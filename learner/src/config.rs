@@ -244,6 +244,7 @@ impl RunConfig {
             epsilon: self.actors.epsilon,
             env_epsilons: None,
             clip_rewards: self.clip_rewards,
+            initial_priorities: self.replay.priority.is_some(),
         }
     }
 

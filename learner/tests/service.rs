@@ -40,6 +40,13 @@ impl Drop for Fixture {
 }
 
 fn fixture_with(configure: impl FnOnce(&mut ServerConfig)) -> Fixture {
+    fixture_of(configure, None)
+}
+
+fn fixture_of(
+    configure: impl FnOnce(&mut ServerConfig),
+    priority: Option<millrace_replay::PriorityConfig>,
+) -> Fixture {
     let env = millrace_actor::env::spec("CartPole-v1").unwrap();
     let network = NetworkSpec::mlp(&env.obs, &[8], 2, 1).unwrap();
     let table = Arc::new(
@@ -50,7 +57,7 @@ fn fixture_with(configure: impl FnOnce(&mut ServerConfig)) -> Fixture {
             stack: 1,
             obs_rows_per_item: 2.0,
             limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e9, 1).unwrap(),
-            priority: None,
+            priority,
         })
         .unwrap(),
     );
@@ -506,4 +513,55 @@ fn an_actor_that_comes_back_just_after_the_run_finished_is_told_so() {
         start.elapsed()
     );
     assert_eq!(reader.join().unwrap(), Some(GoodbyeReason::RunFinished));
+}
+
+#[test]
+fn prioritized_replay_asks_actors_for_priorities_and_screens_them() {
+    let with_priorities = |token: &str| {
+        let mut h = hello(token, millrace_proto::wire::PROTOCOL_VERSION, 4);
+        if let ActorMsg::Hello(h) = &mut h {
+            h.capabilities.features = vec![millrace_proto::wire::FEATURE_PRIORITIES.into()];
+        }
+        h
+    };
+    // Uniform replay: the feature is not taken up.
+    let uniform = fixture(None);
+    let mut c = WireClient::connect(uniform.addr);
+    c.send(&with_priorities(""));
+    let Some(LearnerMsg::Welcome(w)) = c.recv() else {
+        panic!("a welcome");
+    };
+    assert!(w.features.is_empty(), "{:?}", w.features);
+
+    let f = fixture_of(
+        |_| {},
+        Some(millrace_replay::PriorityConfig {
+            alpha: 0.6,
+            beta: 0.4,
+        }),
+    );
+    let mut c = WireClient::connect(f.addr);
+    c.send(&with_priorities(""));
+    let Some(LearnerMsg::Welcome(w)) = c.recv() else {
+        panic!("a welcome");
+    };
+    assert_eq!(w.features, [millrace_proto::wire::FEATURE_PRIORITIES]);
+    // An actor's batch with a NaN and a negative priority: stored, those two counted
+    // and replaced.
+    let mut b = batch(16, 4);
+    b.priorities = (0..16).map(|i| i as f32 * 0.5).collect();
+    b.priorities[3] = f32::NAN;
+    b.priorities[7] = -2.0;
+    c.send(&ActorMsg::Transitions(b));
+    wait_until("the batch is stored", LIMIT, || f.table.len() >= 16);
+    let stats = f.table.stats();
+    assert_eq!(stats.invalid_priorities, 2);
+    assert_eq!(stats.max_priority, 7.5);
+    let mut stored = Vec::new();
+    f.table.snapshot(|_, b| stored.extend(b.priorities));
+    assert_eq!(stored.len(), 16);
+    assert!(
+        stored.iter().all(|p| p.is_finite() && *p >= 0.0),
+        "{stored:?}"
+    );
 }

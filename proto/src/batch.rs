@@ -236,8 +236,10 @@ impl TransitionBatch {
 
 impl TransitionBatch {
     /// Checks the values a learner relies on, for batches from outside the process:
-    /// actions in `0..num_actions`, finite rewards, discounts in `[0, 1]`, finite
-    /// non-negative priorities.
+    /// actions in `0..num_actions`, finite rewards, discounts in `[0, 1]`. Priorities
+    /// are not refused here: replay screens them (one that is negative or not finite is
+    /// counted and replaced, never stored), so an actor whose network diverged loses
+    /// neither its connection nor its transitions.
     pub fn check_values(&self, num_actions: usize) -> Result<(), SpecError> {
         if let Some(a) = self
             .actions
@@ -253,15 +255,6 @@ impl TransitionBatch {
         }
         if self.discounts.iter().any(|d| !(0.0..=1.0).contains(d)) {
             return Err(SpecError::BadValue("discount outside [0, 1]".into()));
-        }
-        if self
-            .priorities
-            .iter()
-            .any(|p| !(p.is_finite() && *p >= 0.0))
-        {
-            return Err(SpecError::BadValue(
-                "priority that is negative or not finite".into(),
-            ));
         }
         Ok(())
     }
@@ -300,10 +293,9 @@ mod tests {
         b.discounts[0] = 1.5;
         assert!(b.check_values(2).is_err());
         b.discounts[0] = 0.5;
+        // Priorities are replay's to screen.
         b.priorities = vec![f32::NAN];
-        assert!(b.check_values(2).is_err(), "a NaN priority");
-        b.priorities = vec![-1.0];
-        assert!(b.check_values(2).is_err(), "a negative priority");
+        assert_eq!(b.check_values(2), Ok(()), "a NaN priority is replay's");
         b.priorities = vec![0.0];
         assert_eq!(b.check_values(2), Ok(()));
         b.priorities = vec![1.0, 2.0];

@@ -41,6 +41,7 @@ fn sampled_batches_are_true_cartpole_transitions() {
         epsilon: EpsilonSchedule::Constant(1.0),
         env_epsilons: None,
         clip_rewards: false,
+        initial_priorities: false,
     };
     let net = NetworkSpec::mlp(&spec.obs, &[8], 2, 1).unwrap();
     let mut sink = TableSink::new(Arc::clone(&table), 50);

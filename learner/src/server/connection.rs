@@ -381,7 +381,18 @@ impl Connection {
             n_step,
             gamma,
             batch_rows,
-            features: Vec::new(),
+            // Initial priorities, where replay is prioritized and the actor sends them.
+            features: if route.route.table.prioritized()
+                && hello
+                    .capabilities
+                    .features
+                    .iter()
+                    .any(|f| f == millrace_proto::wire::FEATURE_PRIORITIES)
+            {
+                vec![millrace_proto::wire::FEATURE_PRIORITIES.to_string()]
+            } else {
+                Vec::new()
+            },
             max_frame: cfg.max_frame as u64,
         };
         Ok((hello, welcome, route))
