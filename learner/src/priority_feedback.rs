@@ -175,7 +175,7 @@ impl PriorityFeedback {
 mod tests {
     use super::*;
     use millrace_proto::TransitionBatch;
-    use millrace_replay::{PriorityConfig, RateLimiterConfig, ReplayConfig, SampleBuffers};
+    use millrace_replay::{PriorityConfig, RateLimiterConfig, ReplayConfig, SampleScratch};
     use rand::rngs::SmallRng;
     use rand::SeedableRng;
 
@@ -231,30 +231,11 @@ mod tests {
         let mut fb = PriorityFeedback::new(Arc::clone(&table), beta, 2, Device::Cpu);
         assert_eq!(table.beta(), 0.2);
         let sample = |n: usize| {
-            let mut out = (
-                vec![0u8; 4 * n],
-                vec![0u8; 4 * n],
-                vec![0i64; n],
-                vec![0f32; n],
-                vec![0f32; n],
-                vec![ItemKey::default(); n],
-                vec![0f32; n],
-            );
+            let mut out = SampleScratch::new(n, 4);
             table
-                .sample(
-                    &mut SmallRng::seed_from_u64(n as u64),
-                    &mut SampleBuffers {
-                        obs: &mut out.0,
-                        next_obs: &mut out.1,
-                        actions: &mut out.2,
-                        rewards: &mut out.3,
-                        discounts: &mut out.4,
-                        keys: &mut out.5,
-                        weights: &mut out.6,
-                    },
-                )
+                .sample(&mut SmallRng::seed_from_u64(n as u64), &mut out.buffers())
                 .unwrap();
-            (out.2, out.5)
+            (out.actions, out.keys)
         };
         let (a1, k1) = sample(4);
         let (a2, k2) = sample(4);

@@ -10,9 +10,7 @@
 use std::time::{Duration, Instant};
 
 use millrace_proto::TransitionBatch;
-use millrace_replay::{
-    ItemKey, PriorityConfig, RateLimiterConfig, ReplayConfig, SampleBuffers, Table,
-};
+use millrace_replay::{PriorityConfig, RateLimiterConfig, ReplayConfig, SampleScratch, Table};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -60,42 +58,6 @@ fn batch(row_bytes: usize, seq: u64, priorities: bool, rng: &mut SmallRng) -> Tr
     b
 }
 
-struct Out {
-    obs: Vec<u8>,
-    next: Vec<u8>,
-    actions: Vec<i64>,
-    rewards: Vec<f32>,
-    discounts: Vec<f32>,
-    keys: Vec<ItemKey>,
-    weights: Vec<f32>,
-}
-
-impl Out {
-    fn new(rows: usize, row_bytes: usize) -> Self {
-        Self {
-            obs: vec![0; rows * row_bytes],
-            next: vec![0; rows * row_bytes],
-            actions: vec![0; rows],
-            rewards: vec![0.0; rows],
-            discounts: vec![0.0; rows],
-            keys: vec![ItemKey::default(); rows],
-            weights: vec![0.0; rows],
-        }
-    }
-
-    fn buffers(&mut self) -> SampleBuffers<'_> {
-        SampleBuffers {
-            obs: &mut self.obs,
-            next_obs: &mut self.next,
-            actions: &mut self.actions,
-            rewards: &mut self.rewards,
-            discounts: &mut self.discounts,
-            keys: &mut self.keys,
-            weights: &mut self.weights,
-        }
-    }
-}
-
 /// Runs `op` for `secs`; returns items per second (`op` returns items done).
 fn rate(secs: f64, mut op: impl FnMut() -> usize) -> f64 {
     let start = Instant::now();
@@ -139,14 +101,14 @@ fn measure(row_bytes: usize, prioritized: bool, secs: f64) -> Vec<(String, f64)>
     });
     results.push(("insert 256".to_string(), insert));
     for rows in [64, 256] {
-        let mut out = Out::new(rows, row_bytes);
+        let mut out = SampleScratch::new(rows, row_bytes);
         let sample = rate(secs, || {
             t.sample(&mut rng, &mut out.buffers()).unwrap();
             rows
         });
         results.push((format!("sample {rows}"), sample));
     }
-    let mut out = Out::new(64, row_bytes);
+    let mut out = SampleScratch::new(64, row_bytes);
     let mut td = vec![0f32; 64];
     let update = rate(secs, || {
         t.sample(&mut rng, &mut out.buffers()).unwrap();

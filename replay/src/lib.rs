@@ -9,6 +9,7 @@
 
 pub mod key;
 pub mod limiter;
+pub mod scratch;
 pub mod selector;
 pub mod shard;
 pub mod split;
@@ -17,6 +18,7 @@ pub mod table;
 
 pub use key::ItemKey;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
+pub use scratch::SampleScratch;
 pub use selector::{Selector, Uniform};
 pub use shard::{Cursor, OutOfMemory, SampleBuffers, Shard, TooLarge};
 pub use sum_tree::Prioritized;

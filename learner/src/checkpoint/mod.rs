@@ -811,25 +811,15 @@ mod tests {
         fill(&table);
         // The learner's TD errors on a sample: distinct priorities to keep.
         let n = 16;
-        let mut rows = vec![0u8; 16 * n];
-        let mut next = vec![0u8; 16 * n];
-        let (mut a, mut r, mut d) = (vec![0i64; n], vec![0f32; n], vec![0f32; n]);
-        let (mut keys, mut w) = (vec![ItemKey::default(); n], vec![0f32; n]);
+        let mut out = millrace_replay::SampleScratch::new(n, 16);
         table
             .try_sample(
                 &mut rand::rngs::SmallRng::seed_from_u64(1),
-                &mut SampleBuffers {
-                    obs: &mut rows,
-                    next_obs: &mut next,
-                    actions: &mut a,
-                    rewards: &mut r,
-                    discounts: &mut d,
-                    keys: &mut keys,
-                    weights: &mut w,
-                },
+                &mut out.buffers(),
             )
             .unwrap()
             .unwrap();
+        let keys = out.keys;
         let td: Vec<f32> = (0..n).map(|i| 0.5 + 3.0 * i as f32).collect();
         assert!(table.update_priorities(&keys, &td).applied > 0);
         let dir = tempfile::tempdir().unwrap();
