@@ -2,7 +2,10 @@
 line per seed and the mean across seeds per mode; prints the per-mode means at each
 evaluation so the comparison is also in text.
 
-    python bench/plot_curves.py bench/results/learning_curves.csv out.png
+    python bench/plot_curves.py bench/results/learning_curves.csv out.png [title]
+
+Any CSV with columns mode,seed,env_steps,mean_return works (bench/cartpole_stability.sh
+writes one too); modes other than the two below get colours of their own.
 """
 
 import csv
@@ -24,6 +27,10 @@ def main():
                 (int(row["env_steps"]), float(row["mean_return"]))
             )
     colours = {"one-process": "tab:blue", "async": "tab:orange"}
+    others = iter(["tab:green", "tab:red", "tab:purple", "tab:brown", "tab:olive", "tab:cyan"])
+    for mode, _ in sorted(runs):
+        if mode not in colours:
+            colours[mode] = next(others, "grey")
     by_mode = defaultdict(lambda: defaultdict(list))  # mode -> eval index -> returns
     fig, ax = plt.subplots(figsize=(7, 4))
     for (mode, seed), points in sorted(runs.items()):
@@ -64,7 +71,9 @@ def main():
         print(f"  difference {m1 - m2:+.1f} = {(m1 - m2) / se if se else 0:+.2f} standard errors (Welch)")
     ax.set_xlabel("env steps")
     ax.set_ylabel("mean greedy return (100 episodes)")
-    ax.set_title("CartPole-v1: one process vs. rate-limited asynchronous service")
+    ax.set_title(
+        sys.argv[3] if len(sys.argv) > 3 else "CartPole-v1: one process vs. rate-limited asynchronous service"
+    )
     ax.axhline(475, color="black", linestyle=":", linewidth=1)
     ax.legend(loc="lower right")
     fig.tight_layout()
