@@ -232,6 +232,10 @@ pub fn run(
             None,
         );
     };
+    if let Some(fb) = &mut feedback {
+        // The last round's priorities, before the final checkpoint copies replay.
+        fb.finish();
+    }
     setup.table.close();
     // The final checkpoint: not after divergence (the last good one stays).
     let run_finished = match reason {
