@@ -138,11 +138,16 @@ pub struct TrainArgs {
     #[arg(long)]
     pub token_file: Option<PathBuf>,
 
-    /// Remote actors explore with Ape-X's fixed per-environment ε (0.4^(1+7i/(N-1)))
-    /// instead of following the run's decaying schedule (--eps-*) on the global env
-    /// steps.
-    #[arg(long, requires = "listen")]
+    /// Actors explore with Ape-X's fixed per-environment ε (0.4^(1+7i/(N-1)) over the
+    /// N environments of the embedded actors, or of the remote ones) instead of
+    /// following the run's decaying schedule (--eps-*).
+    #[arg(long)]
     pub apex_epsilon: bool,
+
+    /// A published configuration beneath the command line (explicit flags win):
+    /// `apex`, Ape-X DQN's settings (README, "Presets").
+    #[arg(long, value_enum)]
+    pub preset: Option<crate::presets::Preset>,
 
     /// Bytes (MiB) that frames being received from remote actors may hold at once, all
     /// connections together; readers wait beyond it.
@@ -292,6 +297,11 @@ pub struct TrainArgs {
     /// an advantage stream, Q = V + A − mean(A). Published policies stay plain MLPs.
     #[arg(long)]
     pub dueling: bool,
+
+    /// The optimizer: adam, or rmsprop (centred, no momentum, decay 0.95, ε 1.5e-7:
+    /// Ape-X's learner).
+    #[arg(long, value_enum, default_value_t = crate::dqn::Optimizer::Adam)]
+    pub optimizer: crate::dqn::Optimizer,
 
     /// Replay ratio as items sampled per item inserted. 32 with batch 64 is one update
     /// per two env steps, rl-zoo3's CartPole ratio (128 gradient steps per 256 steps).
@@ -804,6 +814,7 @@ impl TrainArgs {
                 max_grad_norm: args.max_grad_norm,
                 target,
                 dueling: args.dueling,
+                optimizer: args.optimizer,
                 ..DqnConfig::default()
             },
             batch_size: args.batch_size,
@@ -824,6 +835,7 @@ impl TrainArgs {
                 n_step: args.n_step,
                 gamma: args.gamma,
                 epsilon,
+                apex_epsilon: args.apex_epsilon,
             },
             learner: LoopConfig {
                 publish_every: args.publish_every,

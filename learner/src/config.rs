@@ -102,6 +102,8 @@ pub struct ActorsConfig {
     pub n_step: usize,
     pub gamma: f32,
     pub epsilon: EpsilonSchedule,
+    /// Ape-X's fixed ε per environment instead of `epsilon` (`--apex-epsilon`).
+    pub apex_epsilon: bool,
 }
 
 /// When and how policies are evaluated, and what counts as solved.
@@ -242,7 +244,17 @@ impl RunConfig {
             gamma: self.actors.gamma,
             batch_rows: self.actors.batch_rows,
             epsilon: self.actors.epsilon,
-            env_epsilons: None,
+            // Environment e of actor `id` is number id·E + e of the embedded actors' N.
+            env_epsilons: self.actors.apex_epsilon.then(|| {
+                let e = self.actors.envs_per_actor;
+                let total = (self.actors.count * e).max(1) as u32;
+                (0..e)
+                    .map(|i| {
+                        let index = (id as usize * e + i) as u32;
+                        millrace_actor::apex_epsilon(index, total, 0.4, 7.0)
+                    })
+                    .collect()
+            }),
             clip_rewards: self.clip_rewards,
             initial_priorities: self.replay.priority.is_some(),
         }

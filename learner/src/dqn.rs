@@ -47,6 +47,21 @@ pub enum TargetUpdate {
     Polyak { tau: f64 },
 }
 
+/// The optimizer of the online network.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// Adam (`adam_betas`, `adam_eps`).
+    Adam,
+    /// Centred RMSProp without momentum, as Ape-X's learner (decay 0.95, ε 1.5e-7):
+    /// PyTorch's `RMSprop(centered=True)`, `p -= lr·g / (√(E[g²] − E[g]²) + ε)`.
+    Rmsprop,
+}
+
+/// Centred RMSProp's decay and ε (Ape-X's).
+pub const RMSPROP_DECAY: f64 = 0.95;
+pub const RMSPROP_EPS: f64 = 1.5e-7;
+
 /// DQN hyperparameters (the learner's own config; actors have theirs).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DqnConfig {
@@ -61,6 +76,8 @@ pub struct DqnConfig {
     pub target: TargetUpdate,
     /// A dueling head (value and advantage streams, [`crate::dueling`]).
     pub dueling: bool,
+    /// Adam, or centred RMSProp (whose running means live where Adam's moments do).
+    pub optimizer: Optimizer,
 }
 
 impl Default for DqnConfig {
@@ -75,6 +92,7 @@ impl Default for DqnConfig {
             huber_delta: 1.0,
             target: TargetUpdate::Hard { period: 200 },
             dueling: false,
+            optimizer: Optimizer::Adam,
         }
     }
 }
@@ -801,7 +819,8 @@ impl Dqn {
     /// `p -= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε)`. `t` counts attempted steps, skipped
     /// ones included (a skip is rare, and this keeps the corrections host-side).
     fn adam_step(&mut self, td: &Tensor) {
-        if self.host_optimizer {
+        // The host path is Adam's; RMSProp runs as tensor operations everywhere.
+        if self.host_optimizer && self.config.optimizer == Optimizer::Adam {
             self.adam_step_host(td);
             return;
         }
@@ -824,6 +843,20 @@ impl Dqn {
         let grad = grad * scale;
 
         self.adam_step += 1;
+        if c.optimizer == Optimizer::Rmsprop {
+            // adam_m holds E[g], adam_v E[g²] (as PyTorch's grad_avg and square_avg).
+            let keep = &okf * (1.0 - RMSPROP_DECAY);
+            let _ = self.adam_m.lerp_tensor_(&grad, &keep);
+            let _ = self.adam_v.lerp_tensor_(&grad.square(), &keep);
+            // Rounding can take the variance a hair below 0: clamp, not NaN.
+            let denom = (&self.adam_v - self.adam_m.square())
+                .clamp_min(0.0)
+                .sqrt()
+                .g_add_scalar_(RMSPROP_EPS);
+            let step = okf * &self.agents.lr * -1.0;
+            let _ = self.online.g_add_(&((grad / denom) * step));
+            return;
+        }
         let (b1, b2) = c.adam_betas;
         let _ = self.adam_m.lerp_tensor_(&grad, &(&okf * (1.0 - b1)));
         let _ = self
@@ -1314,6 +1347,48 @@ mod tests {
         assert!(diff < 1e-5, "published network differs by {diff}");
         let snapshot = dqn.online_snapshot();
         assert!(snapshot.allclose(&published, 1e-6, 1e-6, false));
+    }
+
+    #[test]
+    fn centred_rmsprop_steps_as_pytorch_defines_it() {
+        let cfg = DqnConfig {
+            optimizer: Optimizer::Rmsprop,
+            max_grad_norm: 1e9,
+            lr: 1e-3,
+            ..config()
+        };
+        let mut dqn = Dqn::new(spec(1), cfg.clone(), Device::Cpu, 4);
+        let other = Dqn::new(spec(1), cfg.clone(), Device::Cpu, 9);
+        dqn.target.copy_(&other.online);
+        tch::manual_seed(3);
+        let batch = Batch {
+            obs2: Tensor::randn([1, 16, 3], (Kind::Float, Device::Cpu)),
+            actions: Tensor::randint(2, [1, 8, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::randn([1, 8, 1], (Kind::Float, Device::Cpu)),
+            discounts: Tensor::full([1, 8, 1], 0.9, (Kind::Float, Device::Cpu)),
+            weights: None,
+        };
+        // Two steps by hand from the same state, with the gradients the update sees.
+        let (mut p, mut m, mut v) = (
+            dqn.online.copy(),
+            dqn.online.zeros_like(),
+            dqn.online.zeros_like(),
+        );
+        let mut mirror = Dqn::new(spec(1), cfg, Device::Cpu, 4);
+        mirror.target.copy_(&other.online);
+        for _ in 0..2 {
+            let _ = mirror.gradient(&batch);
+            let g = mirror.grad.copy();
+            m = &m * RMSPROP_DECAY + &g * (1.0 - RMSPROP_DECAY);
+            v = &v * RMSPROP_DECAY + g.square() * (1.0 - RMSPROP_DECAY);
+            let avg = (&v - m.square()).sqrt() + RMSPROP_EPS;
+            p = &p - g / avg * 1e-3;
+            mirror.online.copy_(&p);
+            let _ = dqn.update(&batch);
+        }
+        let err = (&dqn.online - &p).abs().max().double_value(&[]);
+        assert!(err < 1e-6, "max |ours - reference| = {err}");
+        assert!((&p - &other.online).abs().max().double_value(&[]) > 0.0);
     }
 
     /// The dueling head's mask, as a tensor of the last layer's weight shape.

@@ -1,7 +1,8 @@
 //! Per-environment default hyperparameters (`learner/hyperparams.toml`, one file for
-//! every environment, as rl-zoo3's `hyperparams/dqn.yml`), applied beneath the command
-//! line: a flag the user typed always wins, and the effective configuration is printed
-//! and saved with the run as ever.
+//! every environment, as rl-zoo3's `hyperparams/dqn.yml`) and `--preset`'s flags
+//! ([`crate::presets`], which outrank them), applied beneath the command line: a flag
+//! the user typed always wins, and the effective configuration is printed and saved
+//! with the run as ever.
 //!
 //! The defaults become command-line arguments placed before the user's, for the flags
 //! the user did not give, so that they are parsed and checked exactly as typed ones.
@@ -80,7 +81,7 @@ pub fn parse_with(argv: &[OsString], defaults: &Flags) -> Result<Parsed, clap::E
         else {
             return Err(cmd.error(
                 clap::error::ErrorKind::UnknownArgument,
-                format!("hyperparams.toml names --{flag}, which `learner` does not have"),
+                format!("a default names --{flag}, which `learner` does not have"),
             ));
         };
         if given.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine) {
@@ -122,8 +123,12 @@ pub fn parse(argv: &[OsString]) -> Result<Parsed, clap::Error> {
     if plain.args.command.is_some() {
         return Ok(plain);
     }
-    let defaults = for_env(&plain.args.train.env)
+    let mut defaults = for_env(&plain.args.train.env)
         .map_err(|e| Args::command().error(clap::error::ErrorKind::InvalidValue, e))?;
+    // A preset the user asked for outranks the environment's defaults.
+    if let Some(preset) = plain.args.train.preset {
+        defaults.extend(crate::presets::flags(preset));
+    }
     parse_with(argv, &defaults)
 }
 
@@ -172,6 +177,37 @@ mod tests {
         let p = parse(&argv(&["--cpu"])).unwrap();
         assert!(p.applied.is_empty());
         assert_eq!(p.args.train.lr, 2.3e-3);
+    }
+
+    #[test]
+    fn a_preset_outranks_the_environments_defaults_and_yields_to_flags() {
+        let p = parse(&argv(&[
+            "--cpu",
+            "--env",
+            "Acrobot-v1",
+            "--preset",
+            "apex",
+            "--target-period",
+            "100",
+        ]))
+        .unwrap();
+        let t = &p.args.train;
+        assert_eq!(t.batch_size, 512, "the preset's, over the file's 128");
+        assert_eq!(t.target_period, 100, "the command line's");
+        assert_eq!(
+            t.hidden,
+            [256, 256],
+            "the file's, where the preset is silent"
+        );
+        assert!(t.dueling && t.apex_epsilon);
+        let cfg = p.args.train.into_config().unwrap();
+        assert_eq!(cfg.dqn.optimizer, crate::dqn::Optimizer::Rmsprop);
+        assert_eq!(cfg.dqn.lr, 6.25e-5);
+        assert_eq!(cfg.replay.priority.unwrap().alpha, 0.6);
+        // Every environment's actors get Ape-X's fixed ε, one per environment.
+        let eps = cfg.actor(0, 0).env_epsilons.unwrap();
+        assert_eq!(eps.len(), cfg.actors.envs_per_actor);
+        assert!((eps[0] - 0.4).abs() < 1e-6 && eps[eps.len() - 1] < eps[0]);
     }
 
     #[test]

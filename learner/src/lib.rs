@@ -34,6 +34,7 @@ pub mod population;
 pub mod population_board;
 pub mod population_results;
 pub mod prefetch;
+pub mod presets;
 pub mod priority_feedback;
 pub mod prometheus;
 pub mod publisher;

@@ -64,9 +64,17 @@ fn train(
             .iter()
             .map(|(k, v)| format!("--{k} {v}"))
             .collect();
+        let source = match args.preset {
+            Some(p) => format!(
+                "learner/hyperparams.toml's {} table and --preset {}",
+                args.env,
+                clap::ValueEnum::to_possible_value(&p)
+                    .map_or_else(String::new, |v| v.get_name().to_string())
+            ),
+            None => format!("learner/hyperparams.toml's {} table", args.env),
+        };
         tracing::info!(
-            "{}'s defaults from learner/hyperparams.toml (flags given win): {}",
-            args.env,
+            "settings from {source}, beneath the flags given: {}",
             flags.join(" ")
         );
     }

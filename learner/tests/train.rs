@@ -344,3 +344,30 @@ fn a_dueling_network_solves_and_its_saved_policies_are_plain_mlps_in_gymnasium()
     let last = play_in_gymnasium(&ckpt, "latest", dir.path());
     assert_agree(&last, &eval_json(&ckpt, "latest"));
 }
+
+#[test]
+fn the_apex_preset_runs_and_saves_its_settings_with_flags_winning() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = learner(
+        &[
+            "--preset",
+            "apex",
+            "--batch-size",
+            "64",
+            "--max-steps",
+            "4000",
+            "--target-return",
+            "1000",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let config = read_json(&dir.path().join("checkpoint/config.json"));
+    assert_eq!(config["batch_size"], 64, "the flag wins: {config}");
+    assert_eq!(config["dqn"]["optimizer"], "rmsprop");
+    assert_eq!(config["dqn"]["dueling"], true);
+    assert_eq!(config["dqn"]["lr"], 6.25e-5);
+    assert_eq!(config["dqn"]["max_grad_norm"], 40.0);
+    assert_eq!(config["replay"]["priority"]["alpha"], 0.6);
+    assert_eq!(config["actors"]["apex_epsilon"], true);
+}
