@@ -141,7 +141,8 @@ pub struct TrainArgs {
     /// Actors explore with Ape-X's fixed per-environment ε (0.4^(1+7i/(N-1)) over the
     /// N environments of the embedded actors, or of the remote ones) instead of
     /// following the run's decaying schedule (--eps-*).
-    #[arg(long)]
+    /// (`--apex-epsilon false` turns off what `--preset apex` turned on.)
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub apex_epsilon: bool,
 
     /// A published configuration beneath the command line (explicit flags win):
@@ -295,7 +296,8 @@ pub struct TrainArgs {
 
     /// A dueling head (Wang et al. 2016): the last hidden layer split into a value and
     /// an advantage stream, Q = V + A − mean(A). Published policies stay plain MLPs.
-    #[arg(long)]
+    /// (`--dueling false` turns off what `--preset apex` turned on.)
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub dueling: bool,
 
     /// The optimizer: adam, or rmsprop (centred, no momentum, decay 0.95, ε 1.5e-7:

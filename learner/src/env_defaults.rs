@@ -200,6 +200,11 @@ mod tests {
             "the file's, where the preset is silent"
         );
         assert!(t.dueling && t.apex_epsilon);
+        // A switch the preset sets, turned off by the command line.
+        let off = parse(&argv(&["--cpu", "--preset", "apex", "--dueling", "false"])).unwrap();
+        assert!(!off.args.train.dueling && off.args.train.apex_epsilon);
+        let on = parse(&argv(&["--cpu", "--dueling", "--seed", "3"])).unwrap();
+        assert!(on.args.train.dueling, "a bare switch still means true");
         let cfg = p.args.train.into_config().unwrap();
         assert_eq!(cfg.dqn.optimizer, crate::dqn::Optimizer::Rmsprop);
         assert_eq!(cfg.dqn.lr, 6.25e-5);

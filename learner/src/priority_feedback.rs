@@ -69,9 +69,15 @@ impl std::fmt::Debug for PriorityFeedback {
 
 impl PriorityFeedback {
     /// Feedback into `table` every `every` updates (at least 1), for updates on
-    /// `device`; sets β for the first batches.
-    pub fn new(table: Arc<Table>, beta: BetaSchedule, every: usize, device: Device) -> Self {
-        table.set_beta(beta.at(0));
+    /// `device`; sets β for the first batches at `env_steps` (a resumed run's).
+    pub fn new(
+        table: Arc<Table>,
+        beta: BetaSchedule,
+        every: usize,
+        device: Device,
+        env_steps: u64,
+    ) -> Self {
+        table.set_beta(beta.at(env_steps));
         Self {
             table,
             beta,
@@ -118,9 +124,10 @@ impl PriorityFeedback {
     /// One round: |TD| of the collected updates, read back (on a GPU, asynchronously:
     /// the previous round's read-back is applied instead).
     fn round(&mut self) {
-        let td = Tensor::cat(&self.tds, 0).abs().to_kind(Kind::Float);
-        self.tds.clear();
+        // Taken first: should the device fail here, nothing is tried twice.
+        let tds = std::mem::take(&mut self.tds);
         let keys = std::mem::take(&mut self.keys);
+        let td = Tensor::cat(&tds, 0).abs().to_kind(Kind::Float);
         let Device::Cuda(i) = self.device else {
             self.apply(&td, &keys);
             return;
@@ -228,7 +235,7 @@ mod tests {
             end: 0.6,
             steps: 100,
         };
-        let mut fb = PriorityFeedback::new(Arc::clone(&table), beta, 2, Device::Cpu);
+        let mut fb = PriorityFeedback::new(Arc::clone(&table), beta, 2, Device::Cpu, 0);
         assert_eq!(table.beta(), 0.2);
         let sample = |n: usize| {
             let mut out = SampleScratch::new(n, 4);

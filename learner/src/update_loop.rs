@@ -248,8 +248,14 @@ pub fn run(
         )
     }));
     if let Some(fb) = &mut feedback {
-        // The last rounds' priorities, before the final checkpoint copies replay.
-        fb.finish();
+        // The last rounds' priorities, before the final checkpoint copies replay. After
+        // a device failure this may fail too: the run's own error is the one to keep.
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| fb.finish())) {
+            tracing::warn!(
+                "the last priorities were not applied: {}",
+                crate::panic_message(&*panic)
+            );
+        }
     }
     let (stop, mut error) = match ended {
         Ok(Ok(end)) => (Some(end), None),

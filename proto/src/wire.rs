@@ -56,11 +56,11 @@ pub struct Hello {
     pub agent: Option<u32>,
 }
 
-/// The learner's answer to a valid [`Hello`].
 /// The feature an actor names when it can send initial priorities with its batches,
 /// and the learner echoes when its replay wants them.
 pub const FEATURE_PRIORITIES: &str = "priorities";
 
+/// The learner's answer to a valid [`Hello`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Welcome {
     /// Identifies the training run (changes when the learner restarts afresh).

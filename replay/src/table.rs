@@ -268,9 +268,20 @@ impl Table {
                 .map(Mutex::new)
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // Each gauge starts from its empty shard: weight 0, smallest weight +∞ (a
+        // default 0 would read as an item of weight 0 and zero every importance
+        // weight until each shard had been written once).
+        let gauges: Vec<ShardGauge> = built
+            .iter()
+            .map(|s| {
+                let g = ShardGauge::default();
+                g.set(&s.lock().unwrap_or_else(|e| e.into_inner()));
+                g
+            })
+            .collect();
         Ok(Self {
             shards: built,
-            gauges: (0..shards).map(|_| ShardGauge::default()).collect(),
+            gauges,
             row_bytes: config.obs_row_bytes,
             stack: config.stack.max(1),
             per_shard: (per_shard, obs_per_shard),
@@ -1241,6 +1252,27 @@ mod tests {
             chi2 += (*c as f64 - expected).powi(2) / expected;
         }
         assert!(chi2 < 399.0 + 6.0 * 28.3, "chi2 {chi2}");
+    }
+
+    #[test]
+    fn shards_never_written_leave_importance_weights_alone() {
+        // Four shards, one holding everything (frame mode with few environments, or a
+        // restore into more shards): the empty ones must not count as weight 0.
+        let t = prioritized(400, 4, 0.6, 0.4);
+        t.insert(&with_priorities(1, 0, 0..50, |v| 1.0 + (v % 2) as f32))
+            .unwrap();
+        assert_eq!(t.shard_lens(), [0, 50, 0, 0]);
+        let mut out = Out::new(32);
+        t.sample(&mut SmallRng::seed_from_u64(2), &mut out.buffers())
+            .unwrap();
+        let low = (1.0f64 / 2.0f64.powf(0.6)).powf(0.4) as f32;
+        for (a, w) in out.actions.iter().zip(&out.weights) {
+            let want = if a % 2 == 0 { 1.0 } else { low };
+            assert!(
+                (w - want).abs() < 1e-6,
+                "item {a}: weight {w}, expected {want}"
+            );
+        }
     }
 
     #[test]

@@ -113,6 +113,7 @@ pub fn run(
             p.beta,
             p.feedback_every,
             Device::Cpu,
+            setup.steps.get(),
         )
     });
     let mut version = setup.params.version();

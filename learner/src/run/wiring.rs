@@ -139,7 +139,13 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         steps: Arc::clone(&setup.steps),
         footprint: setup.footprint,
         feedback: cfg.replay.priority.map(|p| {
-            PriorityFeedback::new(Arc::clone(&setup.table), p.beta, p.feedback_every, device)
+            PriorityFeedback::new(
+                Arc::clone(&setup.table),
+                p.beta,
+                p.feedback_every,
+                device,
+                setup.steps.get(),
+            )
         }),
         panic_after: cfg.faults.learner_panic.then_some(50),
         oom_after: cfg.faults.learner_oom.then_some(50),
