@@ -1206,6 +1206,40 @@ mod tests {
         close(&want, &q);
     }
 
+    /// Autograd's gradient of the update's loss at `dqn`'s online parameters: each
+    /// agent's mean Huber loss of the double-DQN targets (each item's scaled by its
+    /// importance weight where the batch has them), through a dueling head if there is
+    /// one, and masked as a dueling update masks it. For MLP networks.
+    fn autograd_gradient(dqn: &Dqn, batch: &Batch) -> Tensor {
+        let (k, b) = (dqn.spec.population as i64, batch.batch_size());
+        let layout = dqn.spec.layout();
+        let leaf = dqn.online.detach().copy().set_requires_grad(true);
+        let q_all = dqn.head(forward(&param_views(&leaf, &layout, k), &batch.obs2));
+        let targets = tch::no_grad(|| {
+            double_dqn_targets(
+                &q_all.narrow(1, b, b),
+                &dqn.target_q(&batch.obs2.narrow(1, b, b)),
+                &batch.rewards,
+                &batch.discounts,
+            )
+        });
+        let q = q_all.narrow(1, 0, b).gather(2, &batch.actions, false);
+        let mut per_item = q.huber_loss(&targets, Reduction::None, 1.0);
+        if let Some(w) = &batch.weights {
+            per_item *= w;
+        }
+        let loss = per_item
+            .mean_dim([1i64, 2].as_slice(), false, Kind::Float)
+            .sum(Kind::Float);
+        let auto = Tensor::run_backward(&[&loss], &[&leaf], false, false)
+            .pop()
+            .unwrap();
+        if let Some(head) = &dqn.dueling {
+            head.mask(&param_views(&auto, &layout, k)[layout.entries.len() - 2]);
+        }
+        auto
+    }
+
     /// The hand-written backward pass against autograd on the same loss (with
     /// importance weights: each item's Huber loss scaled by its weight).
     fn check_gradient_against_autograd(k: usize, weighted: bool) {
@@ -1224,29 +1258,7 @@ mod tests {
         };
         let _ = dqn.gradient(&batch);
         let manual = dqn.grad.copy();
-
-        let leaf = dqn.online.detach().copy().set_requires_grad(true);
-        let views = param_views(&leaf, &dqn.spec.layout(), k);
-        let q_all = forward(&views, &batch.obs2);
-        let targets = tch::no_grad(|| {
-            let q_next_target = forward(&dqn.target_views, &batch.obs2.narrow(1, b, b));
-            double_dqn_targets(
-                &q_all.narrow(1, b, b),
-                &q_next_target,
-                &batch.rewards,
-                &batch.discounts,
-            )
-        });
-        let q = q_all.narrow(1, 0, b).gather(2, &batch.actions, false);
-        let loss = match &batch.weights {
-            None => q.huber_loss(&targets, Reduction::Mean, 1.0) * k as f64,
-            Some(w) => (q.huber_loss(&targets, Reduction::None, 1.0) * w)
-                .mean_dim([1i64, 2].as_slice(), false, Kind::Float)
-                .sum(Kind::Float),
-        };
-        let auto = Tensor::run_backward(&[&loss], &[&leaf], false, false)
-            .pop()
-            .unwrap();
+        let auto = autograd_gradient(&dqn, &batch);
         let err = (&manual - &auto).abs().max().double_value(&[]);
         let scale = auto.abs().max().double_value(&[]);
         assert!(scale > 1e-3, "gradient is not trivially zero");
@@ -1298,28 +1310,9 @@ mod tests {
         };
         let _ = dqn.gradient(&batch);
         let manual = dqn.grad.copy();
+        let auto = autograd_gradient(&dqn, &batch);
         let head = dqn.dueling.as_ref().unwrap();
         let layout = head.internal().layout();
-        let leaf = dqn.online.detach().copy().set_requires_grad(true);
-        let views = param_views(&leaf, &layout, k);
-        let q_all = head.q(&forward(&views, &batch.obs2));
-        let targets = tch::no_grad(|| {
-            let q_next_target = dqn.target_q(&batch.obs2.narrow(1, b, b));
-            double_dqn_targets(
-                &q_all.narrow(1, b, b),
-                &q_next_target,
-                &batch.rewards,
-                &batch.discounts,
-            )
-        });
-        let q = q_all.narrow(1, 0, b).gather(2, &batch.actions, false);
-        let loss = (q.huber_loss(&targets, Reduction::None, 1.0) * batch.weights.as_ref().unwrap())
-            .mean_dim([1i64, 2].as_slice(), false, Kind::Float)
-            .sum(Kind::Float);
-        let auto = Tensor::run_backward(&[&loss], &[&leaf], false, false)
-            .pop()
-            .unwrap();
-        head.mask(&param_views(&auto, &layout, k)[4]);
         let err = (&manual - &auto).abs().max().double_value(&[]);
         let scale = auto.abs().max().double_value(&[]);
         assert!(scale > 1e-3, "gradient is not trivially zero");

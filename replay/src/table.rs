@@ -764,6 +764,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scratch::SampleScratch;
     use rand::rngs::SmallRng;
     use rand::SeedableRng;
     use std::sync::Arc;
@@ -795,39 +796,9 @@ mod tests {
         b
     }
 
-    struct Out {
-        obs: Vec<u8>,
-        next: Vec<u8>,
-        actions: Vec<i64>,
-        rewards: Vec<f32>,
-        discounts: Vec<f32>,
-        keys: Vec<ItemKey>,
-        weights: Vec<f32>,
-    }
-
-    impl Out {
-        fn new(n: usize) -> Self {
-            Self {
-                obs: vec![0; n * 4],
-                next: vec![0; n * 4],
-                actions: vec![-1; n],
-                rewards: vec![0.0; n],
-                discounts: vec![0.0; n],
-                keys: vec![ItemKey::default(); n],
-                weights: vec![0.0; n],
-            }
-        }
-        fn buffers(&mut self) -> SampleBuffers<'_> {
-            SampleBuffers {
-                obs: &mut self.obs,
-                next_obs: &mut self.next,
-                actions: &mut self.actions,
-                rewards: &mut self.rewards,
-                discounts: &mut self.discounts,
-                keys: &mut self.keys,
-                weights: &mut self.weights,
-            }
-        }
+    /// Sample destinations for `n` rows of one 4-byte observation.
+    fn scratch(n: usize) -> SampleScratch {
+        SampleScratch::new(n, 4)
     }
 
     /// Polls `cond` until it holds (or fails the test after 10 s).
@@ -895,7 +866,7 @@ mod tests {
         }
         let mut rng = SmallRng::seed_from_u64(0);
         let mut counts = vec![0u32; 1000];
-        let mut out = Out::new(500);
+        let mut out = scratch(500);
         for _ in 0..200 {
             table.sample(&mut rng, &mut out.buffers()).unwrap();
             for a in &out.actions {
@@ -935,7 +906,7 @@ mod tests {
             table.insert(&batch(actor, 0..50)).unwrap();
         }
         let draw = |seed| {
-            let mut out = Out::new(64);
+            let mut out = scratch(64);
             table
                 .sample(&mut SmallRng::seed_from_u64(seed), &mut out.buffers())
                 .unwrap();
@@ -951,7 +922,7 @@ mod tests {
         let sampler = {
             let table = Arc::clone(&table);
             std::thread::spawn(move || {
-                let mut out = Out::new(8);
+                let mut out = scratch(8);
                 table.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             })
         };
@@ -970,14 +941,15 @@ mod tests {
         // limiter would allow samples, but there is nothing live to give.
         let table = Arc::new(table(config(1000, 2, 1.0, 10)));
         table.restore_counters(5000, 100);
-        let mut out = Out::new(4);
+        let mut out = scratch(4);
+        out.actions.fill(-1);
         let mut rng = SmallRng::seed_from_u64(0);
         assert_eq!(table.try_sample(&mut rng, &mut out.buffers()), Ok(None));
         assert_eq!(out.actions, [-1; 4], "nothing written");
         let sampler = {
             let table = Arc::clone(&table);
             std::thread::spawn(move || {
-                let mut out = Out::new(4);
+                let mut out = scratch(4);
                 table
                     .sample(&mut SmallRng::seed_from_u64(1), &mut out.buffers())
                     .map(|_| out.actions)
@@ -998,7 +970,7 @@ mod tests {
             ..config(100, 1, 1.0, 8)
         });
         let mut rng = SmallRng::seed_from_u64(0);
-        let mut out = Out::new(4);
+        let mut out = scratch(4);
         table.insert_unlimited(&batch(0, 0..4)).unwrap();
         assert_eq!(table.try_sample(&mut rng, &mut out.buffers()), Ok(None));
         table.insert_unlimited(&batch(0, 4..8)).unwrap();
@@ -1018,7 +990,7 @@ mod tests {
     fn priority_updates_reach_live_items_only() {
         let table = table(config(8, 1, 1e6, 1));
         table.insert(&batch(0, 0..4)).unwrap();
-        let mut out = Out::new(4);
+        let mut out = scratch(4);
         table
             .sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             .unwrap();
@@ -1058,7 +1030,7 @@ mod tests {
         assert!(done.try_recv().is_err(), "beyond the band");
         // One sample of 8 brings the difference back into the band: the sampler must
         // wake the inserter (it is only woken when it can go).
-        let mut out = Out::new(8);
+        let mut out = scratch(8);
         table
             .sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             .unwrap();
@@ -1084,7 +1056,7 @@ mod tests {
         let sampler = {
             let empty = Arc::clone(&empty);
             std::thread::spawn(move || {
-                let mut out = Out::new(1);
+                let mut out = scratch(1);
                 empty.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             })
         };
@@ -1160,14 +1132,14 @@ mod tests {
         t.insert(&b).unwrap();
         let stats = t.stats();
         assert_eq!((stats.size, stats.dropped), (1, 0));
-        let mut out = Out::new(1);
+        let mut out = scratch(1);
         out.obs = vec![0; 2];
-        out.next = vec![0; 2];
+        out.next_obs = vec![0; 2];
         t.try_sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             .unwrap()
             .unwrap();
         assert_eq!(
-            (out.obs.as_slice(), out.next.as_slice()),
+            (out.obs.as_slice(), out.next_obs.as_slice()),
             (&[7u8, 8][..], &[9u8, 10][..])
         );
     }
@@ -1224,7 +1196,7 @@ mod tests {
         let draws = (batches * rows) as f64;
         let mut counts = vec![0u64; next as usize];
         let mut rng = SmallRng::seed_from_u64(3);
-        let mut out = Out::new(rows);
+        let mut out = scratch(rows);
         for _ in 0..batches {
             t.sample(&mut rng, &mut out.buffers()).unwrap();
             for (a, w) in out.actions.iter().zip(&out.weights) {
@@ -1262,7 +1234,7 @@ mod tests {
         t.insert(&with_priorities(1, 0, 0..50, |v| 1.0 + (v % 2) as f32))
             .unwrap();
         assert_eq!(t.shard_lens(), [0, 50, 0, 0]);
-        let mut out = Out::new(32);
+        let mut out = scratch(32);
         t.sample(&mut SmallRng::seed_from_u64(2), &mut out.buffers())
             .unwrap();
         let low = (1.0f64 / 2.0f64.powf(0.6)).powf(0.4) as f32;
@@ -1281,7 +1253,7 @@ mod tests {
         t.insert(&with_priorities(0, 0, 0..40, |_| 0.0)).unwrap();
         t.insert(&with_priorities(0, 1, 40..80, |_| 1e-30)).unwrap();
         let mut counts = [0u32; 80];
-        let mut out = Out::new(80);
+        let mut out = scratch(80);
         let mut rng = SmallRng::seed_from_u64(0);
         for _ in 0..500 {
             t.sample(&mut rng, &mut out.buffers()).unwrap();
@@ -1326,7 +1298,7 @@ mod tests {
             assert!(stored[i].1 >= 2.0, "{:?}", stored[i]);
         }
         // From the learner: a NaN among valid TD errors.
-        let mut out = Out::new(7);
+        let mut out = scratch(7);
         t.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             .unwrap();
         let td: Vec<f32> = (0..7)
@@ -1348,7 +1320,7 @@ mod tests {
     fn stale_priority_updates_leave_the_distribution_alone() {
         let t = prioritized(8, 1, 1.0, 0.4);
         t.insert(&with_priorities(0, 0, 0..4, |_| 1.0)).unwrap();
-        let mut out = Out::new(4);
+        let mut out = scratch(4);
         t.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             .unwrap();
         let old_keys = out.keys.clone();
@@ -1374,7 +1346,7 @@ mod tests {
             .unwrap();
         }
         // Priorities changed by the learner after insertion are what must survive.
-        let mut out = Out::new(64);
+        let mut out = scratch(64);
         let mut rng = SmallRng::seed_from_u64(5);
         t.sample(&mut rng, &mut out.buffers()).unwrap();
         let td: Vec<f32> = out.actions.iter().map(|a| 10.0 + *a as f32).collect();
@@ -1391,7 +1363,7 @@ mod tests {
         assert!((total(&t) - total(&restored)).abs() < 1e-9 * total(&t));
         let frequency = |t: &Table, item: i64| {
             let mut rng = SmallRng::seed_from_u64(9);
-            let mut out = Out::new(300);
+            let mut out = scratch(300);
             let mut hits = 0;
             for _ in 0..200 {
                 t.sample(&mut rng, &mut out.buffers()).unwrap();
