@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use millrace_actor::EpisodeStats;
 use millrace_learner::server::{
-    self, goodbye_for, ActorBoard, Route, Routes, ServerConfig, ServerContext, ServerHandle,
+    self, goodbye_for, ActorBoard, AgentPorts, AgentSpec, Route, Routes, ServerConfig,
+    ServerContext, ServerHandle,
 };
 use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{
@@ -47,6 +48,16 @@ fn fixture_of(
     configure: impl FnOnce(&mut ServerConfig),
     priority: Option<millrace_replay::PriorityConfig>,
 ) -> Fixture {
+    fixture_routed(configure, priority, Routes::One)
+}
+
+/// A fixture whose one route (`route`) the server reaches through `routes`, e.g. as a
+/// population's agent.
+fn fixture_routed(
+    configure: impl FnOnce(&mut ServerConfig),
+    priority: Option<millrace_replay::PriorityConfig>,
+    routes: impl FnOnce(Route) -> Routes,
+) -> Fixture {
     let env = millrace_actor::env::spec("CartPole-v1").unwrap();
     let network = NetworkSpec::mlp(&env.obs, &[8], 2, 1).unwrap();
     let table = Arc::new(
@@ -81,7 +92,7 @@ fn fixture_of(
             env,
             network,
             run_id: "test".into(),
-            routes: Routes::One(Route {
+            routes: routes(Route {
                 table: Arc::clone(&table),
                 params: Arc::clone(&params),
                 steps: Arc::new(StepCounter::default()),
@@ -513,6 +524,75 @@ fn an_actor_that_comes_back_just_after_the_run_finished_is_told_so() {
         start.elapsed()
     );
     assert_eq!(reader.join().unwrap(), Some(GoodbyeReason::RunFinished));
+}
+
+/// Regression (a CI failure of remote_population): a population's first agent ended as
+/// the run finished; its actor was told to come back for another agent, but its
+/// connection was still closing when the run stopped, so the server did not count it
+/// as away and closed the listener at once: the actor retried an address nobody
+/// answered, for ever. Now a connection that sends its actor on marks it away when it
+/// ends, whenever that is, and the last call waits for every connection to close
+/// before reading how long to stay.
+#[test]
+fn an_actor_sent_on_as_the_run_finishes_is_told_the_run_is_over_when_it_comes_back() {
+    let ports = Arc::new(AgentPorts::new(2, 2));
+    let network = NetworkSpec::mlp(
+        &millrace_actor::env::spec("CartPole-v1").unwrap().obs,
+        &[8],
+        2,
+        1,
+    )
+    .unwrap();
+    let opened = Arc::clone(&ports);
+    let mut f = fixture_routed(
+        |_| {},
+        None,
+        move |route| {
+            opened.open(
+                0,
+                AgentSpec {
+                    route,
+                    network,
+                    n_step: 1,
+                    gamma: 0.99,
+                    epsilon_decay: None,
+                },
+            );
+            Routes::Agents(opened)
+        },
+    );
+    let addr = f.addr;
+    let mut c = WireClient::connect(addr);
+    let _ = c.join("");
+    wait_until("joined", LIMIT, || connected(&f) == 1);
+    // Agent 0 ends (agent 1 is still to come): its actor is sent on ...
+    assert!(!ports.close(0), "not the population's last agent");
+    let g = c.goodbye().expect("a goodbye before the close");
+    assert_eq!(g.reason, GoodbyeReason::LearnerStopping);
+    // ... and the run finishes while its connection is still closing: the actor has
+    // not closed its end yet, so the server waits for it (up to its goodbye wait).
+    let server = f.server.take().unwrap();
+    let stopping = std::thread::spawn(move || {
+        server
+            .shutdown(goodbye_for(true, "all agents ended"))
+            .unwrap();
+    });
+    // The server gives up waiting and drops the connection: writing finds it gone.
+    wait_until("the server closed the old connection", LIMIT, || {
+        c.try_send(&ActorMsg::Stats(ActorStats::default())).is_err()
+    });
+    drop(c);
+    // The actor comes back after its shortest backoff and hears that the run is over.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut back = WireClient::connect(addr);
+    match back.hello("") {
+        LearnerMsg::Goodbye(g) => {
+            assert_eq!(g.reason, GoodbyeReason::RunFinished);
+            assert_eq!(g.message, "all agents ended");
+        }
+        other => panic!("expected the run's goodbye, got {other:?}"),
+    }
+    stopping.join().unwrap();
 }
 
 #[test]

@@ -181,6 +181,12 @@ impl WireClient {
         self.stream.write_all(&frame).expect("the learner reads");
     }
 
+    /// Sends `msg`, or says why it could not (the learner dropped the connection).
+    pub fn try_send(&mut self, msg: &ActorMsg) -> std::io::Result<()> {
+        let frame = codec::encode(msg, DEFAULT_MAX_FRAME).expect("encodable");
+        self.stream.write_all(&frame)
+    }
+
     /// Raw bytes, for malformed input.
     pub fn send_bytes(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("the learner reads");

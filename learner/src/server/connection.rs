@@ -32,14 +32,21 @@ pub(super) struct Connection {
     pub(super) peer: SocketAddr,
 }
 
-/// Marks, when a connection ends while the server is not stopping, that its actor may
-/// be reconnecting (the server's last call, [`super::LAST_CALL`]).
-struct MarkAway<'a>(&'a Connection);
+/// Marks, when a connection ends, that its actor may be reconnecting (the server's last
+/// call, [`super::LAST_CALL`]): when it ends while the server is not stopping, and
+/// whenever its actor was told to come back (a goodbye for now, a temporary refusal),
+/// even if the server stopped meanwhile: a population's agent that ended a moment
+/// before the run did sends its actors on, and they must find someone to tell them the
+/// run is over.
+struct MarkAway<'a> {
+    conn: &'a Connection,
+    sent_on: std::cell::Cell<bool>,
+}
 
 impl Drop for MarkAway<'_> {
     fn drop(&mut self) {
-        if self.0.stop.borrow().is_none() {
-            self.0.shared.mark_away();
+        if self.sent_on.get() || self.conn.stop.borrow().is_none() {
+            self.conn.shared.mark_away();
         }
     }
 }
@@ -110,7 +117,10 @@ struct Session {
 
 impl Connection {
     pub(super) async fn run(self, stream: TcpStream) {
-        let _away = MarkAway(&self);
+        let away = MarkAway {
+            conn: &self,
+            sent_on: std::cell::Cell::new(false),
+        };
         let _ = stream.set_nodelay(true);
         let (rd, mut wr) = stream.into_split();
         let mut rd = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
@@ -119,6 +129,7 @@ impl Connection {
             Ok(w) => w,
             Err(refusal) => {
                 tracing::warn!("{peer}: refused: {refusal}");
+                away.sent_on.set(!refusal.code.is_permanent());
                 if self.send(&mut wr, &LearnerMsg::Refused(refusal)).await {
                     close_gracefully(wr, rd.into_inner()).await;
                 }
@@ -209,9 +220,14 @@ impl Connection {
                 tracing::warn!(
                     "{peer}: closing actor {name:?}: {refusal} ({received} transitions received)"
                 );
+                away.sent_on.set(!refusal.code.is_permanent());
                 LearnerMsg::Refused(refusal)
             }
-            Outcome::Goodbye(goodbye) => LearnerMsg::Goodbye(goodbye),
+            Outcome::Goodbye(goodbye) => {
+                away.sent_on
+                    .set(!matches!(goodbye.reason, GoodbyeReason::RunFinished));
+                LearnerMsg::Goodbye(goodbye)
+            }
         };
         let sent = match wr {
             Some(mut wr) => {
@@ -495,7 +511,10 @@ impl Connection {
                     };
                 }
                 _ = async { ended.as_mut()?.wait_for(|e| *e).await.ok() }, if ended.is_some() => {
-                    return Outcome::Goodbye(agent_ended());
+                    // The run may have stopped at the same moment: then its word is the
+                    // last one.
+                    let stopped = stop.borrow().clone();
+                    return Outcome::Goodbye(stopped.unwrap_or_else(agent_ended));
                 }
             };
             let (msg, _budget) = match msg {

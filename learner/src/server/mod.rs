@@ -323,9 +323,9 @@ async fn serve(
         }
     }
     let goodbye = stop.borrow().clone();
-    let last_call = last_call(listener, goodbye, &shared, refusals);
     // Every connection watches `stop` too: wait for their goodbyes (each gives up on a
-    // stalled peer after a few seconds).
+    // stalled peer after a few seconds), then tell the last call they are all closed.
+    let (closed_tx, closed_rx) = watch::channel(false);
     let wait = async {
         let all = async { while connections.join_next().await.is_some() {} };
         if tokio::time::timeout(Duration::from_secs(12), all)
@@ -334,29 +334,49 @@ async fn serve(
         {
             tracing::warn!("some connections did not close in time");
         }
+        let _ = closed_tx.send(true);
     };
-    tokio::join!(last_call, wait);
+    tokio::join!(
+        last_call(listener, goodbye, &shared, refusals, closed_rx),
+        wait
+    );
 }
 
-/// When the run is finished and some actor may be reconnecting (a connection ended
-/// mid-run within [`LAST_CALL`]), keeps accepting until then and tells each newcomer
-/// that the run is finished, so that it exits instead of retrying for ever.
+/// When the run is finished, keeps accepting until every connection has closed and
+/// [`LAST_CALL`] has passed since one last ended mid-run or sent its actor on (its
+/// actor may be reconnecting), telling each newcomer that the run is finished, so that
+/// it exits instead of retrying for ever. The deadline is read once the connections
+/// have closed: one that was sending its actor on as the run stopped marks it on its
+/// way out.
 async fn last_call(
     listener: TcpListener,
     goodbye: Option<Goodbye>,
     shared: &Shared,
     refusals: Arc<Semaphore>,
+    mut closed: watch::Receiver<bool>,
 ) {
-    let (Some(goodbye), Some(away)) = (goodbye, shared.last_away()) else {
-        return;
-    };
+    let Some(goodbye) = goodbye else { return };
     if !matches!(goodbye.reason, GoodbyeReason::RunFinished) {
         return;
     }
-    let until = tokio::time::Instant::from_std(away + LAST_CALL);
     loop {
+        let all_closed = *closed.borrow_and_update();
+        let until = if all_closed {
+            match shared.last_away() {
+                Some(away) => tokio::time::Instant::from_std(away + LAST_CALL),
+                None => return,
+            }
+        } else {
+            // Not before the connections close (`closed` wakes this loop).
+            tokio::time::Instant::now() + Duration::from_secs(3600)
+        };
         tokio::select! {
-            _ = tokio::time::sleep_until(until) => return,
+            _ = tokio::time::sleep_until(until), if all_closed => return,
+            changed = closed.changed(), if !all_closed => {
+                if changed.is_err() {
+                    return;
+                }
+            }
             accepted = listener.accept() => {
                 let Ok((stream, peer)) = accepted else { continue };
                 tracing::info!("{peer}: an actor came back after the run finished: telling it so");
