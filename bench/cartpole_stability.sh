@@ -22,8 +22,13 @@ steps="${STEPS:-100000}"
 after="${AFTER:-50000}"
 flags="${FLAGS:-}"
 mode="${MODE:-${flags:-defaults}}"
-cargo build --release --locked --bin learner >&2
-learner="$CARGO_TARGET_DIR/release/learner"
+# MILLRACE_BIN=DIR runs the learner in DIR (a copy, so rebuilding meanwhile does not
+# touch the running binary); by default it is built here.
+if [[ -z "${MILLRACE_BIN:-}" ]]; then
+    cargo build --release --locked --bin learner >&2
+    MILLRACE_BIN="$CARGO_TARGET_DIR/release"
+fi
+learner="$MILLRACE_BIN/learner"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p bench/results

@@ -11,6 +11,7 @@
 #   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --actors 64 [--copy-stream]
 #   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --only cnn --checkpoint-every 2
 #   LD_LIBRARY_PATH=$TL .gpu/ceiling --hidden 64,64 --batch 32,512
+#   LD_LIBRARY_PATH=$TL .gpu/ceiling --net nature --batch 32,512 --precision fp32,bf16,fp32,bf16
 #   LD_LIBRARY_PATH=$TL .gpu/learner --logdir /tmp/run [--copy-stream]
 #   LD_LIBRARY_PATH=$TL .gpu/population --k 1,8,64,256,1024 --seconds 2   # stacked updates
 #   LD_LIBRARY_PATH=$TL .gpu/population --net cnn --k 1,8,32,64 --seconds 2

@@ -324,6 +324,11 @@ type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
 type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
 type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
 type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
+type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`.
+const CU_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+const CU_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 
 /// A CUDA device as the driver describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -331,17 +336,23 @@ pub struct DeviceInfo {
     pub index: usize,
     pub name: String,
     pub total_bytes: usize,
+    /// Compute capability (major, minor), when the driver reports it.
+    pub compute_capability: Option<(i32, i32)>,
 }
 
 impl std::fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: {} ({:.1} GiB)",
+            "{}: {} ({:.1} GiB",
             self.index,
             self.name,
             self.total_bytes as f64 / f64::from(1u32 << 30)
-        )
+        )?;
+        match self.compute_capability {
+            Some((major, minor)) => write!(f, ", compute capability {major}.{minor})"),
+            None => f.write_str(")"),
+        }
     }
 }
 
@@ -365,6 +376,9 @@ pub fn cuda_devices() -> Vec<DeviceInfo> {
     ) else {
         return Vec::new();
     };
+    // SAFETY: the CUDA driver API's function of that name and signature.
+    let attribute = sym(c"cuDeviceGetAttribute")
+        .map(|p| unsafe { std::mem::transmute::<*mut c_void, CuDeviceGetAttribute>(p) });
     // SAFETY: the CUDA driver API's functions of those names and signatures.
     let (init, count, get, name, mem) = unsafe {
         (
@@ -391,6 +405,12 @@ pub fn cuda_devices() -> Vec<DeviceInfo> {
                 let named = name(buf.as_mut_ptr(), buf.len() as c_int, dev) == 0;
                 let mut total = 0usize;
                 let _ = mem(&mut total, dev);
+                let compute_capability = attribute.and_then(|attr| {
+                    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+                    let ok = attr(&mut major, CU_COMPUTE_CAPABILITY_MAJOR, dev) == 0
+                        && attr(&mut minor, CU_COMPUTE_CAPABILITY_MINOR, dev) == 0;
+                    ok.then_some((major, minor))
+                });
                 Some(DeviceInfo {
                     index: i as usize,
                     name: if named {
@@ -399,6 +419,7 @@ pub fn cuda_devices() -> Vec<DeviceInfo> {
                         "unnamed device".into()
                     },
                     total_bytes: total,
+                    compute_capability,
                 })
             })
             .collect()

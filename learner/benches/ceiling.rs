@@ -3,12 +3,18 @@
 //! end-to-end training is compared against.
 //!
 //! `cargo bench -p millrace-learner --bench ceiling -- [--hidden 64,64] [--batch 32]
-//!  [--obs 4] [--actions 2] [--seconds 3] [--threads 1] [--cpu]`
-//! Prints one line per configuration: updates/s and microseconds per update.
+//!  [--obs 4] [--actions 2] [--seconds 3] [--threads 1] [--cpu] [--precision fp32,bf16]
+//!  [--net mlp|nature|minatar]`
+//! Prints one line per configuration: updates/s and microseconds per update, and with
+//! several precisions each one's updates/s against the first's, measured one after the
+//! other in the same run. `--net nature` is the Nature DQN on Atari's `[4, 84, 84]`
+//! frames (6 actions), `--net minatar` MinAtar's network on `[4, 10, 10]` (3 actions);
+//! `--hidden`, `--obs` and `--actions` are the MLP's.
 
 mod common;
 
 use millrace_learner::dqn::{Dqn, DqnConfig};
+use millrace_learner::precision::Precision;
 use millrace_proto::{DType, NetworkSpec, ObsSpec};
 use tch::Device;
 
@@ -20,6 +26,15 @@ struct Opts {
     seconds: f64,
     threads: i32,
     device: Device,
+    precision: Vec<Precision>,
+    net: Net,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Net {
+    Mlp,
+    Nature,
+    Minatar,
 }
 
 fn parse() -> Opts {
@@ -31,6 +46,8 @@ fn parse() -> Opts {
         seconds: 3.0,
         threads: 1,
         device: Device::cuda_if_available(),
+        precision: vec![Precision::Fp32],
+        net: Net::Mlp,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -57,6 +74,24 @@ fn parse() -> Opts {
             "--actions" => o.actions = next.parse().expect("--actions N"),
             "--seconds" => o.seconds = next.parse().expect("--seconds S"),
             "--threads" => o.threads = next.parse().expect("--threads N"),
+            "--precision" => {
+                o.precision = next
+                    .split(',')
+                    .map(|x| match x {
+                        "fp32" => Precision::Fp32,
+                        "bf16" => Precision::Bf16,
+                        other => panic!("--precision fp32,bf16, got {other}"),
+                    })
+                    .collect()
+            }
+            "--net" => {
+                o.net = match next.as_str() {
+                    "mlp" => Net::Mlp,
+                    "nature" => Net::Nature,
+                    "minatar" => Net::Minatar,
+                    other => panic!("--net mlp|nature|minatar, got {other}"),
+                }
+            }
             "--cpu" => {
                 o.device = Device::Cpu;
                 i -= 1;
@@ -72,30 +107,68 @@ fn parse() -> Opts {
 fn main() {
     let o = parse();
     tch::set_num_threads(o.threads);
-    println!(
-        "device {:?}, {} intra-op thread(s), obs {}, actions {}",
-        o.device, o.threads, o.obs, o.actions
-    );
-    println!(
-        "{:<12} {:>6} {:>12} {:>10}",
-        "hidden", "batch", "updates/s", "us/update"
-    );
-    let obs = ObsSpec {
-        shape: vec![o.obs],
-        dtype: DType::F32,
+    let (obs, actions) = match o.net {
+        Net::Mlp => (vec![o.obs], o.actions),
+        Net::Nature => (vec![4, 84, 84], 6),
+        Net::Minatar => (vec![4, 10, 10], 3),
     };
-    for hidden in &o.hidden {
+    let obs = ObsSpec {
+        shape: obs,
+        dtype: if o.net == Net::Mlp {
+            DType::F32
+        } else {
+            DType::U8
+        },
+    };
+    println!(
+        "device {:?}, {} intra-op thread(s), obs {:?}, actions {actions}",
+        o.device, o.threads, obs.shape
+    );
+    println!(
+        "{:<12} {:>6} {:>9} {:>12} {:>10} {:>8}",
+        "network", "batch", "precision", "updates/s", "us/update", "vs first"
+    );
+    let hidden: Vec<Vec<usize>> = match o.net {
+        Net::Mlp => o.hidden.clone(),
+        Net::Nature | Net::Minatar => vec![Vec::new()],
+    };
+    for hidden in &hidden {
         for &b in &o.batch {
-            let spec = NetworkSpec::mlp(&obs, hidden, o.actions, 1).expect("valid network");
-            let mut dqn = Dqn::new(spec, DqnConfig::default(), o.device, 0);
-            let batch = common::random_batch(&obs, o.actions, b, o.device);
-            let rate = common::updates_per_s(&mut dqn, &batch, o.device, o.seconds, 50);
-            let label = hidden
-                .iter()
-                .map(|h| h.to_string())
-                .collect::<Vec<_>>()
-                .join("x");
-            println!("{:<12} {:>6} {:>12.0} {:>10.1}", label, b, rate, 1e6 / rate);
+            let spec = match o.net {
+                Net::Mlp => NetworkSpec::mlp(&obs, hidden, actions, 1),
+                Net::Nature => NetworkSpec::nature_cnn(&obs, actions),
+                Net::Minatar => NetworkSpec::minatar_cnn(&obs, actions),
+            }
+            .expect("valid network");
+            let label = match o.net {
+                Net::Mlp => hidden
+                    .iter()
+                    .map(|h| h.to_string())
+                    .collect::<Vec<_>>()
+                    .join("x"),
+                Net::Nature => "nature".into(),
+                Net::Minatar => "minatar".into(),
+            };
+            let batch = common::random_batch(&obs, actions, b, o.device);
+            let mut first = None;
+            for &precision in &o.precision {
+                let cfg = DqnConfig {
+                    precision,
+                    ..DqnConfig::default()
+                };
+                let mut dqn = Dqn::new(spec.clone(), cfg, o.device, 0);
+                let rate = common::updates_per_s(&mut dqn, &batch, o.device, o.seconds, 50);
+                let base = *first.get_or_insert(rate);
+                println!(
+                    "{:<12} {:>6} {:>9} {:>12.0} {:>10.1} {:>7.2}x",
+                    label,
+                    b,
+                    precision.to_string(),
+                    rate,
+                    1e6 / rate,
+                    rate / base
+                );
+            }
         }
     }
 }

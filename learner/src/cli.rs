@@ -270,6 +270,16 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 2.3e-3)]
     pub lr: f64,
 
+    /// Decay the learning rate linearly from --lr to this over --lr-decay-steps env
+    /// steps, then hold it (default: constant). Fast early, steady late: it keeps a
+    /// solved CartPole solved (LEARNING.md).
+    #[arg(long)]
+    pub lr_final: Option<f64>,
+
+    /// Env steps over which the learning rate reaches --lr-final (default: --max-steps).
+    #[arg(long, requires = "lr_final")]
+    pub lr_decay_steps: Option<u64>,
+
     /// Minibatch size.
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
@@ -304,6 +314,12 @@ pub struct TrainArgs {
     /// Ape-X's learner).
     #[arg(long, value_enum, default_value_t = crate::dqn::Optimizer::Adam)]
     pub optimizer: crate::dqn::Optimizer,
+
+    /// The forward and backward passes' arithmetic: fp32, or bf16 with fp32 master
+    /// weights, gradients and optimizer state (mixed precision, for GPUs with native
+    /// bf16: compute capability 8.0 or newer; refused on older ones).
+    #[arg(long, value_enum, default_value_t = crate::precision::Precision::Fp32)]
+    pub precision: crate::precision::Precision,
 
     /// Replay ratio as items sampled per item inserted. 32 with batch 64 is one update
     /// per two env steps, rl-zoo3's CartPole ratio (128 gradient steps per 256 steps).
@@ -666,6 +682,19 @@ impl TrainArgs {
                 .collect::<anyhow::Result<Vec<_>>>()?
         };
         let device = devices[0];
+        for &d in &devices {
+            let info = match d {
+                DeviceChoice::Cuda(i) => millrace_actor::doctor::cuda_devices().into_iter().nth(i),
+                DeviceChoice::Cpu => None,
+            };
+            crate::precision::check(
+                args.precision,
+                d,
+                info.as_ref().map_or("", |i| i.name.as_str()),
+                info.as_ref().and_then(|i| i.compute_capability),
+            )
+            .map_err(anyhow::Error::msg)?;
+        }
         if population && args.metrics_addr.is_some() {
             bail!("--metrics-addr serves one run's metrics; populations report per agent in TensorBoard (not yet on /metrics)");
         }
@@ -782,6 +811,19 @@ impl TrainArgs {
             crate::dueling::DuelingHead::new(&network, tch::Device::Cpu)
                 .map_err(|e| anyhow::anyhow!("--dueling: {e}"))?;
         }
+        let lr_decay = match args.lr_final {
+            None => None,
+            Some(_) if population => {
+                bail!("--lr-final is for one agent: a population's learning rates are constant (for now)")
+            }
+            Some(end) if !(end.is_finite() && end > 0.0) => {
+                bail!("--lr-final must be a positive number, got {end}")
+            }
+            Some(end) => Some(crate::lr_schedule::LrDecay {
+                end_fraction: end / args.lr,
+                steps: args.lr_decay_steps.unwrap_or(args.max_steps),
+            }),
+        };
         let priority = args.sampling.priority(args.max_steps)?;
         if priority.is_some() && population {
             bail!(
@@ -817,6 +859,8 @@ impl TrainArgs {
                 target,
                 dueling: args.dueling,
                 optimizer: args.optimizer,
+                precision: args.precision,
+                lr_decay,
                 ..DqnConfig::default()
             },
             batch_size: args.batch_size,

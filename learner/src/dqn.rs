@@ -35,7 +35,9 @@ use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::dueling::DuelingHead;
 use crate::host_adam;
+use crate::lr_schedule::LrDecay;
 use crate::population::{AgentHparams, AgentTensors, Sync};
+use crate::precision::{HalfCopies, Precision};
 
 /// How the target network follows the online one.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -78,6 +80,10 @@ pub struct DqnConfig {
     pub dueling: bool,
     /// Adam, or centred RMSProp (whose running means live where Adam's moments do).
     pub optimizer: Optimizer,
+    /// The forward and backward passes' arithmetic ([`crate::precision`]).
+    pub precision: Precision,
+    /// The learning rate's decay over env steps (`None`: constant).
+    pub lr_decay: Option<LrDecay>,
 }
 
 impl Default for DqnConfig {
@@ -93,6 +99,8 @@ impl Default for DqnConfig {
             target: TargetUpdate::Hard { period: 200 },
             dueling: false,
             optimizer: Optimizer::Adam,
+            precision: Precision::Fp32,
+            lr_decay: None,
         }
     }
 }
@@ -158,6 +166,9 @@ pub struct Dqn {
     adam_v: Tensor,
     /// The convolutional torso, if the network has one.
     torso: Option<Torso>,
+    /// bf16 copies of the networks for the passes (`--precision bf16`); `None` in fp32,
+    /// where the passes read the parameters' own views.
+    half: Option<HalfCopies>,
     /// Adam's step count t (bias corrections are computed on the host: no device sync).
     adam_step: u64,
     updates: u64,
@@ -206,6 +217,8 @@ pub struct UpdateStats {
     /// The current run of consecutive skipped updates (the longest among agents); a
     /// finite update ends it.
     pub nonfinite_streak: u64,
+    /// The (first agent's) learning rate at the read.
+    pub learning_rate: f64,
 }
 
 /// The full state of a [`Dqn`] as host tensors, for checkpoints.
@@ -240,7 +253,7 @@ unsafe fn f32s(t: &Tensor) -> &[f32] {
     unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f32>(), t.numel()) }
 }
 
-fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
+pub(crate) fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
     layout
         .entries
         .iter()
@@ -257,7 +270,7 @@ fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tens
 
 /// Views of the torso's filters and biases in PyTorch's shapes behind the population:
 /// `[K, out, in, kh, kw]` and `[K, out]`.
-fn conv_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
+pub(crate) fn conv_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
     layout
         .conv
         .iter()
@@ -268,6 +281,16 @@ fn conv_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tenso
                 .view(shape.as_slice())
         })
         .collect()
+}
+
+/// The weights one update's passes read (see [`Dqn::pass_views`]).
+struct PassViews<'a> {
+    online: &'a [Tensor],
+    online_wt: &'a [Tensor],
+    target: &'a [Tensor],
+    /// The torso's filters and biases (empty without a torso).
+    torso_online: &'a [Tensor],
+    torso_target: &'a [Tensor],
 }
 
 /// The convolutional torso's parameters, as views of the flat online and target tensors.
@@ -302,7 +325,8 @@ impl Torso {
 
 /// The torso of K agents at once: `x` is `[K, N, C, H, W]` `u8` (or `[K, N, C·H·W]`),
 /// `views` alternate filters `[K, out, in, kh, kw]` and biases `[K, out]`; returns
-/// features `[K, N, F]` (ReLU'd, each agent's flattened in `C, H, W` order).
+/// features `[K, N, F]` (ReLU'd, each agent's flattened in `C, H, W` order), computed
+/// in the filters' element type.
 ///
 /// The agents' images go side by side along the channels, `[N, K·C, H, W]`, and each
 /// layer is one grouped convolution with K groups: agent k's filters see only agent k's
@@ -317,7 +341,7 @@ pub fn torso_forward(views: &[Tensor], strides: &[i64], image: &[i64], x: &Tenso
         .reshape(shape.as_slice())
         .permute([1, 0, 2, 3, 4])
         .reshape(side_by_side.as_slice())
-        .to_kind(Kind::Float)
+        .to_kind(views[0].kind())
         * (1.0 / 255.0);
     for (l, s) in strides.iter().enumerate() {
         let w = views[2 * l].size();
@@ -331,10 +355,11 @@ pub fn torso_forward(views: &[Tensor], strides: &[i64], image: &[i64], x: &Tenso
 }
 
 /// The MLP forward pass: `x` is `[K, N, in]`, `views` alternate weight `[K, in, out]`
-/// and bias `[K, 1, out]`; ReLU between layers. Returns `[K, N, num_actions]`.
+/// and bias `[K, 1, out]`; ReLU between layers. Returns `[K, N, num_actions]`, computed
+/// in the weights' element type.
 pub fn forward(views: &[Tensor], x: &Tensor) -> Tensor {
     let layers = views.len() / 2;
-    let mut h = x.shallow_clone();
+    let mut h = x.to_kind(views[0].kind());
     for l in 0..layers {
         h = views[2 * l + 1].baddbmm(&h, &views[2 * l], 1.0, 1.0);
         if l + 1 < layers {
@@ -588,6 +613,14 @@ impl Dqn {
         let grad = online.zeros_like();
         let grad_views = param_views(&grad, &layout, k);
         let torso = Torso::new(&spec, &online, &target, &grad);
+        let half = (config.precision == Precision::Bf16).then(|| {
+            HalfCopies::new(
+                &online,
+                &target,
+                |flat| param_views(flat, &layout, k),
+                |flat| conv_views(flat, &layout, k),
+            )
+        });
         Self {
             spec,
             dueling,
@@ -611,6 +644,7 @@ impl Dqn {
                 .to_device(device)
                 .contiguous(),
             torso,
+            half,
             adam_step: state.adam_step,
             updates: state.updates,
             updates_since_stats: 0,
@@ -665,6 +699,26 @@ impl Dqn {
         self.updates
     }
 
+    /// Sets the learning rates for `env_steps` env steps into the run by the decay
+    /// schedule, if there is one (changes under its resolution wait: nothing to do on
+    /// most updates).
+    pub fn anneal_lr(&mut self, env_steps: u64) {
+        let Some(decay) = self.config.lr_decay else {
+            return;
+        };
+        let scale = decay.scale_at(env_steps);
+        let change = (scale - self.agents.lr_scale).abs();
+        // The end of the decay is reached exactly, however small the last step.
+        if change > 0.0 && (change >= decay.resolution() || scale == decay.end_fraction) {
+            self.agents.scale_lr(scale);
+        }
+    }
+
+    /// The learning rate now as a fraction of each agent's own (1 without a decay).
+    pub fn lr_scale(&self) -> f64 {
+        self.agents.lr_scale
+    }
+
     /// One gradient step on `batch` (already on the device). Never synchronises with
     /// the host: statistics accumulate on the device until [`Dqn::take_stats`]. Returns
     /// each item's TD error `Q(s, a) − y`, `[K, B]`, on the device (the priorities of
@@ -678,9 +732,13 @@ impl Dqn {
         let (q_taken, targets) = self.gradient(batch);
         let td = &q_taken - &targets;
         self.adam_step(&td);
+        if let Some(half) = &mut self.half {
+            half.refresh_online(&self.online);
+        }
         if let Some(tau) = &self.agents.tau {
             // Agents with hard copies have τ = 0: unchanged.
             let _ = self.target.lerp_tensor_(&self.online, tau);
+            self.refresh_half_target();
         }
         if self.updates.is_multiple_of(DETAIL_STATS_EVERY) {
             let k = self.spec.population as f64;
@@ -705,39 +763,77 @@ impl Dqn {
                     .to_device(self.device);
                 let synced = self.online.where_self(&due, &self.target);
                 self.target.copy_(&synced);
+                self.refresh_half_target();
             }),
             Sync::None => {}
         }
         td.squeeze_dim(2)
     }
 
+    /// The bf16 target copy takes the fp32 target's values (under `--precision bf16`).
+    fn refresh_half_target(&mut self) {
+        if let Some(half) = &mut self.half {
+            half.refresh_target(&self.target);
+        }
+    }
+
+    /// The views the forward and backward passes read: the bf16 copies' under
+    /// `--precision bf16`, else the fp32 parameters' own.
+    fn pass_views(&self) -> PassViews<'_> {
+        let torso = self.torso.as_ref();
+        match &self.half {
+            Some(h) => PassViews {
+                online: &h.online_views,
+                online_wt: &h.online_wt,
+                target: &h.target_views,
+                torso_online: &h.torso_online,
+                torso_target: &h.torso_target,
+            },
+            None => PassViews {
+                online: &self.online_views,
+                online_wt: &self.online_wt,
+                target: &self.target_views,
+                torso_online: torso.map_or(&[], |t| &t.online),
+                torso_target: torso.map_or(&[], |t| &t.target),
+            },
+        }
+    }
+
     /// Writes the gradient of the double-DQN Huber loss (each agent's batch mean, each
     /// item's loss scaled by its importance weight where the batch has them) into
     /// the flat gradient buffer; returns `Q(s, a)` and the targets, both `[K, B, 1]`.
+    ///
+    /// Under `--precision bf16` the passes run in bf16 on the bf16 copies; Q-values are
+    /// cast to fp32 before the targets and the Huber derivative, and each layer's
+    /// gradient lands in the fp32 buffer.
     pub fn gradient(&mut self, batch: &Batch) -> (Tensor, Tensor) {
         let b = batch.batch_size();
-        let layers = self.online_views.len() / 2;
+        let views = self.pass_views();
+        let layers = views.online.len() / 2;
+        let kind = views.online[0].kind();
         // The torso (autograd on the first B rows only: next observations are not
         // differentiated) turns images into features; the head starts from those.
         let (features, head_input) = match &self.torso {
             Some(t) => {
-                let f = torso_forward(&t.online, &t.strides, &t.image, &batch.obs2.narrow(1, 0, b));
+                let on = views.torso_online;
+                let f = torso_forward(on, &t.strides, &t.image, &batch.obs2.narrow(1, 0, b));
                 let f_next = tch::no_grad(|| {
-                    torso_forward(&t.online, &t.strides, &t.image, &batch.obs2.narrow(1, b, b))
+                    torso_forward(on, &t.strides, &t.image, &batch.obs2.narrow(1, b, b))
                 });
                 let input = Tensor::cat(&[f.detach(), f_next], 1);
                 (Some(f), input)
             }
-            None => (None, batch.obs2.shallow_clone()),
+            None => (None, batch.obs2.to_kind(kind)),
         };
         // Forward over obs and next_obs together, keeping each layer's input.
         let mut inputs = Vec::with_capacity(layers);
-        let mut h = head_input.shallow_clone();
+        let mut h = head_input;
         for l in 0..layers {
-            let z = self.online_views[2 * l + 1].baddbmm(&h, &self.online_views[2 * l], 1.0, 1.0);
+            let z = views.online[2 * l + 1].baddbmm(&h, &views.online[2 * l], 1.0, 1.0);
             inputs.push(h);
             h = if l + 1 < layers { z.relu() } else { z };
         }
+        let h = h.to_kind(Kind::Float);
         let q_all = match &self.dueling {
             Some(head) => head.q(&h),
             None => h,
@@ -765,19 +861,27 @@ impl Dqn {
         if let Some(head) = &self.dueling {
             d = head.dz(&d);
         }
+        let mut d = d.to_kind(kind);
         // Backward through the layers, on the first B rows only (next_obs is not
         // differentiated); ReLU's derivative is read off its output.
         for l in (0..layers).rev() {
             let x = inputs[l].narrow(1, 0, b);
-            let _ = x.transpose(1, 2).bmm_out(&self.grad_views[2 * l], &d);
-            let _ = d.sum_intlist_out(&self.grad_views[2 * l + 1], [1i64].as_slice(), true, None);
+            let (gw, gb) = (&self.grad_views[2 * l], &self.grad_views[2 * l + 1]);
+            if kind == Kind::Float {
+                let _ = x.transpose(1, 2).bmm_out(gw, &d);
+                let _ = d.sum_intlist_out(gb, [1i64].as_slice(), true, None);
+            } else {
+                // bf16 products into the fp32 buffer; the bias sums accumulate in fp32.
+                gw.detach().copy_(&x.transpose(1, 2).bmm(&d));
+                let _ = d.sum_intlist_out(gb, [1i64].as_slice(), true, Kind::Float);
+            }
             if l > 0 {
-                d = x.threshold_backward(&d.bmm(&self.online_wt[l]), 0.0);
+                d = x.threshold_backward(&d.bmm(&views.online_wt[l]), 0.0);
             } else if let (Some(torso), Some(features)) = (&self.torso, &features) {
                 // dLoss/dfeatures, then autograd through the convolutions.
-                let d_features = d.bmm(&self.online_wt[0]);
+                let d_features = d.bmm(&views.online_wt[0]);
                 let surrogate = (features * d_features).sum(Kind::Float);
-                let grads = Tensor::run_backward(&[&surrogate], &torso.online, false, false);
+                let grads = Tensor::run_backward(&[&surrogate], views.torso_online, false, false);
                 for (g, out) in grads.iter().zip(&torso.grad) {
                     out.detach().copy_(g);
                 }
@@ -798,16 +902,19 @@ impl Dqn {
         }
     }
 
-    /// Q-values of the target network for next observations `[K, B, ...]` (no graph).
+    /// Q-values of the target network for next observations `[K, B, ...]` (no graph),
+    /// in fp32 (computed in the passes' precision).
     fn target_q(&self, next_obs: &Tensor) -> Tensor {
+        let views = self.pass_views();
         tch::no_grad(|| {
-            self.head(match &self.torso {
+            let z = match &self.torso {
                 Some(t) => forward(
-                    &self.target_views,
-                    &torso_forward(&t.target, &t.strides, &t.image, next_obs),
+                    views.target,
+                    &torso_forward(views.torso_target, &t.strides, &t.image, next_obs),
                 ),
-                None => forward(&self.target_views, next_obs),
-            })
+                None => forward(views.target, next_obs),
+            };
+            self.head(z.to_kind(Kind::Float))
         })
     }
 
@@ -980,6 +1087,7 @@ impl Dqn {
     /// Copies the online parameters into the target network.
     pub fn sync_target(&mut self) {
         tch::no_grad(|| self.target.copy_(&self.online));
+        self.refresh_half_target();
     }
 
     /// Reads and resets the on-device statistics (one host sync).
@@ -1014,6 +1122,7 @@ impl Dqn {
             updates: n,
             nonfinite: count(3),
             nonfinite_streak: count(4),
+            learning_rate: self.agents.hparams[0].lr * self.agents.lr_scale,
         }
     }
 
@@ -1081,6 +1190,9 @@ impl Dqn {
         }
     }
 }
+
+#[cfg(test)]
+mod precision_tests;
 
 #[cfg(test)]
 mod tests {

@@ -113,6 +113,12 @@ impl Metrics {
         let values = [
             ("charts/episode_return", ret),
             ("charts/epsilon", f64::from(epsilon)),
+            (
+                "charts/learning_rate",
+                Some(report.stats.learning_rate)
+                    .filter(|lr| *lr > 0.0)
+                    .unwrap_or(f64::NAN),
+            ),
             ("losses/loss", report.stats.loss),
             ("losses/td_abs", report.stats.td_abs),
             ("losses/q_values", report.stats.q),

@@ -52,7 +52,12 @@ impl AgentHparams {
 /// the CPU's one-pass optimizer).
 #[derive(Debug)]
 pub struct AgentTensors {
+    /// Each agent's learning rate now: its own ([`AgentHparams::lr`]) times the run's
+    /// decay factor ([`AgentTensors::scale_lr`]).
     pub lr: Tensor,
+    /// The factor `lr` holds now, and the agents' own rates it multiplies.
+    pub lr_scale: f64,
+    lr_base: Tensor,
     pub max_grad_norm: Tensor,
     pub lr_host: Vec<f32>,
     pub max_grad_norm_host: Vec<f32>,
@@ -115,6 +120,8 @@ impl AgentTensors {
             .filter(|p| periods.iter().all(|q| *q == Some(*p)));
         Self {
             lr: column(&|a| a.lr),
+            lr_scale: 1.0,
+            lr_base: column(&|a| a.lr),
             max_grad_norm: column(&|a| a.max_grad_norm),
             lr_host: agents.iter().map(|a| a.lr as f32).collect(),
             max_grad_norm_host: agents.iter().map(|a| a.max_grad_norm as f32).collect(),
@@ -160,6 +167,14 @@ impl AgentTensors {
 }
 
 impl AgentTensors {
+    /// Sets every agent's learning rate to its own times `scale` (on the device without
+    /// a host sync: the factor travels as a scalar of the operation).
+    pub fn scale_lr(&mut self, scale: f64) {
+        self.lr_host = self.hparams.iter().map(|a| (a.lr * scale) as f32).collect();
+        tch::no_grad(|| self.lr.copy_(&(&self.lr_base * scale)));
+        self.lr_scale = scale;
+    }
+
     /// Adam's bias corrections for the population's step number `step`: one that every
     /// agent shares when they joined together, else one per agent by its own step
     /// number.

@@ -13,6 +13,7 @@ fn help(tag: &str) -> &'static str {
     match tag {
         "charts/episode_return" => "Mean return of the last 100 training episodes.",
         "charts/epsilon" => "Exploration rate of the run's schedule now.",
+        "charts/learning_rate" => "Learning rate now (--lr, decayed to --lr-final if set).",
         "losses/loss" => "Mean TD loss over the last report.",
         "losses/td_abs" => "Mean absolute TD error over the last report.",
         "losses/q_values" => "Mean Q value of the taken actions over the last report.",

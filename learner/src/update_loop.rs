@@ -421,6 +421,7 @@ impl LoopState {
                 timer.stop(watch);
             }
             let t2 = Instant::now();
+            dqn.anneal_lr(steps.get());
             if panic_after.is_some_and(|n| dqn.updates() >= n) {
                 panic!("injected fault after {} updates", dqn.updates());
             }

@@ -84,6 +84,11 @@ fn bad_flag_values_are_rejected_before_training() {
             vec!["--replay-capacity", "4000000000000", "--replay-shards", "1"],
             "lower --replay-capacity",
         ),
+        (vec!["--lr-final=-1e-4"], "--lr-final must be a positive number"),
+        (
+            vec!["--lr-final", "1e-4", "--population", "2"],
+            "--lr-final is for one agent",
+        ),
     ] {
         // Refused before anything starts: the run's directory is never created.
         let dir = tempfile::tempdir().unwrap();

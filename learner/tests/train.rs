@@ -345,6 +345,49 @@ fn a_dueling_network_solves_and_its_saved_policies_are_plain_mlps_in_gymnasium()
     assert_agree(&last, &eval_json(&ckpt, "latest"));
 }
 
+/// Mixed precision end to end on the CPU (PyTorch computes bf16 there too): the run
+/// solves, says so in its saved configuration, and what it saved is an fp32 policy
+/// that plays at the target in Gymnasium.
+#[test]
+fn a_bf16_learner_solves_cartpole_and_saves_an_fp32_policy_that_replays_in_gymnasium() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = learner(
+        &[
+            "--deterministic",
+            "--precision",
+            "bf16",
+            "--seed",
+            "1",
+            "--max-steps",
+            "60000",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
+    let config = read_json(&dir.path().join("checkpoint/config.json"));
+    assert_eq!(config["dqn"]["precision"], "bf16");
+    let solved = play_in_gymnasium(&dir.path().join("checkpoint"), "solved", dir.path());
+    assert!(
+        solved["mean"].as_f64().unwrap() >= 475.0,
+        "Gymnasium: {solved}"
+    );
+    // The exported tensors are fp32: the safetensors header names every dtype.
+    let bytes = std::fs::read(dir.path().join("solved.safetensors")).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let dtypes: Vec<&str> = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(_, v)| v["dtype"].as_str().unwrap())
+        .collect();
+    assert!(
+        !dtypes.is_empty() && dtypes.iter().all(|d| *d == "F32"),
+        "{dtypes:?}"
+    );
+}
+
 #[test]
 fn the_apex_preset_runs_and_saves_its_settings_with_flags_winning() {
     let dir = tempfile::tempdir().unwrap();
@@ -370,4 +413,46 @@ fn the_apex_preset_runs_and_saves_its_settings_with_flags_winning() {
     assert_eq!(config["dqn"]["max_grad_norm"], 40.0);
     assert_eq!(config["replay"]["priority"]["alpha"], 0.6);
     assert_eq!(config["actors"]["apex_epsilon"], true);
+}
+
+/// `--lr-final`: the learning rate decays as configured and holds at its end, as
+/// TensorBoard's own reader sees it in the run's events; the schedule is saved.
+#[test]
+fn the_learning_rate_decays_to_lr_final_as_tensorboard_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = learner(
+        &[
+            "--lr",
+            "2e-3",
+            "--lr-final",
+            "2e-4",
+            "--lr-decay-steps",
+            "2000",
+            "--max-steps",
+            "10000",
+            "--target-return",
+            "1000",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "budget ran out:\n{}", text(&out));
+    let config = read_json(&dir.path().join("checkpoint/config.json"));
+    assert_eq!(config["dqn"]["lr_decay"]["steps"], 2000, "{config}");
+    let fraction = config["dqn"]["lr_decay"]["end_fraction"].as_f64().unwrap();
+    assert!((fraction - 0.1).abs() < 1e-9, "{config}");
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    let read = Command::new(python())
+        .arg(crate_dir.join("../bench/check_tensorboard.py"))
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(read.status.success(), "{}", text(&read));
+    let scalars = String::from_utf8_lossy(&read.stdout);
+    let line = scalars
+        .lines()
+        .find(|l| l.starts_with("charts/learning_rate "))
+        .unwrap_or_else(|| panic!("no charts/learning_rate:\n{scalars}"));
+    // "charts/learning_rate   N points, last 0.0002 at step S": past the decay, held.
+    assert!(line.contains("last 0.0002 at step"), "{line}");
 }

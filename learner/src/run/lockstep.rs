@@ -153,6 +153,7 @@ pub fn run(
             .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?
         {
             let batch = staging.to_device(Device::Cpu);
+            dqn.anneal_lr(setup.steps.get());
             let td = dqn.update(&batch);
             if let Some(fb) = &mut feedback {
                 fb.push(&td, staging.keys(), setup.steps.get());
