@@ -3,13 +3,14 @@ line per seed and the mean across seeds per mode; prints the per-mode means at e
 evaluation so the comparison is also in text.
 
     python bench/plot_curves.py bench/results/learning_curves.csv out.png [title]
+        [--target 475] [--reference "LABEL=VALUE" ...] [--modes MODE,MODE]
 
 Any CSV with columns mode,seed,env_steps,mean_return works (bench/cartpole_stability.sh
 writes one too); modes other than the two below get colours of their own.
 """
 
+import argparse
 import csv
-import sys
 from collections import defaultdict
 
 import matplotlib
@@ -19,10 +20,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main():
-    path, png = sys.argv[1], sys.argv[2]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("csv")
+    parser.add_argument("png")
+    parser.add_argument("title", nargs="?", default="CartPole-v1: one process vs. rate-limited asynchronous service")
+    parser.add_argument("--target", type=float, default=475, help="the target return, dotted")
+    parser.add_argument("--reference", action="append", default=[], help="LABEL=VALUE, dashed")
+    parser.add_argument("--modes", help="only these modes (comma-separated)")
+    args = parser.parse_args()
+    path, png = args.csv, args.png
+    only = set(args.modes.split(",")) if args.modes else None
     runs = defaultdict(list)  # (mode, seed) -> [(steps, return)]
     with open(path) as f:
         for row in csv.DictReader(f):
+            if only is not None and row["mode"] not in only:
+                continue
             runs[(row["mode"], row["seed"])].append(
                 (int(row["env_steps"]), float(row["mean_return"]))
             )
@@ -71,10 +83,11 @@ def main():
         print(f"  difference {m1 - m2:+.1f} = {(m1 - m2) / se if se else 0:+.2f} standard errors (Welch)")
     ax.set_xlabel("env steps")
     ax.set_ylabel("mean greedy return (100 episodes)")
-    ax.set_title(
-        sys.argv[3] if len(sys.argv) > 3 else "CartPole-v1: one process vs. rate-limited asynchronous service"
-    )
-    ax.axhline(475, color="black", linestyle=":", linewidth=1)
+    ax.set_title(args.title)
+    ax.axhline(args.target, color="black", linestyle=":", linewidth=1, label=f"target {args.target:g}")
+    for reference in args.reference:
+        label, value = reference.rsplit("=", 1)
+        ax.axhline(float(value), color="grey", linestyle="--", linewidth=1, label=label)
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
