@@ -271,8 +271,7 @@ pub struct TrainArgs {
     pub lr: f64,
 
     /// Decay the learning rate linearly from --lr to this over --lr-decay-steps env
-    /// steps, then hold it (default: constant). Fast early, steady late: it keeps a
-    /// solved CartPole solved (LEARNING.md).
+    /// steps, then hold it (default: constant): fast early, steady late.
     #[arg(long)]
     pub lr_final: Option<f64>,
 
@@ -682,18 +681,21 @@ impl TrainArgs {
                 .collect::<anyhow::Result<Vec<_>>>()?
         };
         let device = devices[0];
-        for &d in &devices {
-            let info = match d {
-                DeviceChoice::Cuda(i) => millrace_actor::doctor::cuda_devices().into_iter().nth(i),
-                DeviceChoice::Cpu => None,
-            };
-            crate::precision::check(
-                args.precision,
-                d,
-                info.as_ref().map_or("", |i| i.name.as_str()),
-                info.as_ref().and_then(|i| i.compute_capability),
-            )
-            .map_err(anyhow::Error::msg)?;
+        if args.precision != crate::precision::Precision::Fp32 {
+            let gpus = millrace_actor::doctor::cuda_devices();
+            for &d in &devices {
+                let info = match d {
+                    DeviceChoice::Cuda(i) => gpus.iter().find(|g| g.index == i),
+                    DeviceChoice::Cpu => None,
+                };
+                crate::precision::check(
+                    args.precision,
+                    d,
+                    info.map_or("", |g| g.name.as_str()),
+                    info.and_then(|g| g.compute_capability),
+                )
+                .map_err(anyhow::Error::msg)?;
+            }
         }
         if population && args.metrics_addr.is_some() {
             bail!("--metrics-addr serves one run's metrics; populations report per agent in TensorBoard (not yet on /metrics)");
@@ -818,6 +820,15 @@ impl TrainArgs {
             }
             Some(end) if !(end.is_finite() && end > 0.0) => {
                 bail!("--lr-final must be a positive number, got {end}")
+            }
+            Some(end) if end > args.lr => {
+                bail!(
+                    "--lr-final ({end}) must not exceed --lr ({}): it is where the rate decays to",
+                    args.lr
+                )
+            }
+            Some(_) if args.lr_decay_steps == Some(0) => {
+                bail!("--lr-decay-steps must be at least 1")
             }
             Some(end) => Some(crate::lr_schedule::LrDecay {
                 end_fraction: end / args.lr,

@@ -355,13 +355,13 @@ pub fn torso_forward(views: &[Tensor], strides: &[i64], image: &[i64], x: &Tenso
 }
 
 /// The MLP forward pass: `x` is `[K, N, in]`, `views` alternate weight `[K, in, out]`
-/// and bias `[K, 1, out]`; ReLU between layers. Returns `[K, N, num_actions]`, computed
-/// in the weights' element type.
+/// and bias `[K, 1, out]`; ReLU between layers. Each layer computes in its weights'
+/// element type. Returns `[K, N, num_actions]`.
 pub fn forward(views: &[Tensor], x: &Tensor) -> Tensor {
     let layers = views.len() / 2;
-    let mut h = x.to_kind(views[0].kind());
+    let mut h = x.shallow_clone();
     for l in 0..layers {
-        h = views[2 * l + 1].baddbmm(&h, &views[2 * l], 1.0, 1.0);
+        h = views[2 * l + 1].baddbmm(&h.to_kind(views[2 * l].kind()), &views[2 * l], 1.0, 1.0);
         if l + 1 < layers {
             h = h.relu();
         }
@@ -707,7 +707,7 @@ impl Dqn {
             return;
         };
         let scale = decay.scale_at(env_steps);
-        let change = (scale - self.agents.lr_scale).abs();
+        let change = (scale - self.agents.lr_scale()).abs();
         // The end of the decay is reached exactly, however small the last step.
         if change > 0.0 && (change >= decay.resolution() || scale == decay.end_fraction) {
             self.agents.scale_lr(scale);
@@ -716,7 +716,12 @@ impl Dqn {
 
     /// The learning rate now as a fraction of each agent's own (1 without a decay).
     pub fn lr_scale(&self) -> f64 {
-        self.agents.lr_scale
+        self.agents.lr_scale()
+    }
+
+    /// The (first agent's) learning rate now.
+    pub fn learning_rate(&self) -> f64 {
+        self.agents.hparams[0].lr * self.agents.lr_scale()
     }
 
     /// One gradient step on `batch` (already on the device). Never synchronises with
@@ -803,14 +808,14 @@ impl Dqn {
     /// item's loss scaled by its importance weight where the batch has them) into
     /// the flat gradient buffer; returns `Q(s, a)` and the targets, both `[K, B, 1]`.
     ///
-    /// Under `--precision bf16` the passes run in bf16 on the bf16 copies; Q-values are
-    /// cast to fp32 before the targets and the Huber derivative, and each layer's
-    /// gradient lands in the fp32 buffer.
+    /// Each layer computes in its weights' element type, its input cast to it: under
+    /// `--precision bf16` the torso and the hidden layers read the bf16 copies and the
+    /// last layer the fp32 parameters, so Q-values, targets and the Huber derivative are
+    /// fp32; every layer's gradient lands in the fp32 buffer.
     pub fn gradient(&mut self, batch: &Batch) -> (Tensor, Tensor) {
         let b = batch.batch_size();
         let views = self.pass_views();
         let layers = views.online.len() / 2;
-        let kind = views.online[0].kind();
         // The torso (autograd on the first B rows only: next observations are not
         // differentiated) turns images into features; the head starts from those.
         let (features, head_input) = match &self.torso {
@@ -823,17 +828,19 @@ impl Dqn {
                 let input = Tensor::cat(&[f.detach(), f_next], 1);
                 (Some(f), input)
             }
-            None => (None, batch.obs2.to_kind(kind)),
+            None => (None, batch.obs2.shallow_clone()),
         };
-        // Forward over obs and next_obs together, keeping each layer's input.
+        // Forward over obs and next_obs together, keeping each layer's input (in the
+        // layer's element type).
         let mut inputs = Vec::with_capacity(layers);
         let mut h = head_input;
         for l in 0..layers {
-            let z = views.online[2 * l + 1].baddbmm(&h, &views.online[2 * l], 1.0, 1.0);
-            inputs.push(h);
+            let (w, bias) = (&views.online[2 * l], &views.online[2 * l + 1]);
+            let x = h.to_kind(w.kind());
+            let z = bias.baddbmm(&x, w, 1.0, 1.0);
+            inputs.push(x);
             h = if l + 1 < layers { z.relu() } else { z };
         }
-        let h = h.to_kind(Kind::Float);
         let q_all = match &self.dueling {
             Some(head) => head.q(&h),
             None => h,
@@ -861,13 +868,13 @@ impl Dqn {
         if let Some(head) = &self.dueling {
             d = head.dz(&d);
         }
-        let mut d = d.to_kind(kind);
         // Backward through the layers, on the first B rows only (next_obs is not
         // differentiated); ReLU's derivative is read off its output.
         for l in (0..layers).rev() {
             let x = inputs[l].narrow(1, 0, b);
+            d = d.to_kind(x.kind());
             let (gw, gb) = (&self.grad_views[2 * l], &self.grad_views[2 * l + 1]);
-            if kind == Kind::Float {
+            if x.kind() == Kind::Float {
                 let _ = x.transpose(1, 2).bmm_out(gw, &d);
                 let _ = d.sum_intlist_out(gb, [1i64].as_slice(), true, None);
             } else {
@@ -879,7 +886,7 @@ impl Dqn {
                 d = x.threshold_backward(&d.bmm(&views.online_wt[l]), 0.0);
             } else if let (Some(torso), Some(features)) = (&self.torso, &features) {
                 // dLoss/dfeatures, then autograd through the convolutions.
-                let d_features = d.bmm(&views.online_wt[0]);
+                let d_features = d.bmm(&views.online_wt[0]).to_kind(features.kind());
                 let surrogate = (features * d_features).sum(Kind::Float);
                 let grads = Tensor::run_backward(&[&surrogate], views.torso_online, false, false);
                 for (g, out) in grads.iter().zip(&torso.grad) {
@@ -902,8 +909,8 @@ impl Dqn {
         }
     }
 
-    /// Q-values of the target network for next observations `[K, B, ...]` (no graph),
-    /// in fp32 (computed in the passes' precision).
+    /// Q-values of the target network for next observations `[K, B, ...]` (no graph);
+    /// fp32, the last layer's type.
     fn target_q(&self, next_obs: &Tensor) -> Tensor {
         let views = self.pass_views();
         tch::no_grad(|| {
@@ -914,7 +921,7 @@ impl Dqn {
                 ),
                 None => forward(views.target, next_obs),
             };
-            self.head(z.to_kind(Kind::Float))
+            self.head(z)
         })
     }
 
@@ -1095,7 +1102,10 @@ impl Dqn {
         let n = std::mem::take(&mut self.updates_since_stats);
         let detail_n = std::mem::take(&mut self.detail_count);
         if n == 0 {
-            return UpdateStats::default();
+            return UpdateStats {
+                learning_rate: self.learning_rate(),
+                ..UpdateStats::default()
+            };
         }
         // One copy to the host for everything: [loss, td, q, skipped, longest streak].
         let all = Tensor::cat(
@@ -1122,7 +1132,7 @@ impl Dqn {
             updates: n,
             nonfinite: count(3),
             nonfinite_streak: count(4),
-            learning_rate: self.agents.hparams[0].lr * self.agents.lr_scale,
+            learning_rate: self.learning_rate(),
         }
     }
 
@@ -1278,8 +1288,11 @@ mod tests {
         assert!((q0 - 3.0).abs() < 0.05, "Q(s, 0) = {q0}, want 3");
         assert_eq!(
             dqn.take_stats(),
-            UpdateStats::default(),
-            "stats reset after a read"
+            UpdateStats {
+                learning_rate: 1e-2,
+                ..UpdateStats::default()
+            },
+            "stats reset after a read (the learning rate is not a statistic)"
         );
         assert!(stats.loss.is_finite() && stats.q.is_finite());
     }

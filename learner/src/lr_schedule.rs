@@ -2,9 +2,11 @@
 //!
 //! A high learning rate finds a CartPole policy fast and then keeps knocking it over
 //! (LEARNING.md: every seed reached 500, then lost it in a quarter to a half of the
-//! later evaluations); a lower one holds it but finds it later. Decaying from one to
-//! the other gets both, as SB3's linear schedules and CleanRL's annealing do. The
-//! decay runs on env steps, like ε's, so a resumed run continues it where it was.
+//! later evaluations); a lower one holds it better but finds it later. Decaying from
+//! one to the other is meant to get both, as SB3's linear schedules and CleanRL's
+//! annealing do. The decay runs on env steps, like ε's, so a resumed run with the same
+//! schedule continues it where it was (the learner warns when a resumed run's flags
+//! put the rate elsewhere).
 
 use serde::{Deserialize, Serialize};
 

@@ -113,6 +113,7 @@ impl Metrics {
         let values = [
             ("charts/episode_return", ret),
             ("charts/epsilon", f64::from(epsilon)),
+            // 0 only before the learner's first report: not known yet.
             (
                 "charts/learning_rate",
                 Some(report.stats.learning_rate)

@@ -56,7 +56,7 @@ pub struct AgentTensors {
     /// decay factor ([`AgentTensors::scale_lr`]).
     pub lr: Tensor,
     /// The factor `lr` holds now, and the agents' own rates it multiplies.
-    pub lr_scale: f64,
+    lr_scale: f64,
     lr_base: Tensor,
     pub max_grad_norm: Tensor,
     pub lr_host: Vec<f32>,
@@ -167,6 +167,11 @@ impl AgentTensors {
 }
 
 impl AgentTensors {
+    /// The factor on every agent's own learning rate now.
+    pub fn lr_scale(&self) -> f64 {
+        self.lr_scale
+    }
+
     /// Sets every agent's learning rate to its own times `scale` (on the device without
     /// a host sync: the factor travels as a scalar of the operation).
     pub fn scale_lr(&mut self, scale: f64) {

@@ -1,22 +1,28 @@
-//! Mixed precision (`--precision bf16`): the forward and backward passes in bfloat16,
-//! the parameters, their gradients, the optimizer's state and every step in fp32.
+//! Mixed precision (`--precision bf16`): the convolutions and hidden layers of the
+//! forward and backward passes in bfloat16; the last layer, the parameters, their
+//! gradients, the optimizer's state and every step in fp32.
 //!
 //! As PyTorch's autocast with fp32 master weights: the learner keeps its fp32
 //! parameters as they are and, beside them, bf16 copies of the online and target
 //! networks that the passes read ([`HalfCopies`]), refreshed from the fp32 ones after
-//! every optimizer step and target change (one fused cast-copy of the flat `[K, P]`
-//! tensor each). The matrix products and convolutions run in bf16 (on Ampere and later
-//! GPUs, on their tensor cores); Q-values are cast to fp32 before the targets, the
-//! Huber derivative and the TD errors (which become priorities), and each layer's
-//! gradient is written into the fp32 gradient buffer, so clipping, Adam or RMSProp,
-//! the non-finite check and the target's Polyak average never see bf16. bf16 keeps
-//! fp32's exponent range, so no loss scaling is needed (fp16 would need it).
+//! every optimizer step (the online copy) and every target change (the target copy: at
+//! a sync, or after each update with Polyak averaging); one fused cast-copy of the flat
+//! `[K, P]` tensor each. The convolutions and hidden layers run in bf16 (on Ampere and
+//! later GPUs, on their tensor cores). The last layer runs in fp32 on the fp32
+//! parameters: it is small, and bf16's 8 significant bits would round Q-values near 100
+//! (CartPole's) to steps of 0.5, as large as the TD errors late in training, and tie
+//! close actions in double DQN's argmax. So Q-values, targets, the Huber derivative and
+//! the TD errors (which become priorities) are fp32; each layer's gradient is written
+//! into the fp32 gradient buffer, so clipping, Adam or RMSProp, the non-finite check
+//! and the target's Polyak average never see bf16. bf16 keeps fp32's exponent range, so
+//! no loss scaling is needed (fp16 would need it).
 //!
 //! Where it is refused: a CUDA device without native bf16 arithmetic (compute
 //! capability below 8.0, e.g. a V100 or a T4), which PyTorch emulates more slowly than
-//! fp32. On the CPU PyTorch computes bf16 natively too, and the learner accepts it
-//! (tests run it there), but on CPUs without bf16 instructions it is slower than fp32
-//! (BENCHMARKS.md): the flag is for GPUs.
+//! fp32. The CPU is accepted (PyTorch has bf16 kernels there too; tests run them): on a
+//! CPU with bf16 instructions it speeds up convolutions and large batches and slows
+//! down CartPole's small MLPs (BENCHMARKS.md, "Mixed precision"); without them PyTorch
+//! emulates bf16, expected slower throughout (not measured).
 
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
@@ -101,7 +107,8 @@ pub struct HalfCopies {
 
 impl HalfCopies {
     /// Copies of `online` and `target` in bf16; `views` makes a flat tensor's views (as
-    /// the fp32 parameters' are made), `torso` its torso's.
+    /// the fp32 parameters' are made), `torso` its torso's. The last layer's views are
+    /// the fp32 parameters' own, which the optimizer updates in place.
     pub fn new(
         online: &Tensor,
         target: &Tensor,
@@ -109,24 +116,31 @@ impl HalfCopies {
         torso: impl Fn(&Tensor) -> Vec<Tensor>,
     ) -> Self {
         let half = |t: &Tensor| tch::no_grad(|| t.detach().to_kind(Kind::BFloat16).contiguous());
-        let (online, target) = (half(online), half(target));
-        let online_views = views(&online);
+        // The copy's views, but the fp32 parameters' for the last layer (weight, bias).
+        let mixed = |copy: &Tensor, master: &Tensor| {
+            let mut v = views(copy);
+            let last = v.len() - 2;
+            v.splice(last.., views(master).drain(last..));
+            v
+        };
+        let (online_half, target_half) = (half(online), half(target));
+        let online_views = mixed(&online_half, online);
         let online_wt = online_views
             .iter()
             .step_by(2)
             .map(|w| w.transpose(1, 2))
             .collect();
         Self {
-            target_views: views(&target),
-            torso_online: torso(&online)
+            target_views: mixed(&target_half, target),
+            torso_online: torso(&online_half)
                 .into_iter()
                 .map(|v| v.detach().set_requires_grad(true))
                 .collect(),
-            torso_target: torso(&target),
+            torso_target: torso(&target_half),
             online_views,
             online_wt,
-            online,
-            target,
+            online: online_half,
+            target: target_half,
         }
     }
 

@@ -84,7 +84,10 @@ fn bad_flag_values_are_rejected_before_training() {
             vec!["--replay-capacity", "4000000000000", "--replay-shards", "1"],
             "lower --replay-capacity",
         ),
-        (vec!["--lr-final=-1e-4"], "--lr-final must be a positive number"),
+        (
+            vec!["--lr-final=-1e-4"],
+            "--lr-final must be a positive number",
+        ),
         (
             vec!["--lr-final", "1e-4", "--population", "2"],
             "--lr-final is for one agent",
@@ -272,6 +275,50 @@ fn a_run_checkpoints_and_resume_continues_it() {
 }
 
 /// Waits until a run has written its first TensorBoard point (training under way).
+/// A resumed run takes up the learning-rate schedule where the saved one was, and says
+/// so when its flags put the rate somewhere else (a longer --max-steps stretches a
+/// decay whose length defaults to it).
+#[test]
+fn resuming_with_another_learning_rate_schedule_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let decay = ["--lr-final", "2e-4"];
+    let first = short_run(dir.path(), "3000", &decay);
+    assert_eq!(first.status.code(), Some(2), "{}", stderr(&first));
+    let resume = |max_steps: &str, extra: &[&str]| {
+        let ckpt = dir.path().join("checkpoint");
+        let mut args = vec!["--resume", ckpt.to_str().unwrap()];
+        args.extend_from_slice(&decay);
+        args.extend_from_slice(extra);
+        let mut cmd = learner_cmd(&[]);
+        cmd.args([
+            "--logdir",
+            dir.path().to_str().unwrap(),
+            "--max-steps",
+            max_steps,
+        ])
+        .args(["--target-return", "1000", "--learning-starts", "500"])
+        .args(&args);
+        cmd.output().unwrap()
+    };
+    // The decay ran over --max-steps 3000: this run's 4000 would put the rate back up.
+    let stretched = resume("4000", &[]);
+    assert_eq!(stretched.status.code(), Some(2), "{}", stderr(&stretched));
+    assert!(
+        stderr(&stretched).contains("the learning rate is")
+            && stderr(&stretched).contains("it jumps here"),
+        "{}",
+        stderr(&stretched)
+    );
+    // The same schedule, spelled out: no warning.
+    let same = resume("5000", &["--lr-decay-steps", "3000"]);
+    assert_eq!(same.status.code(), Some(2), "{}", stderr(&same));
+    assert!(
+        !stderr(&same).contains("it jumps here"),
+        "{}",
+        stderr(&same)
+    );
+}
+
 fn wait_for_training(logdir: &Path) {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(60) {

@@ -485,6 +485,24 @@ fn run_env_config(layout: &Layout) -> Option<EnvConfig> {
     read_json::<Partial>(&layout.config()).ok().map(|p| p.env)
 }
 
+/// The learning rate the run saved in `path` used after `env_steps` env steps, by the
+/// `--lr` and schedule in its `config.json` (`None` when that is missing or unreadable).
+pub fn saved_learning_rate(path: &Path, env_steps: u64) -> Option<f64> {
+    #[derive(Deserialize)]
+    struct Dqn {
+        lr: f64,
+        #[serde(default)]
+        lr_decay: Option<crate::lr_schedule::LrDecay>,
+    }
+    #[derive(Deserialize)]
+    struct Partial {
+        dqn: Dqn,
+    }
+    let layout = Layout::find(path).ok()?;
+    let dqn = read_json::<Partial>(&layout.config()).ok()?.dqn;
+    Some(dqn.lr * dqn.lr_decay.map_or(1.0, |d| d.scale_at(env_steps)))
+}
+
 /// A saved policy, read back.
 #[derive(Clone, Debug)]
 pub struct SavedPolicy {

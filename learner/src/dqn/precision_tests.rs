@@ -6,7 +6,8 @@
 use millrace_proto::{DType, NetworkSpec, ObsSpec};
 use tch::{Device, Kind, Tensor};
 
-use super::{Batch, Dqn, DqnConfig, TargetUpdate};
+use super::{Batch, Dqn, DqnConfig, Optimizer, TargetUpdate};
+use crate::population::AgentHparams;
 use crate::precision::Precision;
 
 fn config() -> DqnConfig {
@@ -148,6 +149,18 @@ fn bf16_gradients_match_fp32_through_the_convolutional_torso() {
 /// The bf16 copies equal the fp32 parameters rounded to bf16.
 fn assert_copies_follow(dqn: &Dqn) {
     let half = dqn.half.as_ref().expect("bf16 copies");
+    // The passes' last layer is the fp32 parameters' own (weight and bias).
+    let last = half.online_views.len() - 2;
+    for (pass, master) in [
+        (&half.online_views, &dqn.online_views),
+        (&half.target_views, &dqn.target_views),
+    ] {
+        for l in last..pass.len() {
+            assert_eq!(pass[l].kind(), Kind::Float);
+            assert_eq!(pass[l].data_ptr(), master[l].data_ptr(), "shared storage");
+        }
+        assert_eq!(pass[0].kind(), Kind::BFloat16, "hidden layers in bf16");
+    }
     for (copy, master) in [(&half.online, &dqn.online), (&half.target, &dqn.target)] {
         assert_eq!(copy.kind(), Kind::BFloat16);
         let rounded = master.to_kind(Kind::BFloat16);
@@ -158,28 +171,90 @@ fn assert_copies_follow(dqn: &Dqn) {
     }
 }
 
+/// How a run steps and follows its target: the optimizer's path and the target rule.
+#[derive(Clone, Copy, Debug)]
+enum Stepping {
+    /// The CPU's one-pass Adam, a hard copy every 3 updates.
+    HostAdam,
+    /// Adam as tensor operations (a GPU's path), Polyak averaging.
+    TensorAdamPolyak,
+    /// Centred RMSProp, a hard copy every 3 updates.
+    Rmsprop,
+    /// Two agents copying every 2 and every 3 updates: some agents sync, others not.
+    PopulationSyncingApart,
+}
+
+fn stepping(how: Stepping) -> Dqn {
+    let cfg = DqnConfig {
+        target: TargetUpdate::Hard { period: 3 },
+        precision: Precision::Bf16,
+        ..config()
+    };
+    let spec = mlp(2, 2);
+    match how {
+        Stepping::HostAdam => Dqn::new(spec, cfg, Device::Cpu, 5),
+        Stepping::TensorAdamPolyak => {
+            let cfg = DqnConfig {
+                target: TargetUpdate::Polyak { tau: 0.1 },
+                ..cfg
+            };
+            let mut dqn = Dqn::new(spec, cfg, Device::Cpu, 5);
+            dqn.use_tensor_optimizer();
+            dqn
+        }
+        Stepping::Rmsprop => {
+            let cfg = DqnConfig {
+                optimizer: Optimizer::Rmsprop,
+                ..cfg
+            };
+            Dqn::new(spec, cfg, Device::Cpu, 5)
+        }
+        Stepping::PopulationSyncingApart => {
+            let agents: Vec<AgentHparams> = [2, 3]
+                .iter()
+                .enumerate()
+                .map(|(i, period)| AgentHparams {
+                    target: TargetUpdate::Hard { period: *period },
+                    ..AgentHparams::from_config(&cfg, 5 + i as u64)
+                })
+                .collect();
+            Dqn::population(spec, cfg, &agents, Device::Cpu)
+        }
+    }
+}
+
 #[test]
 fn bf16_keeps_fp32_master_weights_and_its_copies_follow_steps_and_targets() {
-    for target in [
-        TargetUpdate::Hard { period: 3 },
-        TargetUpdate::Polyak { tau: 0.1 },
+    for how in [
+        Stepping::HostAdam,
+        Stepping::TensorAdamPolyak,
+        Stepping::Rmsprop,
+        Stepping::PopulationSyncingApart,
     ] {
-        let cfg = DqnConfig {
-            target,
-            precision: Precision::Bf16,
-            ..config()
-        };
-        let spec = mlp(2, 2);
-        let mut dqn = Dqn::new(spec.clone(), cfg, Device::Cpu, 5);
+        let mut dqn = stepping(how);
+        let spec = dqn.spec().clone();
         let b = batch(&spec, 8, true);
         for step in 0..7 {
-            let before = dqn.online.copy();
+            let (online, target) = (dqn.online.copy(), dqn.target.copy());
             let td = dqn.update(&b);
             assert_eq!(td.kind(), Kind::Float, "TD errors (priorities) are fp32");
             assert!(
-                relative(&dqn.online, &before) > 0.0,
-                "step {step} moved the parameters"
+                relative(&dqn.online, &online) > 0.0,
+                "{how:?}, step {step}: the parameters moved"
             );
+            // Polyak moves the target every update; hard copies at their periods (the
+            // 3rd update; the population's agents after the 2nd and the 3rd).
+            let synced = match how {
+                Stepping::TensorAdamPolyak => true,
+                Stepping::PopulationSyncingApart => step == 1 || step == 2,
+                Stepping::HostAdam | Stepping::Rmsprop => step == 2,
+            };
+            if synced {
+                assert!(
+                    relative(&dqn.target, &target) > 0.0,
+                    "{how:?}, step {step}: the target moved"
+                );
+            }
             assert_copies_follow(&dqn);
         }
         for t in [
@@ -189,18 +264,48 @@ fn bf16_keeps_fp32_master_weights_and_its_copies_follow_steps_and_targets() {
             &dqn.adam_v,
             &dqn.grad,
         ] {
-            assert_eq!(t.kind(), Kind::Float, "fp32 state");
+            assert_eq!(t.kind(), Kind::Float, "{how:?}: fp32 state");
         }
         // Small steps survive in the fp32 parameters that bf16 would round away.
         let master = dqn.online.copy();
         let rounded = master.to_kind(Kind::BFloat16).to_kind(Kind::Float);
         assert!(
             !master.equal(&rounded),
-            "the parameters hold more than bf16 does"
+            "{how:?}: the parameters hold more than bf16 does"
         );
         dqn.sync_target();
         assert_copies_follow(&dqn);
     }
+}
+
+/// Regression (review): the last layer computed in bf16 rounded Q-values of about 100
+/// (CartPole's) to steps of 0.5, as large as late TD errors. It runs in fp32: Q-values
+/// near 100 agree with fp32's to a hundredth.
+#[test]
+fn bf16_q_values_of_a_hundred_keep_fp32_resolution() {
+    let spec = mlp(1, 2);
+    let (mut full, mut half) = twins(&spec, &config(), Device::Cpu);
+    for dqn in [&mut full, &mut half] {
+        // The last layer's biases at 100 (online and target): Q ≈ 100 everywhere.
+        let last = dqn.online_views.len() - 1;
+        let _ = dqn.online_views[last].detach().fill_(100.0);
+        let _ = dqn.target_views[last].detach().fill_(100.0);
+        if let Some(h) = &mut dqn.half {
+            h.refresh_online(&dqn.online);
+            h.refresh_target(&dqn.target);
+        }
+    }
+    let b = batch(&spec, 16, false);
+    let (q32, y32) = full.gradient(&b);
+    let (q16, y16) = half.gradient(&b);
+    let q = q32.abs().min().double_value(&[]);
+    assert!(q > 90.0, "Q-values near 100: {q}");
+    let q_err = (&q16 - &q32).abs().max().double_value(&[]);
+    let y_err = (&y16 - &y32).abs().max().double_value(&[]);
+    assert!(
+        q_err < 0.05 && y_err < 0.05,
+        "Q {q_err}, targets {y_err}: bf16 would step by 0.5 here"
+    );
 }
 
 #[test]

@@ -159,6 +159,17 @@ pub fn prepare(
                 meta.updates,
                 meta.env_steps
             );
+            let now = cfg.dqn.lr * cfg.dqn.lr_decay.map_or(1.0, |d| d.scale_at(meta.env_steps));
+            if let Some(saved) = checkpoint::saved_learning_rate(path, meta.env_steps) {
+                if (now - saved).abs() > 1e-9 * saved.abs().max(now.abs()) {
+                    tracing::warn!(
+                        "--resume: at env step {} the learning rate is {now:.3e} under this run's \
+                         flags, {saved:.3e} under the saved run's: it jumps here (--lr, --lr-final, \
+                         --lr-decay-steps, whose default is --max-steps)",
+                        meta.env_steps
+                    );
+                }
+            }
             (Some((meta, state)), Some(dir))
         }
         None => (None, None),

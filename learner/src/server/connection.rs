@@ -40,12 +40,13 @@ pub(super) struct Connection {
 /// run is over.
 struct MarkAway<'a> {
     conn: &'a Connection,
-    sent_on: std::cell::Cell<bool>,
+    /// The actor was told to come back, or was told nothing it could act on.
+    sent_on: bool,
 }
 
 impl Drop for MarkAway<'_> {
     fn drop(&mut self) {
-        if self.sent_on.get() || self.conn.stop.borrow().is_none() {
+        if self.sent_on || self.conn.stop.borrow().is_none() {
             self.conn.shared.mark_away();
         }
     }
@@ -64,6 +65,11 @@ enum Outcome {
 /// The longest a closing connection waits to deliver its last word (a refusal or a
 /// goodbye).
 const GOODBYE_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest a connection takes to close once the server stops: its writer's last
+/// frame, its last word and the peer's close, each waited for at most
+/// [`GOODBYE_WAIT`], and a second for the rest.
+pub(super) const CLOSE_WITHIN: Duration = Duration::from_secs(3 * GOODBYE_WAIT.as_secs() + 1);
 
 /// Ends a connection after its last word without losing that word: closing a socket
 /// that still has unread data from the peer makes the kernel send a reset, and a reset
@@ -117,9 +123,9 @@ struct Session {
 
 impl Connection {
     pub(super) async fn run(self, stream: TcpStream) {
-        let away = MarkAway {
+        let mut away = MarkAway {
             conn: &self,
-            sent_on: std::cell::Cell::new(false),
+            sent_on: false,
         };
         let _ = stream.set_nodelay(true);
         let (rd, mut wr) = stream.into_split();
@@ -129,8 +135,11 @@ impl Connection {
             Ok(w) => w,
             Err(refusal) => {
                 tracing::warn!("{peer}: refused: {refusal}");
-                away.sent_on.set(!refusal.code.is_permanent());
-                if self.send(&mut wr, &LearnerMsg::Refused(refusal)).await {
+                let retry = !refusal.code.is_permanent();
+                let sent = self.send(&mut wr, &LearnerMsg::Refused(refusal)).await;
+                // Unheard, the actor retries as after a lost connection.
+                away.sent_on = retry || !sent;
+                if sent {
                     close_gracefully(wr, rd.into_inner()).await;
                 }
                 return;
@@ -220,12 +229,11 @@ impl Connection {
                 tracing::warn!(
                     "{peer}: closing actor {name:?}: {refusal} ({received} transitions received)"
                 );
-                away.sent_on.set(!refusal.code.is_permanent());
+                away.sent_on = !refusal.code.is_permanent();
                 LearnerMsg::Refused(refusal)
             }
             Outcome::Goodbye(goodbye) => {
-                away.sent_on
-                    .set(!matches!(goodbye.reason, GoodbyeReason::RunFinished));
+                away.sent_on = !matches!(goodbye.reason, GoodbyeReason::RunFinished);
                 LearnerMsg::Goodbye(goodbye)
             }
         };
@@ -239,6 +247,9 @@ impl Connection {
             }
             None => false,
         };
+        // An actor that did not hear its last word retries as after a lost connection:
+        // if the run is over, someone must be there to tell it.
+        away.sent_on |= !sent;
         if let LearnerMsg::Goodbye(g) = &msg {
             if sent {
                 tracing::info!(

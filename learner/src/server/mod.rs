@@ -243,11 +243,14 @@ impl Shared {
     }
 }
 
-/// How long after a connection last ended mid-run the listener stays open once the run
-/// is finished, telling every actor that comes back that it is over (actors reconnect
-/// from a 0.2 s backoff, jittered to at most 0.3 s, after a goodbye). Without it, an
-/// actor sent on by a population's agent just before the last agent ended would retry
-/// an address nobody answers, for ever.
+/// How long after a connection last ended mid-run, or sent its actor on (a goodbye for
+/// now, a temporary refusal, a last word it could not deliver), the listener stays open
+/// once the run is finished and every connection has closed, telling each actor that
+/// comes back that it is over (actors reconnect from a 0.2 s backoff, jittered to at
+/// most 0.3 s, after a goodbye; after a lost connection or a refusal the backoff grows,
+/// and an actor refused several times in a row may come back after this). Without it,
+/// an actor sent on by a population's agent just before the last agent ended would
+/// retry an address nobody answers, for ever.
 const LAST_CALL: Duration = Duration::from_secs(2);
 
 /// The id a remote session's batches carry into replay (`actor_id`): replay keys frame
@@ -328,7 +331,7 @@ async fn serve(
     let (closed_tx, closed_rx) = watch::channel(false);
     let wait = async {
         let all = async { while connections.join_next().await.is_some() {} };
-        if tokio::time::timeout(Duration::from_secs(12), all)
+        if tokio::time::timeout(connection::CLOSE_WITHIN, all)
             .await
             .is_err()
         {
@@ -360,34 +363,41 @@ async fn last_call(
         return;
     }
     loop {
+        // No deadline before the connections have closed (`closed` wakes this loop);
+        // then 2 s after the last one away, or none if nobody is.
         let all_closed = *closed.borrow_and_update();
-        let until = if all_closed {
-            match shared.last_away() {
-                Some(away) => tokio::time::Instant::from_std(away + LAST_CALL),
-                None => return,
+        let until = match (all_closed, shared.last_away()) {
+            (false, _) => None,
+            (true, Some(away)) => Some(tokio::time::Instant::from_std(away + LAST_CALL)),
+            (true, None) => return,
+        };
+        let deadline = async {
+            match until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
             }
-        } else {
-            // Not before the connections close (`closed` wakes this loop).
-            tokio::time::Instant::now() + Duration::from_secs(3600)
         };
         tokio::select! {
-            _ = tokio::time::sleep_until(until), if all_closed => return,
+            () = deadline => return,
             changed = closed.changed(), if !all_closed => {
                 if changed.is_err() {
                     return;
                 }
             }
-            accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else { continue };
-                tracing::info!("{peer}: an actor came back after the run finished: telling it so");
-                if let Ok(p) = Arc::clone(&refusals).try_acquire_owned() {
-                    let msg = LearnerMsg::Goodbye(goodbye.clone());
-                    tokio::spawn(async move {
-                        answer(stream, msg).await;
-                        drop(p);
-                    });
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    tracing::info!("{peer}: an actor came back after the run finished: telling it so");
+                    if let Ok(p) = Arc::clone(&refusals).try_acquire_owned() {
+                        let msg = LearnerMsg::Goodbye(goodbye.clone());
+                        tokio::spawn(async move {
+                            answer(stream, msg).await;
+                            drop(p);
+                        });
+                    }
                 }
-            }
+                // Transient (e.g. too many open files), as in `serve`.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            },
         }
     }
 }
