@@ -27,6 +27,9 @@ read -r -a seeds <<<"${SEEDS:-0 1 2}"
 read -r -a envs <<<"${ENVS:-Acrobot-v1 MountainCar-v0}"
 declare -A target=([Acrobot-v1]=-80 [MountainCar-v0]=-105)
 declare -A zoo=([Acrobot-v1]="rl-zoo3 DQN at 100k=-76.6" [MountainCar-v0]="rl-zoo3 DQN at 120k=-100.8")
+# The return axis: the region where the target is (the first evaluations sit at -500
+# and -200, the floors).
+declare -A ylim=([Acrobot-v1]="-200,-60" [MountainCar-v0]="-205,-90")
 work="${OUT:-runs/classic_control}"
 mkdir -p "$work" bench/results
 
@@ -71,5 +74,5 @@ for env in "${envs[@]}"; do
     printf '%s\n' "${rows[@]}"
     python bench/plot_curves.py "$csv" "${csv%.csv}.png" \
         "$env: uniform vs prioritized replay (${#seeds[@]} seeds)" \
-        --target "${target[$env]}" --reference "${zoo[$env]}"
+        --target "${target[$env]}" --reference "${zoo[$env]}" --ylim "${ylim[$env]}"
 done

@@ -3,7 +3,7 @@ line per seed and the mean across seeds per mode; prints the per-mode means at e
 evaluation so the comparison is also in text.
 
     python bench/plot_curves.py bench/results/learning_curves.csv out.png [title]
-        [--target 475] [--reference "LABEL=VALUE" ...] [--modes MODE,MODE]
+        [--target 475] [--reference "LABEL=VALUE" ...] [--modes MODE,MODE] [--ylim LOW,HIGH]
 
 Any CSV with columns mode,seed,env_steps,mean_return works (bench/cartpole_stability.sh
 writes one too); modes other than the two below get colours of their own.
@@ -27,6 +27,7 @@ def main():
     parser.add_argument("--target", type=float, default=475, help="the target return, dotted")
     parser.add_argument("--reference", action="append", default=[], help="LABEL=VALUE, dashed")
     parser.add_argument("--modes", help="only these modes (comma-separated)")
+    parser.add_argument("--ylim", help="LOW,HIGH: the return axis (default: all points)")
     args = parser.parse_args()
     path, png = args.csv, args.png
     only = set(args.modes.split(",")) if args.modes else None
@@ -84,6 +85,9 @@ def main():
     ax.set_xlabel("env steps")
     ax.set_ylabel("mean greedy return (100 episodes)")
     ax.set_title(args.title)
+    if args.ylim:
+        low, high = (float(v) for v in args.ylim.split(","))
+        ax.set_ylim(low, high)
     ax.axhline(args.target, color="black", linestyle=":", linewidth=1, label=f"target {args.target:g}")
     for reference in args.reference:
         label, value = reference.rsplit("=", 1)
