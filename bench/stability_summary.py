@@ -1,0 +1,52 @@
+"""Summarises bench/cartpole_stability.csv per setting with the issue's bar: from a
+run's first evaluation at >= 475 on, the share of evaluations in the next AFTER env
+steps (default 50,000) that stay >= 475 must be at least 90%, on every seed. A run that
+ends before AFTER steps past its first 475 is counted on the evaluations it has, and
+marked short.
+
+    python bench/stability_summary.py bench/results/cartpole_stability.csv [AFTER]
+
+Prints one Markdown row per setting: seeds, seeds meeting the bar, each seed's share,
+the median env steps to the first 475, and the lowest evaluation after it.
+"""
+
+import csv
+import statistics
+import sys
+from collections import defaultdict
+
+
+def main():
+    path = sys.argv[1]
+    after = int(sys.argv[2]) if len(sys.argv) > 2 else 50_000
+    runs = defaultdict(list)  # (mode, seed) -> [(steps, return)]
+    for row in csv.DictReader(open(path)):
+        runs[(row["mode"], int(row["seed"]))].append((int(row["env_steps"]), float(row["mean_return"])))
+    modes = defaultdict(list)
+    for (mode, seed), points in sorted(runs.items()):
+        points.sort()
+        reached = next((s for s, r in points if r >= 475), None)
+        if reached is None:
+            modes[mode].append((seed, None, None, None, False))
+            continue
+        window = [r for s, r in points if reached < s <= reached + after]
+        short = points[-1][0] < reached + after - 2_000
+        share = sum(r >= 475 for r in window) / len(window) if window else 0.0
+        modes[mode].append((seed, reached, share, min(window, default=None), short))
+    print("| setting | seeds | seeds >= 90% | share >= 475 per seed | median first 475 | lowest eval after |")
+    print("|---|---|---|---|---|---|")
+    for mode, seeds in modes.items():
+        ok = sum(1 for _, _, share, _, _ in seeds if share is not None and share >= 0.9)
+        shares = " ".join(
+            "never" if share is None else f"{share:.0%}{'*' if short else ''}" for _, _, share, _, short in seeds
+        )
+        reached = [r for _, r, _, _, _ in seeds if r is not None]
+        lows = [m for _, _, _, m, _ in seeds if m is not None]
+        print(
+            f"| `{mode}` | {len(seeds)} | {ok}/{len(seeds)} | {shares} "
+            f"| {statistics.median(reached):,.0f} | {min(lows, default=float('nan')):.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
