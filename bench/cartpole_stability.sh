@@ -42,7 +42,8 @@ for seed in "${seeds[@]}"; do
         --target-return 1e9 --logdir "$work/$seed" >/dev/null 2>"$work/$seed.log" || true
     sed -n 's/.*eval: mean return \([-0-9.]*\) ± .* at \([0-9]*\) env steps).*/\2 \1/p' "$work/$seed.log" \
         >"$work/$seed.evals"
-    awk -v m="$mode" -v s="$seed" '{print m "," s "," $1 "," $2}' "$work/$seed.evals" >>"$csv"
+    # The mode quoted as CSV (flags may hold commas: --hidden 256,256).
+    awk -v m="\"${mode//\"/\"\"}\"" -v s="$seed" '{print m "," s "," $1 "," $2}' "$work/$seed.evals" >>"$csv"
     row="$(awk -v after="$after" '
         reached == "" && $2 >= 475 { reached = $1; next }
         reached != "" && $1 <= reached + after { n++; if ($2 >= 475) ok++; if (min == "" || $2 < min) min = $2 }
