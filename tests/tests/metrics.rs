@@ -142,9 +142,12 @@ fn learner_and_actor_pages_parse_as_prometheus_and_health_follows_the_run() {
         || {
             let f = parsed(&page(&lm));
             // The page is empty until the first metrics tick.
+            // Parameters are published every 20 updates: a tick can see updates
+            // before the first version (a CI failure on a loaded machine).
             f.contains_key("millrace_actors_connected")
                 && value(&f, "millrace_actors_connected", &[]) == 1.0
                 && value(&f, "millrace_updates_total", &[]) > 0.0
+                && value(&f, "millrace_params_version", &[]) > 0.0
         },
     );
     let f = parsed(&page(&lm));
