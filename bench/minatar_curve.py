@@ -4,7 +4,9 @@ line per run, beside a published reference; writes the points as CSV and a PNG.
     python bench/minatar_curve.py OUT_PREFIX REFERENCE LABEL=LOG [LABEL=LOG ...]
 
 REFERENCE is the published score to draw (e.g. 10 for MinAtar Breakout's DQN at 5M
-frames). Each LOG is a `learner` log (its `eval:` lines are read). Prints the table too.
+frames). Each LOG is a `learner` log (its `eval:` lines are read). Runs whose labels
+share the part before the first comma ("uniform, seed 0", "uniform, seed 1") share a
+colour and differ in marker and line style. Prints the table too.
 """
 
 import csv
@@ -35,6 +37,8 @@ def main():
     prefix, reference = sys.argv[1], float(sys.argv[2])
     runs = [arg.split("=", 1) for arg in sys.argv[3:]]
     fig, ax = plt.subplots(figsize=(7, 4))
+    colours, seen = {}, {}
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
     with open(prefix + ".csv", "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["run", "env_steps", "mean_return", "stderr"])
@@ -45,8 +49,13 @@ def main():
             if not points:
                 continue
             xs, ys, se = zip(*points)
-            ax.plot(xs, ys, marker="o", markersize=3, label=label)
-            ax.fill_between(xs, [y - s for y, s in zip(ys, se)], [y + s for y, s in zip(ys, se)], alpha=0.2)
+            group = label.split(",")[0]
+            colour = colours.setdefault(group, f"C{len(colours)}")
+            marker, style = styles[seen.get(group, 0) % len(styles)]
+            seen[group] = seen.get(group, 0) + 1
+            ax.plot(xs, ys, marker=marker, markersize=3, linestyle=style, color=colour, label=label)
+            lows, highs = [y - s for y, s in zip(ys, se)], [y + s for y, s in zip(ys, se)]
+            ax.fill_between(xs, lows, highs, color=colour, alpha=0.15)
             print(f"{label}: " + ", ".join(f"{x // 1000}k {y:.1f}" for x, y, _ in points))
     ax.axhline(reference, color="grey", linestyle="--", label=f"published DQN at 5M frames ({reference:g})")
     ax.set_xlabel("env steps (frames)")
