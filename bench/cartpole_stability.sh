@@ -44,13 +44,7 @@ for seed in "${seeds[@]}"; do
         >"$work/$seed.evals"
     # The mode quoted as CSV (flags may hold commas: --hidden 256,256).
     awk -v m="\"${mode//\"/\"\"}\"" -v s="$seed" '{print m "," s "," $1 "," $2}' "$work/$seed.evals" >>"$csv"
-    row="$(awk -v after="$after" '
-        reached == "" && $2 >= 475 { reached = $1; next }
-        reached != "" && $1 <= reached + after { n++; if ($2 >= 475) ok++; if (min == "" || $2 < min) min = $2 }
-        END {
-            if (reached == "") { print "never | — | — | —"; exit }
-            printf "%d | %d | %.0f%% | %s\n", reached, n, (n ? 100 * ok / n : 0), (min == "" ? "—" : min)
-        }' "$work/$seed.evals")"
+    row="$("$MILLRACE_VENV/bin/python" bench/stability_summary.py --run "$work/$seed.evals" "$after")"
     "$learner" export --checkpoint "$work/$seed/checkpoint" --which best \
         --out "$work/best-$seed.safetensors" >/dev/null
     gym="$("$MILLRACE_VENV/bin/python" scripts/play_policy.py "$work/best-$seed.safetensors" \

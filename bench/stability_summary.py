@@ -5,9 +5,13 @@ ends before AFTER steps past its first 475 is counted on the evaluations it has,
 marked short.
 
     python bench/stability_summary.py bench/results/cartpole_stability.csv [AFTER]
+    python bench/stability_summary.py --run EVALS [AFTER]
 
 Prints one Markdown row per setting: seeds, seeds meeting the bar, each seed's share,
-the median env steps to the first 475, and the lowest evaluation after it.
+the median env steps to the first 475, and the lowest evaluation after it. With --run,
+EVALS holds one run's evaluations ("env_steps return" per line) and it prints that
+run's cells (first 475 | evaluations in the window | share | lowest), as
+bench/cartpole_stability.sh tabulates each run.
 """
 
 import csv
@@ -16,7 +20,32 @@ import sys
 from collections import defaultdict
 
 
+def judge(points, after):
+    """One run's (steps, return) points, sorted -> (first step at >= 475 or None, the
+    returns in the AFTER steps past it, share of them >= 475, whether the run ended
+    before the window did)."""
+    reached = next((s for s, r in points if r >= 475), None)
+    if reached is None:
+        return None, [], None, False
+    window = [r for s, r in points if reached < s <= reached + after]
+    short = points[-1][0] < reached + after - 2_000
+    share = sum(r >= 475 for r in window) / len(window) if window else 0.0
+    return reached, window, share, short
+
+
+def one_run(path, after):
+    points = sorted((int(s), float(r)) for s, r in (line.split() for line in open(path) if line.strip()))
+    reached, window, share, _ = judge(points, after)
+    if reached is None:
+        print("never | — | — | —")
+    else:
+        print(f"{reached} | {len(window)} | {share:.0%} | {min(window, default='—')}")
+
+
 def main():
+    if sys.argv[1] == "--run":
+        one_run(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 50_000)
+        return
     path = sys.argv[1]
     after = int(sys.argv[2]) if len(sys.argv) > 2 else 50_000
     runs = defaultdict(list)  # (mode, seed) -> [(steps, return)]
@@ -24,14 +53,7 @@ def main():
         runs[(row["mode"], int(row["seed"]))].append((int(row["env_steps"]), float(row["mean_return"])))
     modes = defaultdict(list)
     for (mode, seed), points in sorted(runs.items()):
-        points.sort()
-        reached = next((s for s, r in points if r >= 475), None)
-        if reached is None:
-            modes[mode].append((seed, None, None, None, False))
-            continue
-        window = [r for s, r in points if reached < s <= reached + after]
-        short = points[-1][0] < reached + after - 2_000
-        share = sum(r >= 475 for r in window) / len(window) if window else 0.0
+        reached, window, share, short = judge(sorted(points), after)
         modes[mode].append((seed, reached, share, min(window, default=None), short))
     print("| setting | seeds | seeds >= 90% | share >= 475 per seed | median first 475 | lowest eval after |")
     print("|---|---|---|---|---|---|")
