@@ -59,6 +59,8 @@ def build(layers):
                     stride=layer["stride"],
                 )
             )
+        elif kind == "layer_norm":
+            modules.append(torch.nn.LayerNorm(layer["normalized_shape"], eps=layer["eps"]))
         elif kind == "relu":
             modules.append(torch.nn.ReLU())
         elif kind == "flatten":

@@ -1,6 +1,6 @@
 //! Batched Q-value inference on the CPU.
 
-use millrace_proto::{NetworkSpec, ParamLayout, Params};
+use millrace_proto::{NetworkSpec, ParamLayout, Params, LAYER_NORM_EPS};
 
 /// Batched action-value inference, run by actor and evaluation threads.
 ///
@@ -70,6 +70,22 @@ impl MlpPolicy {
     /// Agent `agent`'s flat parameters (zeros before the first `load`).
     pub(crate) fn params(&self) -> &[f32] {
         &self.params
+    }
+}
+
+/// PyTorch's `LayerNorm` over one row, in place: `(x − mean) / √(var + ε) · gain + bias`
+/// with the biased variance, accumulated in f64.
+fn layer_norm(row: &mut [f32], gain: &[f32], bias: &[f32]) {
+    let n = row.len() as f64;
+    let mean = row.iter().map(|v| f64::from(*v)).sum::<f64>() / n;
+    let var = row
+        .iter()
+        .map(|v| (f64::from(*v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let rstd = 1.0 / (var + LAYER_NORM_EPS).sqrt();
+    for ((v, g), b) in row.iter_mut().zip(gain).zip(bias) {
+        *v = ((f64::from(*v) - mean) * rstd) as f32 * g + b;
     }
 }
 
@@ -153,6 +169,13 @@ impl Policy for MlpPolicy {
                 );
             }
             if l + 1 < layers {
+                if let [g, b] = self.layout.norm.get(2 * l..2 * l + 2).unwrap_or_default() {
+                    let gain = &self.params[g.offset..g.offset + g.len];
+                    let bias = &self.params[b.offset..b.offset + b.len];
+                    for row in next.chunks_exact_mut(fan_out) {
+                        layer_norm(row, gain, bias);
+                    }
+                }
                 for v in &mut next {
                     *v = v.max(0.0);
                 }
@@ -223,6 +246,47 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn layer_norm_normalises_each_hidden_row_before_the_relu() {
+        let mut spec = spec(1);
+        spec.layer_norm = true;
+        let layout = spec.layout();
+        assert_eq!(layout.len, 17 + 6);
+        let mut data: Vec<f32> = (0..layout.len)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0)
+            .collect();
+        // Gain and bias of the one hidden layer.
+        let (gain, bias) = ([1.5f32, 0.5, -1.0], [0.1f32, -0.2, 0.3]);
+        data[17..20].copy_from_slice(&gain);
+        data[20..23].copy_from_slice(&bias);
+        let mut policy = MlpPolicy::new(spec, 0).unwrap();
+        policy
+            .load(&Params {
+                version: 1,
+                env_steps: 0,
+                updates: 0,
+                population: 1,
+                data: data.clone(),
+            })
+            .unwrap();
+        let x = [0.5f32, -1.0];
+        let mut q = [0.0f32; 2];
+        policy.q_values(&x, &mut q);
+        let (w0, b0, w1, b1) = (&data[0..6], &data[6..9], &data[9..15], &data[15..17]);
+        let z: Vec<f32> = (0..3)
+            .map(|j| x[0] * w0[j] + x[1] * w0[3 + j] + b0[j])
+            .collect();
+        let mean = z.iter().sum::<f32>() / 3.0;
+        let var = z.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / 3.0;
+        let h: Vec<f32> = (0..3)
+            .map(|j| ((z[j] - mean) / (var + 1e-5).sqrt() * gain[j] + bias[j]).max(0.0))
+            .collect();
+        for k in 0..2 {
+            let want = (0..3).map(|j| h[j] * w1[j * 2 + k]).sum::<f32>() + b1[k];
+            assert!((q[k] - want).abs() < 1e-5, "{q:?} against {want} at {k}");
         }
     }
 

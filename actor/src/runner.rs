@@ -448,11 +448,12 @@ pub fn run_actor_with<O: Pod + Default>(
 }
 
 /// An actor with its environments and the policy that fits them: an MLP on `f32`
-/// vectors, a CNN on `u8` images. What embedded, lock-step and remote actors drive.
+/// vectors, a CNN on `u8` images (policies boxed: they differ in size). What embedded,
+/// lock-step and remote actors drive.
 #[derive(Debug)]
 pub enum AnyActor {
-    Vector(ActorLoop<f32>, MlpPolicy),
-    Pixels(ActorLoop<u8>, CnnPolicy),
+    Vector(ActorLoop<f32>, Box<MlpPolicy>),
+    Pixels(ActorLoop<u8>, Box<CnnPolicy>),
 }
 
 impl AnyActor {
@@ -468,12 +469,13 @@ impl AnyActor {
                 }
                 Self::Vector(
                     ActorLoop::new(cfg, envs)?,
-                    MlpPolicy::new(network.clone(), 0)?,
+                    Box::new(MlpPolicy::new(network.clone(), 0)?),
                 )
             }
-            env::AnyVecEnv::Pixels(envs) => {
-                Self::Pixels(ActorLoop::new(cfg, envs)?, CnnPolicy::new(network.clone())?)
-            }
+            env::AnyVecEnv::Pixels(envs) => Self::Pixels(
+                ActorLoop::new(cfg, envs)?,
+                Box::new(CnnPolicy::new(network.clone())?),
+            ),
         })
     }
 
@@ -485,8 +487,8 @@ impl AnyActor {
         on_episode: &mut dyn FnMut(EpisodeStats),
     ) -> Result<Option<TransitionBatch>, ActorError> {
         match self {
-            Self::Vector(actor, policy) => actor.step(policy, params, steps, on_episode),
-            Self::Pixels(actor, policy) => actor.step(policy, params, steps, on_episode),
+            Self::Vector(actor, policy) => actor.step(&mut **policy, params, steps, on_episode),
+            Self::Pixels(actor, policy) => actor.step(&mut **policy, params, steps, on_episode),
         }
     }
 

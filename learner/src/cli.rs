@@ -265,6 +265,13 @@ pub struct TrainArgs {
     #[arg(long, value_delimiter = ',', default_value = "128,128")]
     pub hidden: Vec<usize>,
 
+    /// A LayerNorm (learned gain and bias) after each hidden layer's linear map, before
+    /// its ReLU, as in PQN (Gallici et al. 2024): it keeps the features' scale fixed
+    /// while the targets move, which steadies long runs. Exported policies carry it
+    /// (`nn.LayerNorm`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    pub layer_norm: bool,
+
     /// Adam learning rate. High for DQN, as in rl-zoo3's CartPole setting (2.3e-3), since
     /// the Q-targets are small and the run is short.
     #[arg(long, default_value_t = 2.3e-3)]
@@ -625,7 +632,7 @@ impl TrainArgs {
         if args.hidden.is_empty() || args.hidden.contains(&0) {
             bail!("--hidden needs positive layer sizes, e.g. 128,128");
         }
-        crate::network::build(args.network, &spec, &args.hidden)?;
+        crate::network::build(args.network, &spec, &args.hidden, args.layer_norm)?;
         if !(0.0..=1.0).contains(&args.gamma) {
             bail!("--gamma must be in [0, 1], got {}", args.gamma);
         }
@@ -809,7 +816,8 @@ impl TrainArgs {
             if population {
                 bail!("--dueling is for one agent: a population's networks are plain (for now)");
             }
-            let network = crate::network::build(args.network, &spec, &args.hidden)?;
+            let network =
+                crate::network::build(args.network, &spec, &args.hidden, args.layer_norm)?;
             crate::dueling::DuelingHead::new(&network, tch::Device::Cpu)
                 .map_err(|e| anyhow::anyhow!("--dueling: {e}"))?;
         }
@@ -864,6 +872,7 @@ impl TrainArgs {
             device,
             deterministic: args.deterministic,
             hidden: args.hidden,
+            layer_norm: args.layer_norm,
             dqn: DqnConfig {
                 lr: args.lr,
                 max_grad_norm: args.max_grad_norm,

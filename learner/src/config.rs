@@ -208,6 +208,8 @@ pub struct RunConfig {
     pub deterministic: bool,
     /// Hidden layer sizes of the Q-network's MLP.
     pub hidden: Vec<usize>,
+    /// A LayerNorm in each hidden layer, before its ReLU (`--layer-norm`).
+    pub layer_norm: bool,
     pub dqn: DqnConfig,
     pub batch_size: usize,
     pub replay: ReplayOptions,

@@ -10,7 +10,9 @@
 //! For the same reason the MLP's backward pass is written out (four ops per layer, the
 //! weight and bias gradients written straight into views of one flat gradient buffer)
 //! instead of going through autograd, whose graph bookkeeping costs more than the
-//! arithmetic at these sizes. A test checks it against autograd.
+//! arithmetic at these sizes. A test checks it against autograd. So is the LayerNorm's
+//! (`--layer-norm`: `Linear → LayerNorm → ReLU` per hidden layer, computed in fp32 under
+//! either precision), its gains and biases further views of the same flat tensor.
 //!
 //! A convolutional torso (the Nature DQN, for `u8` image observations) goes through
 //! autograd: its arithmetic dominates, so graph bookkeeping is noise. Its filters are
@@ -27,7 +29,7 @@
 //! row. Each update returns its per-item TD errors, still on the device, for
 //! prioritized replay.
 
-use millrace_proto::{NetworkSpec, ParamLayout};
+use millrace_proto::{NetworkSpec, ParamLayout, LAYER_NORM_EPS};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -158,6 +160,11 @@ pub struct Dqn {
     /// `[K, P]` gradient buffer and its per-parameter views (written by `gradient`).
     grad: Tensor,
     grad_views: Vec<Tensor>,
+    /// The LayerNorms' gains and biases (see [`norm_views`]) of `online`, `target` and
+    /// `grad`: fp32 under every precision. Empty without LayerNorm.
+    online_norm: Vec<Tensor>,
+    target_norm: Vec<Tensor>,
+    grad_norm: Vec<Tensor>,
     /// `[K, P]`.
     target: Tensor,
     /// Views of `target` per parameter, made once (the target never reallocates).
@@ -268,6 +275,37 @@ pub(crate) fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) 
         .collect()
 }
 
+/// Views of the LayerNorms' gains and biases, alternating, each `[K, 1, width]` (empty
+/// for a network without LayerNorm).
+pub(crate) fn norm_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
+    layout
+        .norm
+        .iter()
+        .map(|e| {
+            flat.narrow(1, e.offset as i64, e.len as i64)
+                .view([population, 1, e.len as i64])
+        })
+        .collect()
+}
+
+/// LayerNorm over the last dimension of `z` `[K, N, H]`, in fp32 whatever `z`'s type:
+/// returns the output `x̂ · gain + bias`, `x̂` and `1 / √(var + ε)` `[K, N, 1]` (the
+/// last two for the backward pass).
+fn layer_norm(z: &Tensor, gain: &Tensor, bias: &Tensor) -> (Tensor, Tensor, Tensor) {
+    let width = *z
+        .size()
+        .last()
+        .expect("a LayerNorm input has a last dimension");
+    let (xhat, _mean, rstd) = Tensor::native_layer_norm(
+        &z.to_kind(Kind::Float),
+        [width].as_slice(),
+        None::<Tensor>,
+        None::<Tensor>,
+        LAYER_NORM_EPS,
+    );
+    (&xhat * gain + bias, xhat, rstd)
+}
+
 /// Views of the torso's filters and biases in PyTorch's shapes behind the population:
 /// `[K, out, in, kh, kw]` and `[K, out]`.
 pub(crate) fn conv_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
@@ -355,14 +393,18 @@ pub fn torso_forward(views: &[Tensor], strides: &[i64], image: &[i64], x: &Tenso
 }
 
 /// The MLP forward pass: `x` is `[K, N, in]`, `views` alternate weight `[K, in, out]`
-/// and bias `[K, 1, out]`; ReLU between layers. Each layer computes in its weights'
-/// element type. Returns `[K, N, num_actions]`.
-pub fn forward(views: &[Tensor], x: &Tensor) -> Tensor {
+/// and bias `[K, 1, out]`; ReLU between layers, after a LayerNorm where `norms` (see
+/// [`norm_views`]) has one. Each layer computes in its weights' element type, each
+/// LayerNorm in fp32. Returns `[K, N, num_actions]`.
+pub fn forward(views: &[Tensor], norms: &[Tensor], x: &Tensor) -> Tensor {
     let layers = views.len() / 2;
     let mut h = x.shallow_clone();
     for l in 0..layers {
         h = views[2 * l + 1].baddbmm(&h.to_kind(views[2 * l].kind()), &views[2 * l], 1.0, 1.0);
         if l + 1 < layers {
+            if let [gain, bias] = norms.get(2 * l..2 * l + 2).unwrap_or_default() {
+                h = layer_norm(&h, gain, bias).0;
+            }
             h = h.relu();
         }
     }
@@ -433,6 +475,10 @@ impl Dqn {
                         *v = rng.random_range(-bound..bound);
                     }
                 }
+            }
+            // LayerNorm starts as PyTorch's: gain 1, bias 0.
+            for gain in layout.norm.iter().step_by(2) {
+                agent[gain.offset..gain.offset + gain.len].fill(1.0);
             }
             if let Some(h) = &head {
                 h.mask_host(agent);
@@ -612,6 +658,11 @@ impl Dqn {
             .collect();
         let grad = online.zeros_like();
         let grad_views = param_views(&grad, &layout, k);
+        let (online_norm, target_norm, grad_norm) = (
+            norm_views(&online, &layout, k),
+            norm_views(&target, &layout, k),
+            norm_views(&grad, &layout, k),
+        );
         let torso = Torso::new(&spec, &online, &target, &grad);
         let half = (config.precision == Precision::Bf16).then(|| {
             HalfCopies::new(
@@ -631,6 +682,9 @@ impl Dqn {
             online_wt,
             grad,
             grad_views,
+            online_norm,
+            target_norm,
+            grad_norm,
             target,
             target_views,
             adam_m: state
@@ -833,12 +887,21 @@ impl Dqn {
         // Forward over obs and next_obs together, keeping each layer's input (in the
         // layer's element type).
         let mut inputs = Vec::with_capacity(layers);
+        // Per hidden layer with a LayerNorm: x̂ and 1/σ of the first B rows.
+        let mut normed = Vec::with_capacity(self.online_norm.len() / 2);
         let mut h = head_input;
         for l in 0..layers {
             let (w, bias) = (&views.online[2 * l], &views.online[2 * l + 1]);
             let x = h.to_kind(w.kind());
-            let z = bias.baddbmm(&x, w, 1.0, 1.0);
+            let mut z = bias.baddbmm(&x, w, 1.0, 1.0);
             inputs.push(x);
+            if l + 1 < layers {
+                if let [gain, beta] = self.online_norm.get(2 * l..2 * l + 2).unwrap_or_default() {
+                    let (y, xhat, rstd) = layer_norm(&z, gain, beta);
+                    normed.push((xhat.narrow(1, 0, b), rstd.narrow(1, 0, b)));
+                    z = y;
+                }
+            }
             h = if l + 1 < layers { z.relu() } else { z };
         }
         let q_all = match &self.dueling {
@@ -884,6 +947,9 @@ impl Dqn {
             }
             if l > 0 {
                 d = x.threshold_backward(&d.bmm(&views.online_wt[l]), 0.0);
+                if let Some((xhat, rstd)) = normed.get(l - 1) {
+                    d = self.layer_norm_backward(l - 1, xhat, rstd, &d);
+                }
             } else if let (Some(torso), Some(features)) = (&self.torso, &features) {
                 // dLoss/dfeatures, then autograd through the convolutions.
                 let d_features = d.bmm(&views.online_wt[0]).to_kind(features.kind());
@@ -900,6 +966,21 @@ impl Dqn {
         (q_taken, targets)
     }
 
+    /// LayerNorm `n`'s backward: writes its gain's and bias's gradients from `dy`, the
+    /// gradient at its output `[K, B, H]`, and returns the gradient at its input (fp32):
+    /// `dz = (dx̂ − mean(dx̂) − x̂ · mean(dx̂ · x̂)) / σ` with `dx̂ = dy · gain`.
+    fn layer_norm_backward(&self, n: usize, xhat: &Tensor, rstd: &Tensor, dy: &Tensor) -> Tensor {
+        let dy = dy.to_kind(Kind::Float);
+        let dims = [1i64].as_slice();
+        let _ = (&dy * xhat).sum_intlist_out(&self.grad_norm[2 * n], dims, true, None);
+        let _ = dy.sum_intlist_out(&self.grad_norm[2 * n + 1], dims, true, None);
+        let dxhat = dy * &self.online_norm[2 * n];
+        let last = [-1i64].as_slice();
+        let mean = dxhat.mean_dim(last, true, Kind::Float);
+        let mean_dot = (&dxhat * xhat).mean_dim(last, true, Kind::Float);
+        (dxhat - mean - xhat * mean_dot) * rstd
+    }
+
     /// The dueling head's Q-values from the last layer's outputs (the outputs as they
     /// are without one).
     fn head(&self, z: Tensor) -> Tensor {
@@ -914,12 +995,14 @@ impl Dqn {
     fn target_q(&self, next_obs: &Tensor) -> Tensor {
         let views = self.pass_views();
         tch::no_grad(|| {
+            let norms = &self.target_norm;
             let z = match &self.torso {
                 Some(t) => forward(
                     views.target,
+                    norms,
                     &torso_forward(views.torso_target, &t.strides, &t.image, next_obs),
                 ),
-                None => forward(views.target, next_obs),
+                None => forward(views.target, norms, next_obs),
             };
             self.head(z)
         })
@@ -1177,12 +1260,14 @@ impl Dqn {
     pub fn q_values(&self, obs: &Tensor) -> Tensor {
         tch::no_grad(|| {
             let obs = obs.to_device(self.device);
+            let norms = &self.online_norm;
             self.head(match &self.torso {
                 Some(t) => forward(
                     &self.online_views,
+                    norms,
                     &torso_forward(&t.online, &t.strides, &t.image, &obs),
                 ),
-                None => forward(&self.online_views, &obs),
+                None => forward(&self.online_views, norms, &obs),
             })
         })
     }
@@ -1339,7 +1424,11 @@ mod tests {
         let (k, b) = (dqn.spec.population as i64, batch.batch_size());
         let layout = dqn.spec.layout();
         let leaf = dqn.online.detach().copy().set_requires_grad(true);
-        let q_all = dqn.head(forward(&param_views(&leaf, &layout, k), &batch.obs2));
+        let q_all = dqn.head(forward(
+            &param_views(&leaf, &layout, k),
+            &norm_views(&leaf, &layout, k),
+            &batch.obs2,
+        ));
         let targets = tch::no_grad(|| {
             double_dqn_targets(
                 &q_all.narrow(1, b, b),
@@ -1367,11 +1456,17 @@ mod tests {
 
     /// The hand-written backward pass against autograd on the same loss (with
     /// importance weights: each item's Huber loss scaled by its weight).
-    fn check_gradient_against_autograd(k: usize, weighted: bool) {
+    fn check_gradient_against_autograd(k: usize, weighted: bool, layer_norm: bool) {
+        let spec = |k| NetworkSpec {
+            layer_norm,
+            ..spec(k)
+        };
         let mut dqn = Dqn::new(spec(k), config(), Device::Cpu, 5);
         // Move the target away from the online net so targets are non-trivial.
         let other = Dqn::new(spec(k), config(), Device::Cpu, 6);
         dqn.target.copy_(&other.online);
+        tch::manual_seed(10);
+        scramble_norms(&dqn);
         let (k, b) = (k as i64, 16);
         tch::manual_seed(11);
         let batch = Batch {
@@ -1387,10 +1482,15 @@ mod tests {
         let err = (&manual - &auto).abs().max().double_value(&[]);
         let scale = auto.abs().max().double_value(&[]);
         assert!(scale > 1e-3, "gradient is not trivially zero");
+        for (g, name) in dqn.grad_norm.iter().zip(["gain", "bias"].iter().cycle()) {
+            let norm = g.abs().max().double_value(&[]);
+            assert!(norm > 1e-4 * scale, "a LayerNorm {name} gradient is zero");
+        }
         if weighted {
             // The weights matter: the unweighted gradient differs.
             let mut plain = Dqn::new(spec(k as usize), config(), Device::Cpu, 5);
             plain.target.copy_(&other.online);
+            plain.online.copy_(&dqn.online);
             let _ = plain.gradient(&Batch {
                 weights: None,
                 ..batch.shallow_clone()
@@ -1459,7 +1559,7 @@ mod tests {
         let published = Tensor::from_slice(&dqn.online_params()).view([k, -1]);
         assert_eq!(published.size()[1] as usize, spec.layout().len);
         let x = Tensor::randn([k, 5, 3], (Kind::Float, Device::Cpu));
-        let plain = forward(&param_views(&published, &spec.layout(), k), &x);
+        let plain = forward(&param_views(&published, &spec.layout(), k), &[], &x);
         let ours = dqn.q_values(&x);
         let diff = (&plain - &ours).abs().max().double_value(&[]);
         assert!(diff < 1e-5, "published network differs by {diff}");
@@ -1519,20 +1619,61 @@ mod tests {
         w
     }
 
+    /// Random LayerNorm gains and biases (fresh ones are 1 and 0, which would hide a
+    /// gain left out of the backward pass).
+    fn scramble_norms(dqn: &Dqn) {
+        for v in &dqn.online_norm {
+            v.detach().copy_(&(v.rand_like() + 0.5));
+        }
+    }
+
     #[test]
     fn manual_backward_matches_autograd() {
-        check_gradient_against_autograd(1, false);
+        check_gradient_against_autograd(1, false, false);
     }
 
     #[test]
     fn manual_backward_matches_autograd_for_a_population() {
-        check_gradient_against_autograd(3, false);
+        check_gradient_against_autograd(3, false, false);
     }
 
     #[test]
     fn importance_weighted_backward_matches_autograd() {
-        check_gradient_against_autograd(1, true);
-        check_gradient_against_autograd(3, true);
+        check_gradient_against_autograd(1, true, false);
+        check_gradient_against_autograd(3, true, false);
+    }
+
+    #[test]
+    fn layer_norm_backward_matches_autograd() {
+        check_gradient_against_autograd(1, false, true);
+        check_gradient_against_autograd(3, true, true);
+    }
+
+    #[test]
+    fn layer_norm_forward_matches_the_actor_cpu_policy() {
+        use millrace_actor::{MlpPolicy, Policy};
+        let spec = NetworkSpec {
+            layer_norm: true,
+            ..spec(2)
+        };
+        let dqn = Dqn::new(spec.clone(), config(), Device::Cpu, 3);
+        tch::manual_seed(2);
+        scramble_norms(&dqn);
+        let params = dqn.params(0, 0);
+        let obs = [0.1f32, -0.4, 2.0, 1.5, 0.0, -0.7];
+        let want = dqn.q_values(&t(&obs, &[1, 2, 3]).repeat([2, 1, 1]));
+        for agent in 0..2 {
+            let mut policy = MlpPolicy::new(spec.clone(), agent).unwrap();
+            policy.load(&params).unwrap();
+            let mut q = [0.0f32; 4];
+            policy.q_values(&obs, &mut q);
+            close(&want.get(agent as i64), &q);
+        }
+        // The agents' outputs differ, and a fresh LayerNorm is the identity affine.
+        assert!(!want.get(0).allclose(&want.get(1), 1e-3, 1e-3, false));
+        let fresh = Dqn::new(spec, config(), Device::Cpu, 3);
+        let gains = Vec::<f32>::try_from(fresh.online_norm[0].reshape([-1])).unwrap();
+        assert!(gains.iter().all(|g| *g == 1.0));
     }
 
     /// A Nature-style network on small images (36×36: feature maps 8, 3, 1).
@@ -1550,22 +1691,33 @@ mod tests {
 
     #[test]
     fn cnn_gradient_matches_autograd_end_to_end() {
-        check_cnn_gradient(false);
+        check_cnn_gradient(false, false);
     }
 
     #[test]
     fn cnn_dueling_gradient_matches_autograd_end_to_end() {
-        check_cnn_gradient(true);
+        check_cnn_gradient(true, false);
     }
 
-    fn check_cnn_gradient(dueling: bool) {
+    #[test]
+    fn cnn_layer_norm_dueling_gradient_matches_autograd_end_to_end() {
+        check_cnn_gradient(true, true);
+    }
+
+    fn check_cnn_gradient(dueling: bool, layer_norm: bool) {
         let cfg = DqnConfig {
             dueling,
             ..config()
         };
-        let mut dqn = Dqn::new(cnn_spec(), cfg.clone(), Device::Cpu, 5);
-        let other = Dqn::new(cnn_spec(), cfg, Device::Cpu, 6);
+        let spec = NetworkSpec {
+            layer_norm,
+            ..cnn_spec()
+        };
+        let mut dqn = Dqn::new(spec.clone(), cfg.clone(), Device::Cpu, 5);
+        let other = Dqn::new(spec, cfg, Device::Cpu, 6);
         dqn.target.copy_(&other.online);
+        tch::manual_seed(10);
+        scramble_norms(&dqn);
         let b = 6;
         tch::manual_seed(12);
         let batch = Batch {
@@ -1587,6 +1739,7 @@ mod tests {
         let t = dqn.torso.as_ref().unwrap();
         let q_all = dqn.head(forward(
             &head,
+            &norm_views(&leaf, &layout, 1),
             &torso_forward(&conv, &t.strides, &t.image, &batch.obs2),
         ));
         let targets = tch::no_grad(|| {
@@ -1607,10 +1760,12 @@ mod tests {
             d.mask(&param_views(&auto, &layout, 1)[last]);
         }
         let conv0 = layout.conv[0].offset as i64;
-        for (what, lo, len) in [
-            ("head", 0, conv0),
-            ("torso", conv0, layout.len as i64 - conv0),
-        ] {
+        let norm0 = layout.norm.first().map_or(layout.len, |e| e.offset) as i64;
+        let mut parts = vec![("head", 0, conv0), ("torso", conv0, norm0 - conv0)];
+        if layer_norm {
+            parts.push(("LayerNorm", norm0, layout.len as i64 - norm0));
+        }
+        for (what, lo, len) in parts {
             let (m, a) = (manual.narrow(1, lo, len), auto.narrow(1, lo, len));
             let err = (&m - &a).abs().max().double_value(&[]);
             let scale = a.abs().max().double_value(&[]);

@@ -7,7 +7,9 @@
 //! keys `0.weight`, `0.bias`, `2.weight`, … with weights `[out, in]` (millrace keeps
 //! them `[in, out]`, so they are transposed). A convolutional torso comes first,
 //! `Sequential(Conv2d, ReLU, Conv2d, ReLU, Conv2d, ReLU, Flatten, Linear, ReLU, Linear)`,
-//! its filters already in PyTorch's `[out, in, k, k]`.
+//! its filters already in PyTorch's `[out, in, k, k]`. A network with LayerNorm has a
+//! `LayerNorm` between each hidden `Linear` and its `ReLU` (keys `<index>.weight` for
+//! the gain, `<index>.bias`).
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +39,11 @@ pub enum Layer {
     Linear {
         in_features: usize,
         out_features: usize,
+    },
+    /// PyTorch's `nn.LayerNorm(normalized_shape, eps)`, with its gain and bias.
+    LayerNorm {
+        normalized_shape: usize,
+        eps: f64,
     },
 }
 
@@ -79,14 +86,15 @@ pub struct Description {
     pub reward_threshold: Option<f32>,
     pub preprocessing: Preprocessing,
     /// `nn.Sequential` modules, in order; parameter keys are `<index>.weight` and
-    /// `<index>.bias` of the `Linear` and `Conv2d` modules.
+    /// `<index>.bias` of the `Linear`, `Conv2d` and `LayerNorm` modules.
     pub layers: Vec<Layer>,
     /// How to act: the greedy action, `argmax` over the outputs.
     pub action: &'static str,
     pub source: Source,
 }
 
-/// The `nn.Sequential` for `spec`, and the index of each parameterised module.
+/// The `nn.Sequential` for `spec`, and the index of each parameterised module: the
+/// convolutions and the linear layers in order, then the LayerNorms.
 pub fn sequential(spec: &NetworkSpec) -> (Vec<Layer>, Vec<usize>) {
     let mut layers = Vec::new();
     let mut indexed = Vec::new();
@@ -106,6 +114,7 @@ pub fn sequential(spec: &NetworkSpec) -> (Vec<Layer>, Vec<usize>) {
         layers.push(Layer::Flatten);
     }
     let widths = spec.widths();
+    let mut norms = Vec::new();
     for (i, w) in widths.windows(2).enumerate() {
         indexed.push(layers.len());
         layers.push(Layer::Linear {
@@ -113,9 +122,17 @@ pub fn sequential(spec: &NetworkSpec) -> (Vec<Layer>, Vec<usize>) {
             out_features: w[1],
         });
         if i + 2 < widths.len() {
+            if spec.layer_norm {
+                norms.push(layers.len());
+                layers.push(Layer::LayerNorm {
+                    normalized_shape: w[1],
+                    eps: millrace_proto::LAYER_NORM_EPS,
+                });
+            }
             layers.push(Layer::Relu);
         }
     }
+    indexed.extend(norms);
     (layers, indexed)
 }
 
@@ -129,7 +146,8 @@ pub fn state_dict(spec: &NetworkSpec, flat: &[f32]) -> Vec<(String, Tensor)> {
     let mut out = Vec::new();
     let convs = layout.conv.chunks(2);
     let linears = layout.entries.chunks(2);
-    for (pair, index) in convs.chain(linears).zip(indexed) {
+    let norms = layout.norm.chunks(2);
+    for (pair, index) in convs.chain(linears).chain(norms).zip(indexed) {
         let (w, b) = (&pair[0], &pair[1]);
         let shape: Vec<i64> = w.shape.iter().map(|d| *d as i64).collect();
         let weight = slice(w.offset, w.len).view(shape.as_slice());
@@ -247,6 +265,16 @@ mod tests {
                     [1, 1],
                     1,
                 ),
+                Layer::LayerNorm {
+                    normalized_shape,
+                    eps,
+                } => h.layer_norm(
+                    [*normalized_shape as i64].as_slice(),
+                    Some(get(format!("{i}.weight"))),
+                    Some(get(format!("{i}.bias"))),
+                    *eps,
+                    false,
+                ),
                 Layer::Relu => h.relu(),
                 Layer::Flatten => h.flatten(1, -1),
             };
@@ -273,6 +301,61 @@ mod tests {
         let ours = dqn.q_values(&x.unsqueeze(0)).squeeze_dim(0);
         let theirs = sequential_forward(&spec, &dict, &x);
         assert!(ours.allclose(&theirs, 1e-5, 1e-6, false));
+    }
+
+    #[test]
+    fn layer_norm_exports_between_each_hidden_linear_and_its_relu() {
+        let obs = ObsSpec {
+            shape: vec![4],
+            dtype: DType::F32,
+        };
+        let mut spec = NetworkSpec::mlp(&obs, &[8, 6], 3, 1).unwrap();
+        spec.layer_norm = true;
+        let (layers, indexed) = sequential(&spec);
+        assert_eq!(indexed, [0, 3, 6, 1, 4]);
+        assert_eq!(
+            layers[1],
+            Layer::LayerNorm {
+                normalized_shape: 8,
+                eps: 1e-5
+            }
+        );
+        let dqn = Dqn::new(spec.clone(), DqnConfig::default(), Device::Cpu, 3);
+        let mut flat = dqn.online_params();
+        // Gains and biases other than 1 and 0, so that a swapped key would show.
+        let norm0 = spec.layout().norm[0].offset;
+        for (i, v) in flat[norm0..].iter_mut().enumerate() {
+            *v = 0.5 + 0.1 * (i % 7) as f32 - 0.2 * (i % 3) as f32;
+        }
+        let dict = state_dict(&spec, &flat);
+        let names: Vec<&str> = dict.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "0.weight", "0.bias", "3.weight", "3.bias", "6.weight", "6.bias", "1.weight",
+                "1.bias", "4.weight", "4.bias"
+            ]
+        );
+        let loaded = Dqn::from_state(
+            spec.clone(),
+            DqnConfig::default(),
+            Device::Cpu,
+            crate::dqn::DqnState {
+                online: Tensor::from_slice(&flat).view([1, -1]),
+                target: Tensor::from_slice(&flat).view([1, -1]),
+                adam_m: Tensor::zeros([1, flat.len() as i64], (Kind::Float, Device::Cpu)),
+                adam_v: Tensor::zeros([1, flat.len() as i64], (Kind::Float, Device::Cpu)),
+                adam_step: 0,
+                updates: 0,
+            },
+        );
+        let x = Tensor::randn([5, 4], (Kind::Float, Device::Cpu));
+        let ours = loaded.q_values(&x.unsqueeze(0)).squeeze_dim(0);
+        let theirs = sequential_forward(&spec, &dict, &x);
+        assert!(
+            ours.allclose(&theirs, 1e-5, 1e-6, false),
+            "{ours} vs {theirs}"
+        );
     }
 
     #[test]

@@ -18,11 +18,13 @@ pub enum NetworkChoice {
     Minatar,
 }
 
-/// The network for `env`: `choice`, or the one its observations call for.
+/// The network for `env`: `choice`, or the one its observations call for, with a
+/// LayerNorm in each hidden layer if `layer_norm`.
 pub fn build(
     choice: NetworkChoice,
     env: &EnvSpec,
     hidden: &[usize],
+    layer_norm: bool,
 ) -> Result<NetworkSpec, SpecError> {
     let image = env.obs.dtype == DType::U8;
     let choice = match choice {
@@ -33,7 +35,7 @@ pub fn build(
         },
         other => other,
     };
-    match choice {
+    let spec = match choice {
         NetworkChoice::Mlp if image => Err(SpecError::BadValue(format!(
             "{} has image observations {:?}: use --network nature or minatar",
             env.id, env.obs.shape
@@ -43,7 +45,8 @@ pub fn build(
         }
         NetworkChoice::Nature => NetworkSpec::nature_cnn(&env.obs, env.num_actions),
         NetworkChoice::Minatar => NetworkSpec::minatar_cnn(&env.obs, env.num_actions),
-    }
+    }?;
+    Ok(NetworkSpec { layer_norm, ..spec })
 }
 
 /// One line for the log: the torso's convolutions, the head's widths, the parameters.
@@ -59,8 +62,13 @@ pub fn describe(spec: &NetworkSpec) -> String {
         format!("conv [{}] over {:?}, then ", conv.join(", "), spec.image)
     };
     format!(
-        "{torso}MLP {:?}: {} parameters",
+        "{torso}MLP {:?}{}: {} parameters",
         spec.widths(),
+        if spec.layer_norm {
+            " with LayerNorm"
+        } else {
+            ""
+        },
         spec.checked_param_count().unwrap_or(0)
     )
 }
@@ -86,21 +94,51 @@ mod tests {
 
     #[test]
     fn observations_pick_the_network() {
-        let vector = build(NetworkChoice::Auto, &env(&[4], DType::F32), &[64]).unwrap();
-        assert!(vector.conv.is_empty() && vector.hidden == [64]);
-        let atari = build(NetworkChoice::Auto, &env(&[4, 84, 84], DType::U8), &[64]).unwrap();
+        let vector = build(NetworkChoice::Auto, &env(&[4], DType::F32), &[64], false).unwrap();
+        assert!(vector.conv.is_empty() && vector.hidden == [64] && !vector.layer_norm);
+        let normed = build(NetworkChoice::Mlp, &env(&[4], DType::F32), &[64], true).unwrap();
+        assert!(normed.layer_norm);
+        assert_eq!(
+            describe(&normed),
+            "MLP [4, 64, 3] with LayerNorm: 643 parameters"
+        );
+        let atari = build(
+            NetworkChoice::Auto,
+            &env(&[4, 84, 84], DType::U8),
+            &[64],
+            false,
+        )
+        .unwrap();
         assert_eq!(
             (atari.conv.len(), atari.hidden.clone(), atari.obs_dim),
             (3, vec![512], 3136)
         );
-        let minatar = build(NetworkChoice::Auto, &env(&[4, 10, 10], DType::U8), &[64]).unwrap();
+        let minatar = build(
+            NetworkChoice::Auto,
+            &env(&[4, 10, 10], DType::U8),
+            &[64],
+            false,
+        )
+        .unwrap();
         assert_eq!(
             (minatar.conv.len(), minatar.hidden.clone(), minatar.obs_dim),
             (1, vec![128], 1024)
         );
-        assert!(build(NetworkChoice::Mlp, &env(&[4, 10, 10], DType::U8), &[64]).is_err());
-        assert!(build(NetworkChoice::Nature, &env(&[4, 10, 10], DType::U8), &[64]).is_err());
-        assert!(build(NetworkChoice::Minatar, &env(&[4], DType::F32), &[64]).is_err());
+        assert!(build(
+            NetworkChoice::Mlp,
+            &env(&[4, 10, 10], DType::U8),
+            &[64],
+            false
+        )
+        .is_err());
+        assert!(build(
+            NetworkChoice::Nature,
+            &env(&[4, 10, 10], DType::U8),
+            &[64],
+            false
+        )
+        .is_err());
+        assert!(build(NetworkChoice::Minatar, &env(&[4], DType::F32), &[64], false).is_err());
         assert_eq!(
             describe(&minatar),
             "conv [16x3x3/1] over [4, 10, 10], then MLP [1024, 128, 3]: 132179 parameters"

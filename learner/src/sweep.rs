@@ -128,7 +128,7 @@ pub fn check_applied(cfg: &RunConfig) -> Result<(), String> {
             cfg.actors.n_step
         ));
     }
-    crate::network::build(cfg.network, &cfg.env_spec, &cfg.hidden)
+    crate::network::build(cfg.network, &cfg.env_spec, &cfg.hidden, cfg.layer_norm)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }

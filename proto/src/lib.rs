@@ -23,5 +23,5 @@ pub use frames::{FrameLinks, NO_FRAME};
 pub use params::{Params, ParamsCell, StepCounter};
 pub use spec::{
     ConvLayer, DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError,
-    MINATAR_CONV, NATURE_CONV,
+    LAYER_NORM_EPS, MINATAR_CONV, NATURE_CONV,
 };

@@ -132,7 +132,9 @@ pub const MINATAR_CONV: [ConvLayer; 1] = [ConvLayer {
 /// A Q-network for a population of `population` independent agents (stacked
 /// parameters, see design.md): an optional convolutional torso over `u8` image
 /// observations `[C, H, W]` (scaled to `[0, 1]`), flattened in `C, H, W` order, then an
-/// MLP `obs_dim -> hidden... -> num_actions` with ReLU between layers.
+/// MLP `obs_dim -> hidden... -> num_actions` with ReLU between layers, each hidden
+/// layer `Linear -> LayerNorm -> ReLU` where `layer_norm` is set (as PQN's, Gallici
+/// et al. 2024).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkSpec {
     /// Input of the MLP: the observation size, or the torso's flattened output.
@@ -146,7 +148,14 @@ pub struct NetworkSpec {
     pub image: Vec<usize>,
     #[serde(default)]
     pub conv: Vec<ConvLayer>,
+    /// A LayerNorm (learned gain and bias, ε [`LAYER_NORM_EPS`]) after each hidden
+    /// linear layer, before its ReLU.
+    #[serde(default)]
+    pub layer_norm: bool,
 }
+
+/// The LayerNorm's ε (PyTorch's default).
+pub const LAYER_NORM_EPS: f64 = 1e-5;
 
 impl NetworkSpec {
     pub fn mlp(
@@ -171,6 +180,7 @@ impl NetworkSpec {
             population,
             image: Vec::new(),
             conv: Vec::new(),
+            layer_norm: false,
         })
     }
 
@@ -214,6 +224,7 @@ impl NetworkSpec {
             population: 1,
             image: vec![c, h, w],
             conv: conv.to_vec(),
+            layer_norm: false,
         };
         let dims = spec.conv_shapes();
         match dims.last() {
@@ -234,16 +245,25 @@ impl NetworkSpec {
         let mlp = self.widths().windows(2).try_fold(0usize, |acc, w| {
             acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?)
         })?;
+        let norms = if self.layer_norm {
+            self.hidden
+                .iter()
+                .try_fold(0usize, |acc, h| acc.checked_add(h.checked_mul(2)?))?
+        } else {
+            0
+        };
         let mut in_channels = self.image.first().copied().unwrap_or(0);
-        self.conv.iter().try_fold(mlp, |acc, l| {
-            let w = l
-                .out_channels
-                .checked_mul(in_channels)?
-                .checked_mul(l.kernel)?
-                .checked_mul(l.kernel)?;
-            in_channels = l.out_channels;
-            acc.checked_add(w)?.checked_add(l.out_channels)
-        })
+        self.conv
+            .iter()
+            .try_fold(mlp.checked_add(norms)?, |acc, l| {
+                let w = l
+                    .out_channels
+                    .checked_mul(in_channels)?
+                    .checked_mul(l.kernel)?
+                    .checked_mul(l.kernel)?;
+                in_channels = l.out_channels;
+                acc.checked_add(w)?.checked_add(l.out_channels)
+            })
     }
 
     /// `(channels, height, width)` after each convolution (0 where it does not fit).
@@ -291,6 +311,19 @@ impl NetworkSpec {
             }
             in_channels = l.out_channels;
         }
+        if self.layer_norm {
+            for (i, &width) in self.hidden.iter().enumerate() {
+                for name in [format!("ln{i}.g"), format!("ln{i}.b")] {
+                    layout.norm.push(ParamEntry {
+                        name,
+                        shape: vec![width],
+                        offset: layout.len,
+                        len: width,
+                    });
+                    layout.len += width;
+                }
+            }
+        }
         layout
     }
 }
@@ -306,7 +339,8 @@ pub struct ParamEntry {
 }
 
 /// The flat layout of one agent's parameters: `w0, b0, w1, b1, ...` (the MLP), then the
-/// torso's `conv0.w, conv0.b, ...` if any, each row-major.
+/// torso's `conv0.w, conv0.b, ...` if any, then the LayerNorms' `ln0.g, ln0.b, ...`
+/// if any, each row-major.
 ///
 /// The learner keeps all parameters of all agents in one `[K, P]` tensor (one fused
 /// optimizer step, one copy to sync the target network, one copy to publish) and slices
@@ -317,6 +351,9 @@ pub struct ParamLayout {
     pub entries: Vec<ParamEntry>,
     /// The torso's filters `[out, in, k, k]` and biases `[out]` (PyTorch's layout).
     pub conv: Vec<ParamEntry>,
+    /// The LayerNorms' gains and biases `[width]`, one pair per hidden layer (empty
+    /// without LayerNorm).
+    pub norm: Vec<ParamEntry>,
     /// Parameters per agent, P.
     pub len: usize,
 }
@@ -344,6 +381,7 @@ impl ParamLayout {
         Self {
             entries,
             conv: Vec::new(),
+            norm: Vec::new(),
             len: offset,
         }
     }
@@ -378,6 +416,32 @@ mod tests {
             expected += e.len;
         }
         assert_eq!(layout.num_layers(), 3);
+    }
+
+    #[test]
+    fn layer_norm_adds_a_gain_and_bias_per_hidden_layer_at_the_end() {
+        let mut spec = NetworkSpec::mlp(&obs(4), &[64, 32], 2, 1).unwrap();
+        let plain = spec.layout();
+        spec.layer_norm = true;
+        let layout = spec.layout();
+        assert_eq!(
+            layout.entries, plain.entries,
+            "the MLP's offsets do not move"
+        );
+        let names: Vec<_> = layout.norm.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["ln0.g", "ln0.b", "ln1.g", "ln1.b"]);
+        assert_eq!(layout.norm[0].offset, plain.len);
+        assert_eq!(layout.norm[3].shape, [32]);
+        assert_eq!(layout.len, plain.len + 2 * (64 + 32));
+        assert_eq!(spec.checked_param_count(), Some(layout.len));
+        // Old specs (files, checkpoints) have no such field: off.
+        let mut json = serde_json::to_value(&spec).unwrap();
+        json.as_object_mut().unwrap().remove("layer_norm");
+        assert!(
+            !serde_json::from_value::<NetworkSpec>(json)
+                .unwrap()
+                .layer_norm
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `--precision bf16` against fp32: the same networks' gradients and Q-values agree to
-//! bf16's precision (MLP, population, importance weights, dueling, CNN), the parameters,
+//! bf16's precision (MLP, population, importance weights, dueling, CNN, LayerNorm), the parameters,
 //! gradients and optimizer state stay fp32, the bf16 copies follow every step and
 //! target change, and a bf16 learner regresses Q as an fp32 one does.
 
@@ -134,6 +134,21 @@ fn bf16_gradients_match_fp32_with_a_dueling_head() {
         ..config()
     };
     check(mlp(2, 3), cfg, true);
+}
+
+#[test]
+fn bf16_gradients_match_fp32_with_layer_norm() {
+    // The LayerNorms compute in fp32 between bf16 layers.
+    let normed = |spec| NetworkSpec {
+        layer_norm: true,
+        ..spec
+    };
+    check(normed(mlp(3, 2)), config(), true);
+    let cfg = DqnConfig {
+        dueling: true,
+        ..config()
+    };
+    check(normed(cnn()), cfg, false);
 }
 
 #[test]
@@ -345,6 +360,11 @@ fn bf16_on_a_gpu_matches_fp32_and_the_driver_reports_the_capability() {
         ..config()
     };
     check_on(cnn(), dueling, true, device);
+    let normed = NetworkSpec {
+        layer_norm: true,
+        ..mlp(3, 2)
+    };
+    check_on(normed, config(), true, device);
     let gpu = &millrace_actor::doctor::cuda_devices()[0];
     let capability = gpu.compute_capability.expect("the driver reports it");
     assert!(capability >= (3, 0), "{gpu}");

@@ -83,7 +83,12 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
             match population_resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
                 Saved::Ended(result) => ended.push(result),
                 Saved::Stopped => {
-                    let network = crate::network::build(m.cfg.network, &env, &m.cfg.hidden)?;
+                    let network = crate::network::build(
+                        m.cfg.network,
+                        &env,
+                        &m.cfg.hidden,
+                        m.cfg.layer_norm,
+                    )?;
                     population_resume::check_stopped(&m.dir(&cfg.logdir), &env, &network)?;
                     m.resumed = true;
                     left.push(m);
@@ -129,7 +134,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
             continue;
         }
         let replay = super::setup::replay_config(&m.cfg, &env)?.bytes();
-        let network = crate::network::build(m.cfg.network, &env, &m.cfg.hidden)?;
+        let network = crate::network::build(m.cfg.network, &env, &m.cfg.hidden, m.cfg.layer_norm)?;
         let networks = network.layout().len * 5 * 4;
         per_agent = per_agent.max(replay + networks);
         seen.push(&m.sweep.settings);
@@ -216,7 +221,9 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 .iter()
                 .flatten()
                 .flatten()
-                .map(|m| crate::network::build(m.cfg.network, &env, &m.cfg.hidden))
+                .map(|m| {
+                    crate::network::build(m.cfg.network, &env, &m.cfg.hidden, m.cfg.layer_norm)
+                })
                 .collect::<Result<Vec<_>, _>>()?
                 .into_iter()
                 .max_by_key(|n| n.layout().len)
@@ -396,7 +403,7 @@ fn train_group(
     } = run;
     let env = cfg.env_spec.clone();
     let first = &members[0].cfg;
-    let network = crate::network::build(first.network, &env, &first.hidden)?;
+    let network = crate::network::build(first.network, &env, &first.hidden, first.layer_norm)?;
     let batch_size = first.batch_size;
     let mut queue: VecDeque<Member> = members.into();
 

@@ -123,7 +123,7 @@ pub fn prepare(
         return Err(RunError::CopyStreamNeedsCuda(cfg.device));
     }
     let env = cfg.env_spec.clone();
-    let network = crate::network::build(cfg.network, &env, &cfg.hidden)?;
+    let network = crate::network::build(cfg.network, &env, &cfg.hidden, cfg.layer_norm)?;
     tracing::info!(
         "{}: {:?} {:?} observations, {} actions; network: {}",
         env.id,
