@@ -345,6 +345,47 @@ fn a_dueling_network_solves_and_its_saved_policies_are_plain_mlps_in_gymnasium()
     assert_agree(&last, &eval_json(&ckpt, "latest"));
 }
 
+/// `--layer-norm` end to end: the run solves, its configuration and saved network say
+/// so, and the exported policy (with `nn.LayerNorm` modules) plays at the target in
+/// Gymnasium, agreeing with millrace's own evaluation of the latest state.
+#[test]
+fn a_layer_norm_network_solves_and_its_saved_policy_replays_in_gymnasium() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = learner(
+        &[
+            "--deterministic",
+            "--layer-norm",
+            "--seed",
+            "1",
+            "--max-steps",
+            "60000",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
+    let config = read_json(&dir.path().join("checkpoint/config.json"));
+    assert_eq!(config["layer_norm"], true);
+    let ckpt = dir.path().join("checkpoint");
+    let solved = play_in_gymnasium(&ckpt, "solved", dir.path());
+    let description = read_json(&dir.path().join("solved.json"));
+    let layers: Vec<&str> = description["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        layers,
+        ["linear", "layer_norm", "relu", "linear", "layer_norm", "relu", "linear"]
+    );
+    assert!(
+        solved["mean"].as_f64().unwrap() >= 475.0,
+        "Gymnasium: {solved}"
+    );
+    let last = play_in_gymnasium(&ckpt, "latest", dir.path());
+    assert_agree(&last, &eval_json(&ckpt, "latest"));
+}
+
 /// Mixed precision end to end on the CPU (PyTorch computes bf16 there too): the run
 /// solves, says so in its saved configuration, and what it saved is an fp32 policy
 /// that plays at the target in Gymnasium.

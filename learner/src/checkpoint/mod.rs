@@ -381,7 +381,7 @@ pub fn check_fits(
     }
     if &meta.network != network {
         return Err(CheckpointError::Mismatch(format!(
-            "its network is {:?}, this run's is {:?} (check --hidden)",
+            "its network is {:?}, this run's is {:?} (check --hidden and --layer-norm)",
             meta.network, network
         )));
     }
