@@ -4,6 +4,7 @@ evaluation so the comparison is also in text.
 
     python bench/plot_curves.py bench/results/learning_curves.csv out.png [title]
         [--target 475] [--reference "LABEL=VALUE" ...] [--modes MODE,MODE] [--ylim LOW,HIGH]
+        [--label "MODE=LABEL" ...]
 
 Any CSV with columns mode,seed,env_steps,mean_return works (bench/cartpole_stability.sh
 writes one too); modes other than the two below get colours of their own.
@@ -28,9 +29,11 @@ def main():
     parser.add_argument("--reference", action="append", default=[], help="LABEL=VALUE, dashed")
     parser.add_argument("--modes", help="only these modes (comma-separated)")
     parser.add_argument("--ylim", help="LOW,HIGH: the return axis (default: all points)")
+    parser.add_argument("--label", action="append", default=[], help="MODE=LABEL: the legend's name for a mode")
     args = parser.parse_args()
     path, png = args.csv, args.png
     only = set(args.modes.split(",")) if args.modes else None
+    labels = dict(label.split("=", 1) for label in args.label)
     runs = defaultdict(list)  # (mode, seed) -> [(steps, return)]
     with open(path) as f:
         for row in csv.DictReader(f):
@@ -57,7 +60,7 @@ def main():
         xs = [sum(p[0] for p in v) / len(v) for _, v in sorted(evals.items())]
         ys = [sum(p[1] for p in v) / len(v) for _, v in sorted(evals.items())]
         n = max(len(v) for v in evals.values())
-        ax.plot(xs, ys, color=colours.get(mode, "grey"), linewidth=2.5, label=f"{mode} (mean of {n} seeds)")
+        ax.plot(xs, ys, color=colours.get(mode, "grey"), linewidth=2.5, label=f"{labels.get(mode, mode)} (mean of {n} seeds)")
     rows = max(len(e) for e in by_mode.values())
     for i in range(rows):
         cells = []

@@ -4,10 +4,11 @@
 //!
 //! `cargo bench -p millrace-learner --bench ceiling -- [--hidden 64,64] [--batch 32]
 //!  [--obs 4] [--actions 2] [--seconds 3] [--threads 1] [--cpu] [--precision fp32,bf16]
-//!  [--net mlp|nature|minatar]`
+//!  [--net mlp|nature|minatar] [--layer-norm off,on]`
 //! Prints one line per configuration: updates/s and microseconds per update, and with
-//! several precisions each one's updates/s against the first's, measured one after the
-//! other in the same run. `--net nature` is the Nature DQN on Atari's `[4, 84, 84]`
+//! several precisions or LayerNorm settings each one's updates/s against the first's,
+//! measured one after the other in the same run (every precision with every LayerNorm
+//! setting, in the order given). `--net nature` is the Nature DQN on Atari's `[4, 84, 84]`
 //! frames (6 actions), `--net minatar` MinAtar's network on `[4, 10, 10]` (3 actions);
 //! `--hidden`, `--obs` and `--actions` are the MLP's.
 
@@ -27,6 +28,7 @@ struct Opts {
     threads: i32,
     device: Device,
     precision: Vec<Precision>,
+    layer_norm: Vec<bool>,
     net: Net,
 }
 
@@ -47,6 +49,7 @@ fn parse() -> Opts {
         threads: 1,
         device: Device::cuda_if_available(),
         precision: vec![Precision::Fp32],
+        layer_norm: vec![false],
         net: Net::Mlp,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -81,6 +84,16 @@ fn parse() -> Opts {
                         "fp32" => Precision::Fp32,
                         "bf16" => Precision::Bf16,
                         other => panic!("--precision fp32,bf16, got {other}"),
+                    })
+                    .collect()
+            }
+            "--layer-norm" => {
+                o.layer_norm = next
+                    .split(',')
+                    .map(|x| match x {
+                        "off" => false,
+                        "on" => true,
+                        other => panic!("--layer-norm off,on, got {other}"),
                     })
                     .collect()
             }
@@ -125,8 +138,8 @@ fn main() {
         o.device, o.threads, obs.shape
     );
     println!(
-        "{:<12} {:>6} {:>9} {:>12} {:>10} {:>8}",
-        "network", "batch", "precision", "updates/s", "us/update", "vs first"
+        "{:<12} {:>6} {:>9} {:>5} {:>12} {:>10} {:>8}",
+        "network", "batch", "precision", "norm", "updates/s", "us/update", "vs first"
     );
     let hidden: Vec<Vec<usize>> = match o.net {
         Net::Mlp => o.hidden.clone(),
@@ -152,22 +165,29 @@ fn main() {
             let batch = common::random_batch(&obs, actions, b, o.device);
             let mut first = None;
             for &precision in &o.precision {
-                let cfg = DqnConfig {
-                    precision,
-                    ..DqnConfig::default()
-                };
-                let mut dqn = Dqn::new(spec.clone(), cfg, o.device, 0);
-                let rate = common::updates_per_s(&mut dqn, &batch, o.device, o.seconds, 50);
-                let base = *first.get_or_insert(rate);
-                println!(
-                    "{:<12} {:>6} {:>9} {:>12.0} {:>10.1} {:>7.2}x",
-                    label,
-                    b,
-                    precision.to_string(),
-                    rate,
-                    1e6 / rate,
-                    rate / base
-                );
+                for &layer_norm in &o.layer_norm {
+                    let cfg = DqnConfig {
+                        precision,
+                        ..DqnConfig::default()
+                    };
+                    let spec = NetworkSpec {
+                        layer_norm,
+                        ..spec.clone()
+                    };
+                    let mut dqn = Dqn::new(spec, cfg, o.device, 0);
+                    let rate = common::updates_per_s(&mut dqn, &batch, o.device, o.seconds, 50);
+                    let base = *first.get_or_insert(rate);
+                    println!(
+                        "{:<12} {:>6} {:>9} {:>5} {:>12.0} {:>10.1} {:>7.2}x",
+                        label,
+                        b,
+                        precision.to_string(),
+                        if layer_norm { "on" } else { "off" },
+                        rate,
+                        1e6 / rate,
+                        rate / base
+                    );
+                }
             }
         }
     }
