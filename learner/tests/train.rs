@@ -376,7 +376,15 @@ fn a_layer_norm_network_solves_and_its_saved_policy_replays_in_gymnasium() {
         .collect();
     assert_eq!(
         layers,
-        ["linear", "layer_norm", "relu", "linear", "layer_norm", "relu", "linear"]
+        [
+            "linear",
+            "layer_norm",
+            "relu",
+            "linear",
+            "layer_norm",
+            "relu",
+            "linear"
+        ]
     );
     assert!(
         solved["mean"].as_f64().unwrap() >= 475.0,
