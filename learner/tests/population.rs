@@ -80,8 +80,18 @@ fn stacked(batches: &[Batch]) -> Batch {
 /// agent trained alone, to `tolerance` (absolute, times the values' scale above 1).
 /// Batched and grouped kernels sum in another order than single ones; Adam turns such
 /// rounding in near-zero gradients into steps of up to its learning rate, so the CNN
-/// (grouped convolutions, larger sums) gets a wider bound than the MLP.
-fn compare(spec: fn(usize) -> NetworkSpec, k: usize, updates: usize, tolerance: f64) {
+/// (grouped convolutions, larger sums) gets a wider bound than the MLP, and a few of
+/// its values (at most one in a thousand) may go past it by such a step: how many
+/// depends on the CPU's kernels (one AMD EPYC VM put a parameter 1.2e-4 off after four
+/// updates at the learning rate 1e-4). Mixing two agents' data would move nearly every
+/// value off.
+fn compare(
+    spec: fn(usize) -> NetworkSpec,
+    k: usize,
+    updates: usize,
+    tolerance: f64,
+    outliers: f64,
+) {
     let config = DqnConfig::default();
     let hp = agents(k);
     let mut population = Dqn::population(spec(k), config.clone(), &hp, Device::Cpu);
@@ -115,31 +125,52 @@ fn compare(spec: fn(usize) -> NetworkSpec, k: usize, updates: usize, tolerance: 
         ] {
             let row = a.narrow(0, i as i64, 1);
             assert_eq!(row.size(), [1, p]);
-            let err = (&row - b).abs().max().double_value(&[]);
+            let diff = (&row - b).abs();
+            let err = diff.max().double_value(&[]);
             let scale = b.abs().max().double_value(&[]).max(1e-3);
-            eprintln!("K = {k}, agent {i}: {what} differs by {err:.2e} (scale {scale:.2e})");
+            let bound = tolerance * scale.max(1.0);
+            let past = diff.gt(bound).sum(Kind::Int64).int64_value(&[]);
+            eprintln!(
+                "K = {k}, agent {i}: {what} differs by {err:.2e} (scale {scale:.2e}); {past} of {p} past {bound:.1e}"
+            );
             assert!(
-                err <= tolerance * scale.max(1.0),
-                "K = {k}, agent {i}: {what} differs by {err} (scale {scale})"
+                past as f64 <= outliers * p as f64,
+                "K = {k}, agent {i}: {what}: {past} of {p} values differ by more than {bound:.1e} (at most {err}, scale {scale})"
             );
         }
-        // The agent did learn (its parameters moved from where they started).
+        // The agent did learn (its parameters moved from where they started), and far
+        // more of them moved past the bound than the outliers it lets through.
         let start = Dqn::population(spec(1), config.clone(), &hp[i..=i], Device::Cpu).state();
         assert!(!start.online.allclose(&one.online, 0.0, 1e-7, false));
+        let scale = one.online.abs().max().double_value(&[]).max(1.0);
+        let moved = (&start.online - &one.online)
+            .abs()
+            .gt(tolerance * scale)
+            .sum(Kind::Int64)
+            .int64_value(&[]) as f64
+            / p as f64;
+        eprintln!(
+            "K = {k}, agent {i}: {:.1}% of the parameters moved past the bound",
+            100.0 * moved
+        );
+        assert!(
+            moved >= 100.0 * outliers,
+            "only {moved} of the parameters moved"
+        );
     }
 }
 
 #[test]
 fn mlp_agents_learn_as_they_would_alone() {
     for k in [1, 3, 8] {
-        compare(mlp, k, 12, 1e-5);
+        compare(mlp, k, 12, 1e-5, 0.0);
     }
 }
 
 #[test]
 fn cnn_agents_learn_as_they_would_alone() {
     for k in [1, 3, 8] {
-        compare(cnn, k, 4, 1e-4);
+        compare(cnn, k, 4, 1e-4, 1e-3);
     }
 }
 
