@@ -195,10 +195,11 @@ impl std::fmt::Display for RunSummary {
         if r.priority_updates + r.stale_priority_updates + r.invalid_priorities > 0 {
             writeln!(
                 f,
-                "  priorities:      {} updated by TD error, {} stale (item overwritten since sampled), {} invalid (replaced, not stored); largest {:.3}",
+                "  priorities:      {} updated by TD error, {} stale (item overwritten since sampled), {} invalid (replaced, not stored), {} from actors clamped; largest {:.3}",
                 r.priority_updates,
                 r.stale_priority_updates,
                 r.invalid_priorities,
+                r.clamped_priorities,
                 r.max_priority,
             )?;
         }

@@ -27,6 +27,7 @@ struct Fixture {
     addr: SocketAddr,
     table: Arc<Table>,
     params: Arc<ParamsCell>,
+    steps: Arc<StepCounter>,
     board: Arc<ActorBoard>,
     episodes: crossbeam_channel::Receiver<EpisodeStats>,
 }
@@ -81,6 +82,7 @@ fn fixture_routed(
     }));
     let (tx, episodes) = crossbeam_channel::bounded(1024);
     let board = Arc::new(ActorBoard::default());
+    let steps = Arc::new(StepCounter::default());
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.handshake_timeout = Duration::from_secs(2);
     configure(&mut cfg);
@@ -95,7 +97,7 @@ fn fixture_routed(
             routes: routes(Route {
                 table: Arc::clone(&table),
                 params: Arc::clone(&params),
-                steps: Arc::new(StepCounter::default()),
+                steps: Arc::clone(&steps),
             }),
             episodes: tx,
             board: Arc::clone(&board),
@@ -107,6 +109,7 @@ fn fixture_routed(
         server: Some(server),
         table,
         params,
+        steps,
         board,
         episodes,
     }
@@ -371,6 +374,43 @@ fn bad_input_closes_that_connection_alone_with_a_reason() {
     );
 
     good_actor_still_works(&f, &mut good);
+}
+
+#[test]
+fn only_stored_transitions_count_as_env_steps() {
+    let f = fixture(Some("s3cret"));
+    let mut c = WireClient::connect(f.addr);
+    let w = c.join("s3cret");
+    // A batch may pass the welcome's size by a step and an n-step flush per environment.
+    let most = w.batch_rows as usize + 4 * (w.n_step as usize + 1);
+    // 100,000 transitions pointing at one observation row: past the welcome's limit
+    // (and past a shard). Refused, and not one of them counts as a step (a run's step
+    // budget would end it).
+    let mut b = batch(1, 4);
+    for _ in 1..100_000 {
+        b.obs_index.push(0);
+        b.next_index.push(0);
+        b.actions.push(0);
+        b.rewards.push(0.0);
+        b.discounts.push(0.99);
+    }
+    c.send(&ActorMsg::Transitions(b));
+    let r = c.refused().unwrap();
+    assert_eq!(r.code, RefusalCode::ProtocolViolation);
+    assert!(
+        r.message.contains("a batch of 100000 transitions")
+            && r.message.contains(&format!("at most {most}")),
+        "{r}"
+    );
+    assert_eq!((f.steps.get(), f.table.len()), (0, 0));
+    // The largest batch the welcome allows is stored and counted.
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("s3cret");
+    c.send(&ActorMsg::Transitions(batch(most, 4)));
+    wait_until("the batch is stored", LIMIT, || f.table.len() >= most);
+    wait_until("its steps are counted", LIMIT, || {
+        f.steps.get() == most as u64
+    });
 }
 
 #[test]
@@ -644,4 +684,16 @@ fn prioritized_replay_asks_actors_for_priorities_and_screens_them() {
         stored.iter().all(|p| p.is_finite() && *p >= 0.0),
         "{stored:?}"
     );
+    // A peer's 3.4e38 is stored at the bound (ten times the learner's largest, 1 before
+    // any update) and counted: replay's running maximum, which every new item gets, and
+    // so everyone else's importance weights stay as they were.
+    let mut b = batch(16, 4);
+    b.seq = 1;
+    b.priorities = vec![0.5; 16];
+    b.priorities[5] = 3.4e38;
+    c.send(&ActorMsg::Transitions(b));
+    wait_until("the second batch is stored", LIMIT, || f.table.len() >= 32);
+    let stats = f.table.stats();
+    assert_eq!(stats.clamped_priorities, 1);
+    assert_eq!(stats.max_priority, millrace_replay::ACTOR_PRIORITY_HEADROOM);
 }

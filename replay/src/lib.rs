@@ -24,4 +24,5 @@ pub use shard::{Cursor, OutOfMemory, SampleBuffers, Shard, TooLarge};
 pub use sum_tree::Prioritized;
 pub use table::{
     Closed, PriorityConfig, PriorityUpdate, ReplayConfig, ReplayError, ReplayStats, Table,
+    ACTOR_PRIORITY_HEADROOM,
 };

@@ -315,13 +315,14 @@ impl Shard {
     }
 
     /// Copies a (validated) batch in, evicting the oldest batches to make room. Items
-    /// get the batch's priorities, or `default_priority` where it has none or an invalid
-    /// one (negative or not finite). Returns how
+    /// get the batch's priorities (at most `cap`), or `default_priority` where it has
+    /// none or an invalid one (negative or not finite). Returns how
     /// many transitions were stored (in frame mode, those whose stacks can be rebuilt).
     pub fn insert(
         &mut self,
         batch: &TransitionBatch,
         default_priority: f64,
+        cap: f64,
     ) -> Result<usize, TooLarge> {
         let (items, rows) = (batch.len(), batch.obs_rows());
         if items > self.capacity || rows > self.row_capacity {
@@ -395,7 +396,7 @@ impl Shard {
                 .get(i)
                 .map(|p| f64::from(*p))
                 .filter(|p| p.is_finite() && *p >= 0.0)
-                .unwrap_or(default_priority);
+                .map_or(default_priority, |p| p.min(cap));
             self.selector.insert(dst, priority);
             self.next_seq += 1;
         }
@@ -765,13 +766,13 @@ mod tests {
     #[test]
     fn wraparound_evicts_whole_oldest_batches() {
         let mut shard = shard(5, 10);
-        shard.insert(&batch(0..3), 1.0).unwrap();
+        shard.insert(&batch(0..3), 1.0, f64::INFINITY).unwrap();
         assert_eq!((shard.len(), shard.obs_len()), (3, 6));
         // 3 + 2 items fit, and 6 + 4 rows do: no eviction yet.
-        shard.insert(&batch(3..5), 1.0).unwrap();
+        shard.insert(&batch(3..5), 1.0, f64::INFINITY).unwrap();
         assert_eq!((shard.len(), shard.obs_len()), (5, 10));
         // The next batch needs room: the oldest batch (0..3) goes as a whole.
-        shard.insert(&batch(5..7), 1.0).unwrap();
+        shard.insert(&batch(5..7), 1.0, f64::INFINITY).unwrap();
         assert_eq!((shard.len(), shard.obs_len()), (4, 8));
         let out = gather_all(&shard);
         assert_eq!(
@@ -793,7 +794,7 @@ mod tests {
     #[test]
     fn keys_name_items_until_they_are_evicted() {
         let mut shard = shard(5, 10);
-        shard.insert(&batch(0..3), 1.0).unwrap();
+        shard.insert(&batch(0..3), 1.0, f64::INFINITY).unwrap();
         let out = gather_all(&shard);
         assert_eq!(out.5[1], ItemKey::new(3, 1), "item 1 of shard 3");
         for (key, action) in out.5.iter().zip(&out.2) {
@@ -801,8 +802,8 @@ mod tests {
             assert!(shard.position(*key).is_some());
         }
         // Evict the first batch: its keys go stale, and updates through them do nothing.
-        shard.insert(&batch(3..5), 1.0).unwrap();
-        shard.insert(&batch(5..7), 1.0).unwrap();
+        shard.insert(&batch(3..5), 1.0, f64::INFINITY).unwrap();
+        shard.insert(&batch(5..7), 1.0, f64::INFINITY).unwrap();
         assert_eq!(shard.position(ItemKey::new(3, 0)), None);
         assert!(!shard.update(ItemKey::new(3, 2), 5.0), "stale key");
         assert!(shard.update(ItemKey::new(3, 5), 5.0), "live key");
@@ -830,7 +831,9 @@ mod tests {
     fn shared_rows_cost_one_observation_per_transition() {
         let mut shard = shard(1000, 1100);
         for k in 0..40 {
-            shard.insert(&chain(k * 100, 99), 1.0).unwrap();
+            shard
+                .insert(&chain(k * 100, 99), 1.0, f64::INFINITY)
+                .unwrap();
         }
         // Ten batches of 99 items with 100 rows each fit; older ones were evicted.
         assert_eq!((shard.len(), shard.obs_len()), (990, 1000));
@@ -848,7 +851,7 @@ mod tests {
         for k in 0..7 {
             let mut b = chain(k * 10, 3);
             b.version = k as u64;
-            shard.insert(&b, 1.0).unwrap();
+            shard.insert(&b, 1.0, f64::INFINITY).unwrap();
         }
         let mut copy = Shard::new(3, 10, 16, 4, 1, Box::new(Uniform::new(10))).unwrap();
         let batches: Vec<_> = shard.batches().collect();
@@ -856,7 +859,7 @@ mod tests {
         assert_eq!(batches[0].version, 4);
         for b in &batches {
             b.validate(4, 1).unwrap();
-            copy.insert(b, 1.0).unwrap();
+            copy.insert(b, 1.0, f64::INFINITY).unwrap();
         }
         let (a, b) = (gather_all(&shard), gather_all(&copy));
         assert_eq!((&a.0, &a.1, &a.2), (&b.0, &b.1, &b.2));
@@ -868,7 +871,7 @@ mod tests {
         let end = shard.end();
         let (first, next) = shard.batch_from(Cursor::default(), end).unwrap();
         assert_eq!(first.actions, [40, 41, 42]);
-        shard.insert(&chain(70, 3), 1.0).unwrap();
+        shard.insert(&chain(70, 3), 1.0, f64::INFINITY).unwrap();
         let (second, next) = shard.batch_from(next, end).unwrap();
         assert_eq!(
             second.actions,
@@ -886,10 +889,10 @@ mod tests {
     #[test]
     fn a_batch_larger_than_the_shard_is_refused_and_nothing_changes() {
         let mut shard = shard(4, 8);
-        shard.insert(&batch(0..2), 1.0).unwrap();
-        assert!(shard.insert(&batch(0..10), 1.0).is_err());
+        shard.insert(&batch(0..2), 1.0, f64::INFINITY).unwrap();
+        assert!(shard.insert(&batch(0..10), 1.0, f64::INFINITY).is_err());
         assert!(
-            shard.insert(&chain(0, 4), 1.0).is_ok(),
+            shard.insert(&chain(0, 4), 1.0, f64::INFINITY).is_ok(),
             "4 items, 5 rows fit alone"
         );
         assert_eq!((shard.len(), shard.obs_len()), (4, 5));
@@ -976,11 +979,12 @@ mod tests {
                     &[(1, 2, 1)],
                 ),
                 1.0,
+                f64::INFINITY,
             )
             .unwrap();
         // The next batch links to frames the first one carried.
         shard
-            .insert(&frames(1, &[(13, 3, 2)], &[(2, 3, 2)]), 1.0)
+            .insert(&frames(1, &[(13, 3, 2)], &[(2, 3, 2)]), 1.0, f64::INFINITY)
             .unwrap();
         assert_eq!(
             stacks(&shard),
@@ -997,6 +1001,7 @@ mod tests {
                     &[(3, 4, 3), (4, 5, 4), (3, 5, 5)],
                 ),
                 1.0,
+                f64::INFINITY,
             )
             .unwrap();
         assert_eq!(
@@ -1018,13 +1023,18 @@ mod tests {
             .insert(
                 &frames(1, &[(50, 5, NO_FRAME), (51, 6, 5)], &[(6, 6, 1)]),
                 1.0,
+                f64::INFINITY,
             )
             .unwrap();
         // Numbers that go back: the actor started a new stream (it reconnected), so the
         // old stream's frame 6 is not this one's.
         let new = [(60, 0, NO_FRAME), (61, 1, 0), (62, 7, 1)];
         let kept = shard
-            .insert(&frames(1, &new, &[(1, 7, 2), (6, 7, 3)]), 1.0)
+            .insert(
+                &frames(1, &new, &[(1, 7, 2), (6, 7, 3)]),
+                1.0,
+                f64::INFINITY,
+            )
             .unwrap();
         assert_eq!(kept, 1);
         // A link into a frame never sent; another actor's numbers.
@@ -1032,10 +1042,13 @@ mod tests {
             .insert(
                 &frames(1, &[(63, 8, 7), (64, 10, 9)], &[(7, 8, 4), (8, 10, 5)]),
                 1.0,
+                f64::INFINITY,
             )
             .unwrap();
         assert_eq!(kept, 1);
-        let kept = shard.insert(&frames(2, &[], &[(1, 1, 6)]), 1.0).unwrap();
+        let kept = shard
+            .insert(&frames(2, &[], &[(1, 1, 6)]), 1.0, f64::INFINITY)
+            .unwrap();
         assert_eq!(kept, 0);
         assert_eq!(shard.dropped(), 3);
         assert_eq!(
@@ -1067,7 +1080,11 @@ mod tests {
                     vec![(last[a], n, i64::from(value))]
                 };
                 shard
-                    .insert(&frames(actor, &[(value, n, last[a])], &items), 1.0)
+                    .insert(
+                        &frames(actor, &[(value, n, last[a])], &items),
+                        1.0,
+                        f64::INFINITY,
+                    )
                     .unwrap();
                 last[a] = n;
             }
@@ -1077,7 +1094,7 @@ mod tests {
         let mut copy = frame_shard(6, 9);
         for b in shard.batches() {
             b.validate(2, 2).unwrap();
-            copy.insert(&b, 1.0).unwrap();
+            copy.insert(&b, 1.0, f64::INFINITY).unwrap();
         }
         assert_eq!(stacks(&copy), before);
         assert_eq!((copy.obs_len(), copy.dropped()), (shard.obs_len(), 0));
@@ -1087,9 +1104,11 @@ mod tests {
     fn a_transition_reaching_into_overwritten_rows_is_dropped_alone() {
         let mut shard = frame_shard(8, 6);
         let chain = [(10, 0, NO_FRAME), (11, 1, 0), (12, 2, 1), (13, 3, 2)];
-        shard.insert(&frames(1, &chain, &[(1, 2, 1)]), 1.0).unwrap();
         shard
-            .insert(&frames(1, &[(14, 4, 3)], &[(3, 4, 2)]), 1.0)
+            .insert(&frames(1, &chain, &[(1, 2, 1)]), 1.0, f64::INFINITY)
+            .unwrap();
+        shard
+            .insert(&frames(1, &[(14, 4, 3)], &[(3, 4, 2)]), 1.0, f64::INFINITY)
             .unwrap();
         // Two more rows overwrite row 0: the first batch's item (it reads 10) goes,
         // and so does a transition reaching back to 10, but nothing else: the second
@@ -1098,6 +1117,7 @@ mod tests {
             .insert(
                 &frames(1, &[(15, 5, 4), (16, 6, 5)], &[(5, 6, 3), (1, 6, 4)]),
                 1.0,
+                f64::INFINITY,
             )
             .unwrap();
         assert_eq!((kept, shard.dropped()), (1, 1));

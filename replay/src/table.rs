@@ -127,6 +127,9 @@ pub struct ReplayStats {
     /// Priorities that were negative or not finite (from actors or the learner):
     /// replaced by the running maximum, never stored.
     pub invalid_priorities: u64,
+    /// Actors' priorities above [`ACTOR_PRIORITY_HEADROOM`] times the largest the
+    /// learner has set: stored at that bound.
+    pub clamped_priorities: u64,
     /// The largest priority seen so far: what items arriving without one get.
     pub max_priority: f64,
 }
@@ -228,9 +231,13 @@ pub struct Table {
     priority: Option<PriorityConfig>,
     beta: AtomicF64,
     max_priority: AtomicF64,
+    /// The largest priority the learner has set (or a restored replay held): what
+    /// bounds the actors' priorities.
+    learner_max_priority: AtomicF64,
     priority_updates: AtomicU64,
     stale_priority_updates: AtomicU64,
     invalid_priorities: AtomicU64,
+    clamped_priorities: AtomicU64,
 }
 
 impl std::fmt::Debug for Table {
@@ -245,6 +252,14 @@ impl std::fmt::Debug for Table {
 /// The running maximum priority starts here (the priority of the first items inserted
 /// without one). Uniform replay ignores priorities.
 const INITIAL_MAX_PRIORITY: f64 = 1.0;
+
+/// An actor's initial priority (its own n-step TD error) is stored at most this many
+/// times the largest priority the learner has set (or [`INITIAL_MAX_PRIORITY`] before
+/// its first update): an honest actor's estimate is of the learner's order, and one
+/// peer's 3.4e38 would otherwise become replay's running maximum, the priority of every
+/// new item, and shrink every other item's importance weight towards 0. Clamped
+/// priorities are counted ([`ReplayStats::clamped_priorities`]).
+pub const ACTOR_PRIORITY_HEADROOM: f64 = 10.0;
 
 impl Table {
     /// Allocates every shard's storage up front; a capacity the allocator refuses is
@@ -296,9 +311,11 @@ impl Table {
             priority: config.priority,
             beta: AtomicF64::new(config.priority.map_or(0.0, |p| p.beta)),
             max_priority: AtomicF64::new(INITIAL_MAX_PRIORITY),
+            learner_max_priority: AtomicF64::new(INITIAL_MAX_PRIORITY),
             priority_updates: AtomicU64::new(0),
             stale_priority_updates: AtomicU64::new(0),
             invalid_priorities: AtomicU64::new(0),
+            clamped_priorities: AtomicU64::new(0),
         })
     }
 
@@ -323,16 +340,29 @@ impl Table {
     }
 
     /// Counts a batch's invalid priorities (the shard stores the running maximum in
-    /// their place) and raises the running maximum to its valid ones.
-    fn screen_priorities(&self, batch: &TransitionBatch) {
+    /// their place), bounds an actor's (`from_actor`) at [`ACTOR_PRIORITY_HEADROOM`]
+    /// times the learner's largest, counting those it clamps, and raises the running
+    /// maximum to the valid ones as stored. Returns the bound the shard applies. A
+    /// restored replay's priorities (`!from_actor`) are the learner's own: unbounded,
+    /// and they raise the learner's maximum.
+    fn screen_priorities(&self, batch: &TransitionBatch, from_actor: bool) -> f64 {
+        let cap = if from_actor {
+            ACTOR_PRIORITY_HEADROOM * self.learner_max_priority.get()
+        } else {
+            f64::INFINITY
+        };
         if self.priority.is_none() || batch.priorities.is_empty() {
-            return;
+            return cap;
         }
-        let mut invalid = 0;
+        let (mut invalid, mut clamped) = (0, 0);
         let mut max = f64::NEG_INFINITY;
         for p in &batch.priorities {
             if p.is_finite() && *p >= 0.0 {
-                max = max.max(f64::from(*p));
+                let p = f64::from(*p);
+                if p > cap {
+                    clamped += 1;
+                }
+                max = max.max(p.min(cap));
             } else {
                 invalid += 1;
             }
@@ -341,7 +371,15 @@ impl Table {
             self.invalid_priorities
                 .fetch_add(invalid, Ordering::Relaxed);
         }
+        if clamped > 0 {
+            self.clamped_priorities
+                .fetch_add(clamped, Ordering::Relaxed);
+        }
         self.max_priority.raise(max);
+        if !from_actor {
+            self.learner_max_priority.raise(max);
+        }
+        cap
     }
 
     fn gate(&self) -> MutexGuard<'_, Gate> {
@@ -377,11 +415,12 @@ impl Table {
         Ok(())
     }
 
-    /// Stores a batch in one shard; returns how many transitions it kept.
-    fn store(&self, shard: usize, batch: &TransitionBatch) -> Result<usize, ReplayError> {
+    /// Stores a batch in one shard, its priorities bounded by `cap`; returns how many
+    /// transitions it kept.
+    fn store(&self, shard: usize, batch: &TransitionBatch, cap: f64) -> Result<usize, ReplayError> {
         let default = self.max_priority.get();
         let mut s = self.shard(shard);
-        let kept = s.insert(batch, default)?;
+        let kept = s.insert(batch, default, cap)?;
         self.gauges[shard].set(&s);
         Ok(kept)
     }
@@ -428,19 +467,19 @@ impl Table {
     }
 
     fn insert_now(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
-        self.screen_priorities(batch);
+        let cap = self.screen_priorities(batch, true);
         let shards = self.shards.len();
         if batch.frames.is_none() {
             let shard =
                 (u64::from(batch.actor_id).wrapping_add(batch.seq) % shards as u64) as usize;
-            self.store(shard, batch)?;
+            self.store(shard, batch, cap)?;
         } else if shards == 1 {
-            self.store(0, batch)?;
+            self.store(0, batch, cap)?;
         } else {
             // Each environment's frames stay in one shard, where its later frames link
             // to them; an actor's environments spread over all shards.
             for (shard, part) in crate::split::by_environment(batch, shards) {
-                self.store(shard, &part)?;
+                self.store(shard, &part, cap)?;
             }
         }
         // The limiter counts transitions sent (stored, or dropped for frames that were
@@ -581,6 +620,7 @@ impl Table {
             }
         }
         self.max_priority.raise(max);
+        self.learner_max_priority.raise(max);
         let max = self.max_priority.get();
         for s in 0..self.shards.len() {
             let mine = keys
@@ -676,8 +716,8 @@ impl Table {
         if Self::holds_nothing(batch) {
             return Ok(());
         }
-        self.screen_priorities(batch);
-        self.store(shard % self.shards.len(), batch)?;
+        let cap = self.screen_priorities(batch, false);
+        self.store(shard % self.shards.len(), batch, cap)?;
         // Under the gate, like every other wake-up: a sampler between its check and its
         // wait holds it, so it cannot miss this one.
         let _gate = self.gate();
@@ -756,6 +796,7 @@ impl Table {
             priority_updates: self.priority_updates.load(Ordering::Relaxed),
             stale_priority_updates: self.stale_priority_updates.load(Ordering::Relaxed),
             invalid_priorities: self.invalid_priorities.load(Ordering::Relaxed),
+            clamped_priorities: self.clamped_priorities.load(Ordering::Relaxed),
             max_priority: self.max_priority.get(),
         }
     }
@@ -1178,7 +1219,8 @@ mod tests {
         // of magnitude. P(i) = p_i^α / Σ p^α over the whole table, whatever the shard.
         let alpha = 0.6;
         let t = prioritized(3000, 3, alpha, 0.4);
-        let priority = |v: i64| 0.01 + (v % 17) as f32 * 0.7 + if v % 50 == 0 { 20.0 } else { 0.0 };
+        // (Within the bound on actors' priorities, ten times the learner's initial 1.)
+        let priority = |v: i64| 0.01 + (v % 17) as f32 * 0.1 + if v % 50 == 0 { 8.0 } else { 0.0 };
         let mut next = 0;
         for (actor, size) in [(0u32, 60), (1, 120), (2, 220)] {
             // Actor a's first batch goes to shard a.
@@ -1265,6 +1307,56 @@ mod tests {
         // 40,000 draws over 80 items, 500 each: stratified over equal weights, so
         // every item gets within a few of 500.
         assert!(counts.iter().all(|c| (450..=550).contains(c)), "{counts:?}");
+    }
+
+    #[test]
+    fn an_actors_priority_is_bounded_by_the_learners_largest() {
+        let t = prioritized(100, 1, 0.6, 0.4);
+        // Before any update the learner's largest is the initial 1: the bound is 10.
+        t.insert(&with_priorities(0, 0, 0..3, |v| {
+            [3.4e38, 2.0, 50.0][v as usize]
+        }))
+        .unwrap();
+        let stats = t.stats();
+        assert_eq!(stats.clamped_priorities, 2);
+        assert_eq!(stats.max_priority, ACTOR_PRIORITY_HEADROOM);
+        let stored = priorities_by_action(&t);
+        assert_eq!(stored, [(0, 10.0), (1, 2.0), (2, 10.0)]);
+        // Poisoned batches one after another do not ratchet the bound up.
+        for seq in 1..5 {
+            t.insert(&with_priorities(
+                0,
+                seq,
+                2 + seq as i64..3 + seq as i64,
+                |_| f32::MAX,
+            ))
+            .unwrap();
+        }
+        assert_eq!(t.stats().max_priority, ACTOR_PRIORITY_HEADROOM);
+        assert_eq!(t.stats().clamped_priorities, 6);
+        // The learner's TD errors move the bound: 40 makes it 400.
+        let mut out = scratch(4);
+        t.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            .unwrap();
+        t.update_priorities(&out.keys, &[40.0; 4]);
+        t.insert(&with_priorities(0, 5, 7..8, |_| 3.4e38)).unwrap();
+        assert_eq!(priorities_by_action(&t)[7], (7, 400.0));
+        // An item without a priority gets the running maximum, not 3.4e38: a sampled
+        // batch's importance weights stay of the order of the priorities' spread.
+        let mut plain = batch(0, 8..9);
+        plain.seq = 6;
+        t.insert(&plain).unwrap();
+        assert_eq!(priorities_by_action(&t)[8], (8, 400.0));
+        let mut out = scratch(64);
+        t.sample(&mut SmallRng::seed_from_u64(1), &mut out.buffers())
+            .unwrap();
+        let least = out.weights.iter().copied().fold(f32::INFINITY, f32::min);
+        assert!(least > 0.05, "{:?}", out.weights);
+        // A restored replay's priorities are the learner's own: kept as they were.
+        let restored = prioritized(100, 1, 0.6, 0.4);
+        t.snapshot(|shard, b| restored.restore(shard, &b).unwrap());
+        assert_eq!(priorities_by_action(&restored), priorities_by_action(&t));
+        assert_eq!(restored.stats().clamped_priorities, 0);
     }
 
     #[test]

@@ -119,6 +119,8 @@ struct Session {
     agent: u32,
     envs: usize,
     n_step: u32,
+    /// Transitions per batch the welcome asked for.
+    batch_rows: u32,
 }
 
 impl Connection {
@@ -146,7 +148,12 @@ impl Connection {
             }
         };
         let cfg = &self.shared.cfg;
-        let (id, agent, n_step) = (welcome.env_indices[0], welcome.agent, welcome.n_step);
+        let (id, agent, n_step, batch_rows) = (
+            welcome.env_indices[0],
+            welcome.agent,
+            welcome.n_step,
+            welcome.batch_rows,
+        );
         let indices = welcome.env_indices.clone();
         tracing::info!(
             "{peer}: actor {:?} joined for agent {agent} with {} envs (exploration indices {}..={})",
@@ -199,6 +206,7 @@ impl Connection {
             agent,
             envs: indices.len(),
             n_step,
+            batch_rows,
         };
         let outcome = self.session(&mut rd, session, &route, &mut received).await;
         drop(route);
@@ -486,6 +494,7 @@ impl Connection {
             agent,
             envs,
             n_step,
+            batch_rows,
         }: Session,
         route: &SessionRoute,
         received: &mut u64,
@@ -504,6 +513,10 @@ impl Connection {
         // would let one actor flush replay past the rate limiter (which counts
         // transitions).
         let carried = envs * (n_step as usize + 1);
+        // An actor hands a batch on once it holds the welcome's `batch_rows`; the step
+        // that completes it may add one transition per environment and flush up to
+        // n_step more per environment (episodes that end).
+        let most = batch_rows as usize + envs * (n_step as usize + 1);
         let stack = ctx.env.frame_stack.max(1);
         let num_actions = ctx.env.num_actions;
         let mut stop = self.stop.clone();
@@ -540,6 +553,14 @@ impl Connection {
             };
             match msg {
                 ActorMsg::Transitions(mut batch) => {
+                    // Checked first: nothing of a batch counts before it is stored.
+                    if batch.len() > most {
+                        return Outcome::Refused(violation(format!(
+                            "a batch of {} transitions; this session's batches hold at most {most} \
+                             ({batch_rows} asked for, {envs} environments, {n_step}-step)",
+                            batch.len()
+                        )));
+                    }
                     if let Err(e) = batch
                         .validate(row_bytes, ctx.env.frame_stack)
                         .and_then(|()| batch.check_values(num_actions))
@@ -561,14 +582,17 @@ impl Connection {
                     // whatever the actor claims.
                     batch.actor_id = stream;
                     batch.agent = agent;
-                    *received += batch.len() as u64;
-                    steps.add(batch.len() as u64);
                     let table = Arc::clone(table);
                     // Blocks while the rate limiter holds inserts back: this connection
                     // stops reading, and TCP pushes back on this actor alone. The frame's
                     // budget is held until the batch is stored.
                     match tokio::task::block_in_place(|| table.insert(&batch)) {
-                        Ok(()) => {}
+                        // Env steps count once their transitions are stored: a refused
+                        // batch cannot end a run by its step budget.
+                        Ok(()) => {
+                            *received += batch.len() as u64;
+                            steps.add(batch.len() as u64);
+                        }
                         // Replay closes as the run ends, after the goodbye is announced.
                         Err(ReplayError::Closed) => {
                             if route.ended.as_ref().is_some_and(|e| *e.borrow()) {
