@@ -273,6 +273,13 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         Ok(c) => c,
         Err(reason) => return End::Incompatible(reason),
     };
+    // The learner's frames (its parameters first of all) may be as large as the limit it
+    // announced for ours: a pixel network's parameters pass the handshake's 16 MiB.
+    let read_limit = usize::try_from(welcome.max_frame)
+        .unwrap_or(usize::MAX)
+        .max(cfg.max_frame)
+        .min(millrace_proto::codec::MAX_FRAME_CEILING);
+    rd.set_max_frame(read_limit);
     cfg.status.connected();
     tracing::info!(
         "connected to {} (run {}): {} envs, exploration indices {}..={}, params version {}",
@@ -457,6 +464,9 @@ fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> 
     } else if !supported(&env::capabilities(), &w.env.id) {
         return Err(env::EnvError::NoBridge(w.env.id.clone()).to_string());
     }
+    w.network
+        .validate()
+        .map_err(|e| format!("the learner's network: {e}"))?;
     if w.env_indices.is_empty() || w.env_indices.len() != w.epsilons.len() {
         return Err("the learner handed out no exploration indices".into());
     }

@@ -17,6 +17,13 @@
 use millrace_proto::NetworkSpec;
 use tch::{Device, Kind, Tensor};
 
+/// Most actions a dueling head combines (its matrix holds (A + 1) x A floats: 64 MiB
+/// at this many).
+pub const MAX_ACTIONS: usize = 4096;
+
+/// Most entries of the stream mask (last hidden width x (A + 1)).
+const MAX_MASK: usize = 1 << 28;
+
 /// The streams and their combination, for one network.
 #[derive(Debug)]
 pub struct DuelingHead {
@@ -44,6 +51,18 @@ impl DuelingHead {
             ));
         }
         let a = published.num_actions;
+        // Sized before allocating (a spec may come from a file): the combining matrix
+        // is (A + 1) x A and the mask last x (A + 1).
+        if a == 0 || a > MAX_ACTIONS {
+            return Err(format!(
+                "a dueling head combines 1..={MAX_ACTIONS} actions, got {a}"
+            ));
+        }
+        if last.checked_mul(a + 1).is_none_or(|n| n > MAX_MASK) {
+            return Err(format!(
+                "a dueling head over a last hidden layer of {last} and {a} actions is too large"
+            ));
+        }
         let mut internal = published.clone();
         internal.num_actions = a + 1;
         let mut m = vec![0f32; (a + 1) * a];
@@ -171,6 +190,23 @@ mod tests {
             .contains("even"));
         odd.hidden = vec![];
         assert!(DuelingHead::new(&odd, Device::Cpu).is_err());
+    }
+
+    #[test]
+    fn a_huge_action_count_is_refused_before_allocating() {
+        // 200,000 actions: a 160 GB combining matrix, refused in one line.
+        let mut huge = spec();
+        huge.num_actions = 200_000;
+        let e = DuelingHead::new(&huge, Device::Cpu).unwrap_err();
+        assert!(e.contains("1..=4096 actions, got 200000"), "{e}");
+        huge.num_actions = 0;
+        assert!(DuelingHead::new(&huge, Device::Cpu).is_err());
+        let mut wide = spec();
+        wide.num_actions = 4096;
+        wide.hidden = vec![1 << 20];
+        assert!(DuelingHead::new(&wide, Device::Cpu)
+            .unwrap_err()
+            .contains("too large"));
     }
 
     #[test]

@@ -349,10 +349,38 @@ impl Sweep {
         if let Some((field, _)) = file.grid.iter().find(|(_, v)| v.is_empty()) {
             return Err(field_err(field, "an empty list of values"));
         }
-        let seeds: Vec<u64> = match file.seeds {
+        // Counted before anything is built from them: a grid's product, the draws and
+        // the seeds can each be huge.
+        let seed_count = match &file.seeds {
             Seeds::Count(0) => return Err(field_err("seeds", "at least one seed")),
-            Seeds::Count(n) => (0..n).collect(),
+            Seeds::Count(n) => usize::try_from(*n).unwrap_or(usize::MAX),
             Seeds::List(l) if l.is_empty() => return Err(field_err("seeds", "at least one seed")),
+            Seeds::List(l) => l.len(),
+        };
+        let points_count = file
+            .grid
+            .values()
+            .try_fold(1usize, |n, values| n.checked_mul(values.len()));
+        let draws_count = file.random.as_ref().map_or(1, |r| r.samples);
+        let agents_count = points_count
+            .and_then(|p| p.checked_mul(draws_count))
+            .and_then(|c| c.checked_mul(seed_count));
+        if agents_count.is_none_or(|n| n > MAX_AGENTS) {
+            let grid: Vec<String> = file
+                .grid
+                .iter()
+                .map(|(f, v)| format!("{} {f}", v.len()))
+                .collect();
+            return Err(field_err(
+                "seeds",
+                &format!(
+                    "a grid of [{}] × {draws_count} random draws × {seed_count} seeds is over {MAX_AGENTS} agents",
+                    grid.join(", ")
+                ),
+            ));
+        }
+        let seeds: Vec<u64> = match file.seeds {
+            Seeds::Count(n) => (0..n).collect(),
             Seeds::List(l) => l,
         };
         if file.max_steps == Some(0) {
@@ -411,16 +439,7 @@ impl Sweep {
                     .collect()
             }
         };
-        let configs = points.len().saturating_mul(draws.len());
-        if configs.saturating_mul(seeds.len()) > MAX_AGENTS {
-            return Err(field_err(
-                "seeds",
-                &format!(
-                    "{configs} configurations × {} seeds is over {MAX_AGENTS} agents",
-                    seeds.len()
-                ),
-            ));
-        }
+        let configs = points.len() * draws.len();
         let mut agents = Vec::with_capacity(configs * seeds.len());
         for (c, (point, draw)) in points
             .iter()
@@ -541,6 +560,28 @@ mod tests {
             s.agents[0].hparams.target,
             TargetUpdate::Polyak { tau: 0.01 }
         );
+    }
+
+    #[test]
+    fn huge_sweeps_are_refused_before_anything_is_built() {
+        // 100^6 grid points, 10^15 draws, 10^18 seeds: each refused at once, in one line.
+        let values: Vec<String> = (0..100).map(|i| format!("{}e-4", i + 1)).collect();
+        let list = values.join(", ");
+        let grid = format!(
+            "seeds = 1\n[grid]\nlr = [{list}]\ntau = [{list}]\nmax_grad_norm = [{list}]\n\
+             gamma = [{list}]\nsamples_per_insert = [{list}]\nn_step = [{list}]\n"
+        );
+        for text in [
+            grid.as_str(),
+            "seeds = 1\n[random]\nsamples = 1000000000000000\nlr = { uniform = [1e-4, 1e-3] }\n",
+            "seeds = 1000000000000000000\n",
+            "seeds = 2\n[random]\nsamples = 18446744073709551615\nlr = { choice = [1e-3] }\n",
+        ] {
+            let start = std::time::Instant::now();
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains("agents") && !e.contains('\n'), "{e}");
+            assert!(start.elapsed() < std::time::Duration::from_secs(1), "{e}");
+        }
     }
 
     #[test]

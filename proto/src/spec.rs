@@ -93,6 +93,13 @@ impl SpecError {
     }
 }
 
+/// Most actions a network may have ([`NetworkSpec::validate`]).
+pub const MAX_ACTIONS: usize = 1 << 16;
+
+/// Most parameters a network may hold, all agents together ([`NetworkSpec::validate`]):
+/// 64 GiB of `f32`, far past any device.
+pub const MAX_PARAMS: usize = 1 << 34;
+
 /// One convolution of a pixel torso: `out_channels` filters of `kernel × kernel`,
 /// stride `stride`, no padding, ReLU after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,6 +246,65 @@ impl NetworkSpec {
         Ok(spec)
     }
 
+    /// Checks a spec read from a file or a peer before anything is sized from it: at
+    /// least one action and at most [`MAX_ACTIONS`], positive layer widths, kernels and
+    /// strides, convolutions that fit the image and give the head's input, and at most
+    /// [`MAX_PARAMS`] parameters in all. One line says what is wrong.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let bad = |what: String| Err(SpecError::BadValue(what));
+        if self.population == 0 {
+            return Err(SpecError::EmptyPopulation);
+        }
+        if self.num_actions == 0 || self.num_actions > MAX_ACTIONS {
+            return bad(format!(
+                "{} actions (a network has 1..={MAX_ACTIONS})",
+                self.num_actions
+            ));
+        }
+        if self.hidden.contains(&0) {
+            return Err(SpecError::BadHidden(self.hidden.clone()));
+        }
+        if let Some(l) = self
+            .conv
+            .iter()
+            .find(|l| l.kernel == 0 || l.stride == 0 || l.out_channels == 0)
+        {
+            return bad(format!(
+                "a convolution needs a positive kernel, stride and channel count, got {l:?}"
+            ));
+        }
+        if !self.conv.is_empty() {
+            if self.image.len() != 3 || self.image.contains(&0) {
+                return bad(format!(
+                    "a convolutional network needs [C, H, W] observations, got {:?}",
+                    self.image
+                ));
+            }
+            match self.conv_shapes().last() {
+                Some(&(c, h, w)) if h > 0 && w > 0 && c * h * w == self.obs_dim => {}
+                _ => {
+                    return bad(format!(
+                        "the convolutions {:?} over {:?} do not give the head's {} inputs",
+                        self.conv, self.image, self.obs_dim
+                    ))
+                }
+            }
+        } else if self.obs_dim == 0 {
+            return bad("a network needs at least one input".into());
+        }
+        match self
+            .checked_param_count()
+            .and_then(|p| p.checked_mul(self.population))
+        {
+            Some(n) if n <= MAX_PARAMS => Ok(()),
+            _ => bad(format!(
+                "{} agents of {:?} would hold more than {MAX_PARAMS} parameters",
+                self.population,
+                self.widths()
+            )),
+        }
+    }
+
     /// Parameters per agent, or `None` if counting them overflows (for specs read from
     /// files or the network, before anything is allocated from them).
     pub fn checked_param_count(&self) -> Option<usize> {
@@ -271,7 +337,12 @@ impl NetworkSpec {
         let mut dims = Vec::with_capacity(self.conv.len());
         if let [_, mut h, mut w] = self.image[..] {
             for l in &self.conv {
-                let out = |x: usize| x.checked_sub(l.kernel).map_or(0, |d| d / l.stride + 1);
+                // A stride of 0 (a crafted spec) fits nothing rather than dividing by 0.
+                let out = |x: usize| {
+                    x.checked_sub(l.kernel)
+                        .and_then(|d| d.checked_div(l.stride))
+                        .map_or(0, |q| q + 1)
+                };
                 (h, w) = (out(h), out(w));
                 dims.push((l.out_channels, h, w));
             }
@@ -459,6 +530,49 @@ mod tests {
             NetworkSpec::mlp(&obs(4), &[8], 2, 0),
             Err(SpecError::EmptyPopulation)
         );
+    }
+
+    #[test]
+    fn crafted_specs_are_refused_before_anything_is_sized_from_them() {
+        let image = ObsSpec {
+            shape: vec![4, 84, 84],
+            dtype: DType::U8,
+        };
+        let good = NetworkSpec::nature_cnn(&image, 6).unwrap();
+        assert_eq!(good.validate(), Ok(()));
+        assert_eq!(
+            NetworkSpec::mlp(&obs(4), &[8], 2, 3).unwrap().validate(),
+            Ok(())
+        );
+        // A stride of 0 fits nothing (it used to divide by zero) and is named.
+        let mut zero = good.clone();
+        zero.conv[1].stride = 0;
+        assert!(zero.conv_shapes()[1..]
+            .iter()
+            .all(|&(_, h, w)| h == 0 && w == 0));
+        let e = zero.validate().unwrap_err().to_string();
+        assert!(e.contains("positive kernel, stride"), "{e}");
+        let mut huge = NetworkSpec::mlp(&obs(4), &[8], 2, 1).unwrap();
+        huge.num_actions = 200_000;
+        assert!(huge
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("200000 actions"));
+        huge.num_actions = 0;
+        assert!(huge.validate().is_err());
+        let mut wide = NetworkSpec::mlp(&obs(4), &[8], 2, 1).unwrap();
+        wide.hidden = vec![1 << 20, 1 << 20];
+        assert!(wide
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("parameters"));
+        wide.hidden = vec![usize::MAX / 2, 4];
+        assert!(wide.validate().is_err(), "overflow is refused too");
+        let mut off = good.clone();
+        off.obs_dim += 1;
+        assert!(off.validate().unwrap_err().to_string().contains("head's"));
     }
 
     #[test]

@@ -270,6 +270,13 @@ pub enum Answer {
     WelcomeAndServe,
     /// Welcome the actor, then send parameters that do not fit its network.
     WelcomeWithBadParams,
+    /// As [`Answer::WelcomeThenGoodbye`], for a network whose parameters take a frame
+    /// of about 25 MiB: the welcome announces frames of up to 64 MiB (as a pixel
+    /// learner's does), past the handshake's 16 MiB.
+    LargeParamsThenGoodbye {
+        after_batches: usize,
+        goodbye: Goodbye,
+    },
 }
 
 /// What the fake learner saw.
@@ -313,7 +320,11 @@ impl FakeLearner {
 }
 
 fn send(stream: &mut TcpStream, msg: &LearnerMsg) {
-    if let Ok(frame) = codec::encode(msg, DEFAULT_MAX_FRAME) {
+    send_limited(stream, msg, DEFAULT_MAX_FRAME);
+}
+
+fn send_limited(stream: &mut TcpStream, msg: &LearnerMsg, max_frame: usize) {
+    if let Ok(frame) = codec::encode(msg, max_frame) {
         let _ = stream.write_all(&frame);
     }
 }
@@ -337,6 +348,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
         return;
     };
     let bad_params = matches!(answer, Answer::WelcomeWithBadParams);
+    let large = matches!(answer, Answer::LargeParamsThenGoodbye { .. });
     let (after, goodbye) = match answer {
         Answer::Refuse(r) => {
             last_word(stream, &LearnerMsg::Refused(r));
@@ -345,16 +357,26 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
         Answer::WelcomeThenGoodbye {
             after_batches,
             goodbye,
+        }
+        | Answer::LargeParamsThenGoodbye {
+            after_batches,
+            goodbye,
         } => (Some(after_batches), Some(goodbye)),
         Answer::WelcomeAndServe | Answer::WelcomeWithBadParams => (None, None),
     };
     let env = millrace_actor::env::spec("CartPole-v1").expect("a known env");
-    let network = NetworkSpec::mlp(&env.obs, &[8], env.num_actions, 1).expect("a valid network");
+    // 2,500 x 2,500: 6.3 M parameters, a 25 MiB frame.
+    let (hidden, max_frame): (&[usize], usize) = if large {
+        (&[2500, 2500], codec::MAX_FRAME_CEILING)
+    } else {
+        (&[8], DEFAULT_MAX_FRAME)
+    };
+    let network = NetworkSpec::mlp(&env.obs, hidden, env.num_actions, 1).expect("a valid network");
     let n = hello.capabilities.envs;
     let welcome = Welcome {
         env_config: millrace_proto::EnvConfig::new("CartPole-v1"),
         clip_rewards: false,
-        max_frame: 16 << 20,
+        max_frame: max_frame as u64,
         run_id: "fake".into(),
         env,
         network: network.clone(),
@@ -369,7 +391,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
         features: Vec::new(),
     };
     send(&mut stream, &LearnerMsg::Welcome(Box::new(welcome)));
-    send(
+    send_limited(
         &mut stream,
         &LearnerMsg::Params(Params {
             version: 1,
@@ -378,6 +400,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
             population: 1,
             data: vec![0.0; network.layout().len + usize::from(bad_params)],
         }),
+        max_frame,
     );
     let mut batches = 0;
     loop {

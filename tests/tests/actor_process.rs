@@ -128,6 +128,26 @@ fn an_actor_that_cannot_act_exits_instead_of_reconnecting() {
 }
 
 #[test]
+fn parameters_past_the_handshakes_frame_limit_are_read_up_to_the_welcomes() {
+    // A 25 MiB parameter frame, under the 64 MiB the welcome announces: the actor acts
+    // with it (its batches arrive) and leaves when the run is finished, on its first
+    // connection (it used to reject the frame and reconnect for ever).
+    let fake = FakeLearner::start(vec![Answer::LargeParamsThenGoodbye {
+        after_batches: 2,
+        goodbye: Goodbye {
+            reason: GoodbyeReason::RunFinished,
+            message: "solved".into(),
+        },
+    }]);
+    let out = exit(actor(&fake.addr));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("the run is finished: solved"), "{err}");
+    assert_eq!(fake.connections(), 1, "no reconnection: {err}");
+    assert!(fake.seen.batches.load(Ordering::SeqCst) >= 2);
+}
+
+#[test]
 fn a_learner_that_is_stopping_is_waited_for() {
     let stopping = Answer::WelcomeThenGoodbye {
         after_batches: 1,
