@@ -9,6 +9,7 @@ use indicatif::ProgressBar;
 use millrace_replay::Table;
 use millrace_telemetry::Endpoint;
 
+use crate::checkpoint::writer::WriterStats;
 use crate::evaluation::{EvalRecord, Purpose};
 use crate::server::ActorBoard;
 use crate::summary::RunSummary;
@@ -33,6 +34,8 @@ pub struct Metrics {
     monitor: Option<Arc<Endpoint>>,
     /// The last regular evaluation (mean return, parameters version), for the page.
     last_eval: Option<(f64, f64)>,
+    /// The checkpoint writer's counts, for the page (threaded runs).
+    checkpoints: Option<WriterStats>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -63,6 +66,7 @@ impl Metrics {
             last_sampled: 0,
             monitor,
             last_eval: None,
+            checkpoints: None,
         })
     }
 
@@ -78,6 +82,11 @@ impl Metrics {
         if let Some(m) = &self.monitor {
             m.set_not_ready(reason);
         }
+    }
+
+    /// The checkpoint writer's counts as of now, shown from the next tick on.
+    pub fn checkpoints(&mut self, stats: WriterStats) {
+        self.checkpoints = Some(stats);
     }
 
     /// Called often; records at most once per [`TICK_S`].
@@ -189,6 +198,7 @@ impl Metrics {
                 steps,
                 report.updates,
                 &replay,
+                self.checkpoints.as_ref(),
                 &scalars,
                 &actors,
             ));

@@ -6,6 +6,7 @@
 use millrace_replay::ReplayStats;
 use millrace_telemetry::{Exposition, Kind};
 
+use crate::checkpoint::writer::WriterStats;
 use crate::server::ActorEntry;
 
 /// What each TensorBoard scalar means, for the `# HELP` lines.
@@ -60,11 +61,13 @@ pub fn name(tag: &str) -> String {
     out
 }
 
-/// The page: counters first, then every scalar as a gauge, then the actors.
+/// The page: counters first (the checkpoint writer's where there is one), then every
+/// scalar as a gauge, then the actors.
 pub fn page(
     steps: u64,
     updates: u64,
     replay: &ReplayStats,
+    checkpoints: Option<&WriterStats>,
     scalars: &[(&str, f64)],
     actors: &[(u32, ActorEntry)],
 ) -> String {
@@ -109,6 +112,12 @@ pub fn page(
         "Priorities that were negative or not finite (replaced by the running maximum, never stored).",
         replay.invalid_priorities as f64,
     )
+    .metric(
+        "millrace_replay_clamped_priorities_total",
+        Kind::Counter,
+        "Actors' priorities above ten times the learner's largest (stored at that bound).",
+        replay.clamped_priorities as f64,
+    )
     .labelled(
         "millrace_rate_limiter_blocked_seconds_total",
         Kind::Counter,
@@ -119,6 +128,25 @@ pub fn page(
             ("sample", replay.sample_blocked_s),
         ],
     );
+    if let Some(c) = checkpoints {
+        e.labelled(
+            "millrace_checkpoints_total",
+            Kind::Counter,
+            "Checkpoints of latest/ by outcome (skipped: the writer was still busy with the previous one).",
+            "outcome",
+            [
+                ("written", c.written as f64),
+                ("failed", c.failed as f64),
+                ("skipped", c.skipped as f64),
+            ],
+        )
+        .metric(
+            "millrace_checkpoint_replay_failures_total",
+            Kind::Counter,
+            "Checkpoints written without a new replay file (its write failed; the previous one was kept).",
+            c.replay_failed as f64,
+        );
+    }
     for (tag, v) in scalars {
         e.metric(&name(tag), Kind::Gauge, help(tag), *v);
     }
@@ -167,10 +195,17 @@ mod tests {
             version_lag: lag,
             ..Default::default()
         };
+        let checkpoints = WriterStats {
+            written: 4,
+            failed: 2,
+            replay_failed: 1,
+            ..Default::default()
+        };
         let p = page(
             7,
             3,
             &replay,
+            Some(&checkpoints),
             &[("perf/updates_per_s", 2.5)],
             &[(1, actor("a", 4)), (2, actor("a", 5))],
         );
@@ -179,6 +214,8 @@ mod tests {
             "# TYPE millrace_updates_total counter",
             "millrace_rate_limiter_blocked_seconds_total{side=\"insert\"} 1.5",
             "millrace_perf_updates_per_s 2.5",
+            "millrace_checkpoints_total{outcome=\"failed\"} 2",
+            "millrace_checkpoint_replay_failures_total 1",
             "millrace_actor_version_lag{id=\"1\",actor=\"a\"} 4",
             "millrace_actor_version_lag{id=\"2\",actor=\"a\"} 5",
         ] {

@@ -151,7 +151,8 @@ impl Layout {
 pub struct StateMeta {
     pub format: u32,
     pub model_file: String,
-    /// Replay's contents; none when writing replay failed (the networks are kept).
+    /// Replay's contents; when writing replay failed, the previous generation's file
+    /// (with its counters), or none.
     pub replay_file: Option<String>,
     pub env: EnvSpec,
     pub network: NetworkSpec,
@@ -235,15 +236,31 @@ pub struct PolicyMeta {
     pub confirm: Option<EvalRecord>,
 }
 
+/// What [`save_state`] wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Saved {
+    /// The directory it wrote to.
+    pub dir: PathBuf,
+    /// Why replay could not be written, when it could not (the networks and optimizer
+    /// were saved all the same; `meta.json` names the previous replay file where there
+    /// was one, or none).
+    pub replay_error: Option<String>,
+}
+
 /// Saves the full state into `dir` (normally `latest/`, created if needed), replay
-/// included when given, and removes the older generation's files.
+/// included when given, and removes the older generation's files. A replay that cannot
+/// be written (a full disk) leaves the previous one in place, named by the new
+/// `meta.json` with its own counters: a resumed run then restarts from older data
+/// rather than from none.
 pub fn save_state(
     dir: &Path,
     state: &DqnState,
     replay: Option<&Table>,
     mut meta: StateMeta,
-) -> Result<PathBuf, CheckpointError> {
+) -> Result<Saved, CheckpointError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
+    // The generation this one replaces, for its replay file if this one's fails.
+    let previous: Option<StateMeta> = read_json(&dir.join(META)).ok();
     meta.format = FORMAT_VERSION;
     meta.updates = state.updates;
     meta.adam_step = state.adam_step;
@@ -258,23 +275,47 @@ pub fn save_state(
         Tensor::write_safetensors(&named, tmp).map_err(tensor_err(tmp))
     })?;
     meta.replay_file = None;
+    let mut replay_error = None;
     if let Some(table) = replay {
         let name = format!("replay-{:012}.bin", state.updates);
         // Networks and optimizer are worth keeping without replay: a resumed run then
-        // refills replay from empty, its limiter starting afresh.
+        // refills replay from what the previous generation saved, or from empty.
         match replay_file::write(&dir.join(&name), table) {
             Ok((inserts, samples)) => {
                 (meta.replay_inserts, meta.replay_samples) = (inserts, samples);
                 meta.replay_file = Some(name);
             }
-            Err(e) => tracing::warn!("checkpoint without replay: {e}"),
+            Err(e) => {
+                let kept = previous.filter(|p| {
+                    p.replay_file
+                        .as_ref()
+                        .is_some_and(|f| dir.join(f).is_file())
+                });
+                match kept {
+                    Some(p) => {
+                        tracing::warn!(
+                            "checkpoint: replay not written ({e}); the previous replay file {} (from update {}) is kept",
+                            p.replay_file.as_deref().unwrap_or_default(),
+                            p.updates
+                        );
+                        (meta.replay_inserts, meta.replay_samples) =
+                            (p.replay_inserts, p.replay_samples);
+                        meta.replay_file = p.replay_file;
+                    }
+                    None => tracing::warn!("checkpoint without replay: {e}"),
+                }
+                replay_error = Some(e.to_string());
+            }
         }
     }
     write_json(&dir.join(META), &meta)?;
     let keep = [Some(meta.model_file.as_str()), meta.replay_file.as_deref()];
     let keep: Vec<&str> = keep.into_iter().flatten().collect();
     remove_unreferenced(dir, &["model-", "replay-"], &keep);
-    Ok(dir.to_path_buf())
+    Ok(Saved {
+        dir: dir.to_path_buf(),
+        replay_error,
+    })
 }
 
 /// Reads the `[K, P]` f32 tensors named `names` from a safetensors file, checking
@@ -342,7 +383,15 @@ pub fn load_state_meta(path: &Path) -> Result<StateMeta, CheckpointError> {
     }
     let meta: StateMeta = read_json(&meta_path)?;
     check_format(&meta_path, meta.format)?;
+    check_network(&meta_path, &meta.network)?;
     Ok(meta)
+}
+
+/// Refuses a network spec from a file that nothing could be sized from safely.
+fn check_network(meta_path: &Path, network: &NetworkSpec) -> Result<(), CheckpointError> {
+    network
+        .validate()
+        .map_err(|e| invalid(meta_path, format!("network: {e}")))
 }
 
 /// Loads the full state from a checkpoint (its root, `latest/`, or `latest/meta.json`),
@@ -553,6 +602,7 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
         Which::Latest => {
             let m: StateMeta = read_json(&meta_path)?;
             check_format(&meta_path, m.format)?;
+            check_network(&meta_path, &m.network)?;
             let file = plain_name(&meta_path, &m.model_file)?.to_string();
             if m.dueling {
                 learner_network = Some(m.learner_network().map_err(|e| invalid(&meta_path, e))?);
@@ -571,6 +621,7 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
         Which::Best | Which::Solved => {
             let m: PolicyMeta = read_json(&meta_path)?;
             check_format(&meta_path, m.format)?;
+            check_network(&meta_path, &m.network)?;
             let file = plain_name(&meta_path, &m.policy_file)?.to_string();
             (
                 m.env,
@@ -867,6 +918,84 @@ mod tests {
         );
         assert_eq!(priorities(&restored), before);
         assert_eq!(restored.stats().max_priority, table.stats().max_priority);
+    }
+
+    #[test]
+    fn a_replay_that_cannot_be_written_keeps_the_previous_one() {
+        let (env, net, dqn) = setup();
+        let table = replay_table(3, 1000);
+        fill(&table);
+        sample(&table, 8).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let latest = dir.path().join("latest");
+        let first = save_state(&latest, &dqn.state(), Some(&table), meta(&env, &net)).unwrap();
+        assert_eq!(first.replay_error, None);
+        let (m0, _, _) = load_state(dir.path()).unwrap();
+        let old_replay = m0.replay_file.clone().expect("replay written");
+        // The next generation's replay cannot be written (its temporary name is taken by
+        // a directory: as a full disk would, the write fails).
+        let mut state = dqn.state();
+        state.updates += 5;
+        let name = format!("replay-{:012}.bin", state.updates);
+        let tmp = latest
+            .join(&name)
+            .with_extension(format!("tmp.{}", std::process::id()));
+        fs::create_dir(&tmp).unwrap();
+        sample(&table, 8).unwrap();
+        let second = save_state(&latest, &state, Some(&table), meta(&env, &net)).unwrap();
+        assert!(second.replay_error.is_some(), "{second:?}");
+        let (m1, _, at) = load_state(dir.path()).unwrap();
+        assert_eq!(m1.updates, state.updates, "the new networks are kept");
+        assert_eq!(m1.replay_file.as_deref(), Some(old_replay.as_str()));
+        assert_eq!(
+            (m1.replay_inserts, m1.replay_samples),
+            (m0.replay_inserts, m0.replay_samples),
+            "with the counters that go with it"
+        );
+        let restored = replay_table(3, 1000);
+        assert_eq!(restore_replay(&at, &m1, &restored, 10).unwrap().held, 35);
+        // Once a replay is written again, the old one goes.
+        fs::remove_dir(&tmp).unwrap();
+        state.updates += 1;
+        let third = save_state(&latest, &state, Some(&table), meta(&env, &net)).unwrap();
+        assert_eq!(third.replay_error, None);
+        let (m2, _, _) = load_state(dir.path()).unwrap();
+        assert_ne!(m2.replay_file.as_deref(), Some(old_replay.as_str()));
+        assert!(!latest.join(&old_replay).exists());
+    }
+
+    #[test]
+    fn a_crafted_meta_json_is_refused_in_one_line_before_anything_is_allocated() {
+        let (env, net, dqn) = setup();
+        let dir = tempfile::tempdir().unwrap();
+        let latest = dir.path().join("latest");
+        save_state(&latest, &dqn.state(), None, meta(&env, &net)).unwrap();
+        let path = latest.join(META);
+        let good: serde_json::Value = read_json(&path).unwrap();
+        let crafted = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut v = good.clone();
+            edit(&mut v);
+            fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+            let e = load_state(dir.path()).unwrap_err().to_string();
+            let p = load_policy(dir.path(), Some(Which::Latest))
+                .unwrap_err()
+                .to_string();
+            assert!(!e.contains('\n') && !p.contains('\n'), "{e}");
+            e
+        };
+        // A dueling head over 200,000 actions would allocate about 160 GB.
+        let e = crafted(&|v| {
+            v["dueling"] = true.into();
+            v["network"]["num_actions"] = 200_000.into();
+        });
+        assert!(e.contains("200000 actions"), "{e}");
+        let e = crafted(&|v| {
+            v["dueling"] = true.into();
+            v["network"]["num_actions"] = 5000.into();
+        });
+        assert!(e.contains("dueling head"), "{e}");
+        let e = crafted(&|v| v["network"]["hidden"] = serde_json::json!([1u64 << 40, 8]));
+        assert!(e.contains("parameters"), "{e}");
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub struct SaveJob {
 pub struct WriterStats {
     pub written: u64,
     pub failed: u64,
+    /// Checkpoints written without a new replay file (its write failed; the previous
+    /// one, if any, was kept).
+    pub replay_failed: u64,
     /// Periodic checkpoints skipped because the previous one was still being written.
     pub skipped: u64,
     /// Seconds the last checkpoint took to write (model and replay).
@@ -160,10 +163,14 @@ fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<SaveJob>, stats: &Mutex<W
             let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
             s.last_write_s = took.as_secs_f64();
             match &result {
-                Ok(_) => s.written += 1,
+                Ok(saved) => {
+                    s.written += 1;
+                    s.replay_failed += u64::from(saved.replay_error.is_some());
+                }
                 Err(_) => s.failed += 1,
             }
         }
+        let result = result.map(|saved| saved.dir);
         match (&result, &job.done) {
             (Ok(path), None) => tracing::debug!(
                 "checkpoint written to {} in {:.2} s",

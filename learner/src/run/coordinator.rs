@@ -393,6 +393,7 @@ pub fn run(
         }
         let eps = cfg.actors.epsilon.value(steps);
         let remote = cfg.server.as_ref().map(|_| &*setup.board);
+        setup.metrics.checkpoints(running.writer.stats());
         setup.metrics.tick(
             steps,
             &report,

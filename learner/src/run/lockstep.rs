@@ -87,6 +87,7 @@ fn save(
         )
     };
     checkpoint::save_state(&setup.layout.latest(), &state, Some(&setup.table), meta)
+        .map(|saved| saved.dir)
 }
 
 pub fn run(
