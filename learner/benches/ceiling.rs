@@ -3,9 +3,11 @@
 //! end-to-end training is compared against.
 //!
 //! `cargo bench -p millrace-learner --bench ceiling -- [--hidden 64,64] [--batch 32]
-//!  [--obs 4] [--actions 2] [--seconds 3] [--threads 1] [--cpu] [--precision fp32,bf16]
+//!  [--obs 4] [--actions 2] [--seconds 3] [--min-updates 50] [--threads 1] [--cpu | --gpu N] [--tf32 off|conv|all] [--precision fp32,bf16]
 //!  [--net mlp|nature|minatar] [--layer-norm off,on]`
-//! Prints one line per configuration: updates/s and microseconds per update, and with
+//! Prints one line per configuration: updates/s and microseconds per update (waiting
+//! for the device as the learner thread does, `millrace_learner::ceiling`; the cadence
+//! is printed beside each figure), and with
 //! several precisions or LayerNorm settings each one's updates/s against the first's,
 //! measured one after the other in the same run (every precision with every LayerNorm
 //! setting, in the order given). `--net nature` is the Nature DQN on Atari's `[4, 84, 84]`
@@ -25,11 +27,14 @@ struct Opts {
     obs: usize,
     actions: usize,
     seconds: f64,
+    /// At least this many timed updates, however slow one is.
+    min_updates: u64,
     threads: i32,
     device: Device,
     precision: Vec<Precision>,
     layer_norm: Vec<bool>,
     net: Net,
+    tf32: millrace_learner::torch_settings::Tf32,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -46,11 +51,13 @@ fn parse() -> Opts {
         obs: 4,
         actions: 2,
         seconds: 3.0,
+        min_updates: 50,
         threads: 1,
         device: Device::cuda_if_available(),
         precision: vec![Precision::Fp32],
         layer_norm: vec![false],
         net: Net::Mlp,
+        tf32: millrace_learner::torch_settings::Tf32::Conv,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -76,6 +83,7 @@ fn parse() -> Opts {
             "--obs" => o.obs = next.parse().expect("--obs N"),
             "--actions" => o.actions = next.parse().expect("--actions N"),
             "--seconds" => o.seconds = next.parse().expect("--seconds S"),
+            "--min-updates" => o.min_updates = next.parse().expect("--min-updates N"),
             "--threads" => o.threads = next.parse().expect("--threads N"),
             "--precision" => {
                 o.precision = next
@@ -109,6 +117,8 @@ fn parse() -> Opts {
                 o.device = Device::Cpu;
                 i -= 1;
             }
+            "--gpu" => o.device = common::gpu(&next),
+            "--tf32" => o.tf32 = common::tf32(&next),
             "--bench" => i -= 1,
             other => panic!("unknown argument {other}"),
         }
@@ -120,6 +130,7 @@ fn parse() -> Opts {
 fn main() {
     let o = parse();
     tch::set_num_threads(o.threads);
+    common::gpu_math(o.device, o.tf32);
     let (obs, actions) = match o.net {
         Net::Mlp => (vec![o.obs], o.actions),
         Net::Nature => (vec![4, 84, 84], 6),
@@ -138,7 +149,7 @@ fn main() {
         o.device, o.threads, obs.shape
     );
     println!(
-        "{:<12} {:>6} {:>9} {:>5} {:>12} {:>10} {:>8}",
+        "{:<12} {:>6} {:>9} {:>5} {:>12} {:>10} {:>8}  waits (the learner's cadence)",
         "network", "batch", "precision", "norm", "updates/s", "us/update", "vs first"
     );
     let hidden: Vec<Vec<usize>> = match o.net {
@@ -163,6 +174,7 @@ fn main() {
                 Net::Minatar => "minatar".into(),
             };
             let batch = common::random_batch(&obs, actions, b, o.device);
+            let cadence = common::learner_cadence(&obs, b, o.device);
             let mut first = None;
             for &precision in &o.precision {
                 for &layer_norm in &o.layer_norm {
@@ -175,17 +187,25 @@ fn main() {
                         ..spec.clone()
                     };
                     let mut dqn = Dqn::new(spec, cfg, o.device, 0);
-                    let rate = common::updates_per_s(&mut dqn, &batch, o.device, o.seconds, 50);
+                    let rate = common::updates_per_s(
+                        &mut dqn,
+                        &batch,
+                        o.device,
+                        o.seconds,
+                        o.min_updates,
+                        cadence,
+                    );
                     let base = *first.get_or_insert(rate);
                     println!(
-                        "{:<12} {:>6} {:>9} {:>5} {:>12.0} {:>10.1} {:>7.2}x",
+                        "{:<12} {:>6} {:>9} {:>5} {:>12.0} {:>10.1} {:>7.2}x  {}",
                         label,
                         b,
                         precision.to_string(),
                         if layer_norm { "on" } else { "off" },
                         rate,
                         1e6 / rate,
-                        rate / base
+                        rate / base,
+                        cadence.describe()
                     );
                 }
             }

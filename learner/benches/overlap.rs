@@ -20,7 +20,7 @@
 //! against the writer's time per checkpoint, and updates/s against the same run (full
 //! replay too) without checkpoints.
 //!
-//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--copy-stream] [--cpu] [--checkpoint-every S]`
+//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--copy-stream] [--cpu | --gpu N] [--tf32 off|conv|all] [--checkpoint-every S]`
 
 mod common;
 
@@ -114,6 +114,7 @@ struct Opts {
     nets: Vec<Net>,
     batches: Vec<usize>,
     device: Device,
+    tf32: millrace_learner::torch_settings::Tf32,
 }
 
 fn parse() -> Opts {
@@ -125,6 +126,7 @@ fn parse() -> Opts {
         nets: vec![Net::Mlp, Net::Cnn],
         batches: vec![32, 512],
         device: Device::cuda_if_available(),
+        tf32: millrace_learner::torch_settings::Tf32::Conv,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -153,6 +155,8 @@ fn parse() -> Opts {
                 o.device = Device::Cpu;
                 i -= 1;
             }
+            "--gpu" => o.device = common::gpu(&next),
+            "--tf32" => o.tf32 = common::tf32(&next),
             "--copy-stream" => {
                 o.copy_stream = true;
                 i -= 1;
@@ -218,7 +222,8 @@ fn ceiling_loop(net: Net, b: usize, device: Device, seconds: f64) -> f64 {
     let mut dqn = Dqn::new(net.network(), DqnConfig::default(), device, 0);
     let batch = common::random_batch(&env.obs, env.num_actions, b, device);
     // At least 20 updates, however slow one is (the Nature CNN at batch 512 on a CPU).
-    common::updates_per_s(&mut dqn, &batch, device, seconds, 20)
+    let cadence = common::learner_cadence(&env.obs, b, device);
+    common::updates_per_s(&mut dqn, &batch, device, seconds, 20, cadence)
 }
 
 /// Inserts into replay, blocking under its rate limiter.
@@ -500,7 +505,7 @@ fn end_to_end(
             },
             feedback: None,
             panic_after: None,
-            oom_after: None,
+            oom: None,
         };
         std::thread::spawn(move || {
             pin(LEARNER);
@@ -660,6 +665,7 @@ fn replay_throughput(net: Net, b: usize, seconds: f64) -> (f64, f64) {
 fn main() {
     let o = parse();
     tch::set_num_threads(1);
+    common::gpu_math(o.device, o.tf32);
     pin(LEARNER);
     println!(
         "device {:?}{}; learner pinned to core 0, {} actor thread(s) x {ENVS} envs and the sampler on the other cores; 1 intra-op thread; {} s per measurement",

@@ -9,7 +9,7 @@
 //! passes over all K agents' parameters, timed apart by running the gradient alone).
 //!
 //! `cargo bench -p millrace-learner --bench population -- [--net mlp|cnn]
-//!  [--k 1,8,32,64,256,1024] [--batch 32] [--seconds 2] [--threads 1] [--cpu]`
+//!  [--k 1,8,32,64,256,1024] [--batch 32] [--seconds 2] [--threads 1] [--cpu | --gpu N]`
 //!
 //! `bench/population.sh` runs it beside PyTorch's own answer (`torch.func` vmap over
 //! stacked modules, bench/population_vmap.py) in one sitting.
@@ -61,12 +61,34 @@ fn main() {
     let b: i64 = arg(&args, "--batch").map_or(32, |v| v.parse().expect("--batch N"));
     let seconds: f64 = arg(&args, "--seconds").map_or(2.0, |v| v.parse().expect("--seconds S"));
     let threads: i32 = arg(&args, "--threads").map_or(1, |v| v.parse().expect("--threads N"));
+    // `--gpu N` is that device or an error: never the CPU in its place.
     let device = if args.iter().any(|a| a == "--cpu") {
         Device::Cpu
+    } else if let Some(i) = arg(&args, "--gpu") {
+        let i = i.parse().expect("--gpu N");
+        match millrace_learner::cli::resolve_device(false, Some(i)) {
+            Ok(d) => d.device(),
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(2);
+            }
+        }
     } else {
         Device::cuda_if_available()
     };
     tch::set_num_threads(threads);
+    // The learner's math on a GPU (TF32 convolutions, cuDNN benchmark on), said.
+    match millrace_learner::torch_settings::for_device(
+        device,
+        millrace_learner::torch_settings::Tf32::Conv,
+    ) {
+        Ok(Some(math)) => println!("GPU math: {math}"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    }
     let spec = |k: usize| -> NetworkSpec {
         if net == "cnn" {
             let obs = ObsSpec {

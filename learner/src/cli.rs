@@ -13,7 +13,8 @@ use millrace_proto::EnvConfig;
 
 pub use crate::checkpoint::Which;
 use crate::config::{
-    ActorsConfig, DeviceChoice, EvalConfig, Faults, LoopConfig, ReplayOptions, RunConfig,
+    ActorsConfig, DeviceChoice, EvalConfig, Faults, GpuMathConfig, LoopConfig, ReplayOptions,
+    RunConfig,
 };
 use crate::dqn::{DqnConfig, TargetUpdate};
 use crate::network::NetworkChoice;
@@ -222,6 +223,19 @@ pub struct TrainArgs {
     /// non-blocking but queued behind the update on the default stream).
     #[arg(long, conflicts_with = "cpu")]
     pub copy_stream: bool,
+
+    /// Where fp32 work on a GPU may use TF32 tensor cores: `conv` (PyTorch's default:
+    /// cuDNN's convolutions in TF32, cuBLAS's matmuls in full fp32), `all`, or `off`
+    /// (full fp32 everywhere: to compare --precision bf16 with true fp32). Read back
+    /// from libtorch and logged at start; no effect on the CPU.
+    #[arg(long, value_enum, default_value_t = crate::torch_settings::Tf32::Conv)]
+    pub tf32: crate::torch_settings::Tf32,
+
+    /// cuDNN's benchmark mode: it times its algorithms once per shape and keeps the
+    /// fastest (the learner's shapes are fixed). On by default on a GPU, off under
+    /// --deterministic; `--cudnn-benchmark false` turns it off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub cudnn_benchmark: Option<bool>,
 
     /// Stop after this many environment steps if the target is not reached.
     #[arg(long, default_value_t = 200_000)]
@@ -871,6 +885,10 @@ impl TrainArgs {
             population_devices: devices,
             device,
             deterministic: args.deterministic,
+            gpu_math: GpuMathConfig {
+                tf32: args.tf32,
+                cudnn_benchmark: args.cudnn_benchmark.unwrap_or(!args.deterministic),
+            },
             hidden: args.hidden,
             layer_norm: args.layer_norm,
             dqn: DqnConfig {

@@ -134,6 +134,13 @@ pub struct LoopConfig {
     pub copy_stream: bool,
 }
 
+/// libtorch's math settings a run asks for on CUDA devices (see `torch_settings`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct GpuMathConfig {
+    pub tf32: crate::torch_settings::Tf32,
+    pub cudnn_benchmark: bool,
+}
+
 /// Failures to inject, for tests of the shutdown path (`MILLRACE_INJECT_FAULT`; never
 /// part of the saved configuration).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -146,25 +153,119 @@ pub struct Faults {
     pub actor: bool,
     /// The learner thread panics after a few updates.
     pub learner_panic: bool,
-    /// An update runs out of memory after a few updates (as libtorch reports it).
-    pub learner_oom: bool,
+    /// The device runs out of memory after a few updates, at one site, as libtorch
+    /// reports it (CPU- or CUDA-shaped).
+    pub oom: Option<OomFault>,
+}
+
+/// Where on the learner's device path an injected allocation failure strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OomSite {
+    /// Copying a batch to the device.
+    Copy,
+    /// The update itself.
+    Update,
+    /// Reading the TD errors back for prioritized replay.
+    Priorities,
+    /// Copying the parameters off the device to publish them.
+    Publish,
+    /// Reading the update statistics.
+    Stats,
+}
+
+impl OomSite {
+    pub const ALL: [OomSite; 5] = [
+        OomSite::Copy,
+        OomSite::Update,
+        OomSite::Priorities,
+        OomSite::Publish,
+        OomSite::Stats,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OomSite::Copy => "copy",
+            OomSite::Update => "update",
+            OomSite::Priorities => "priorities",
+            OomSite::Publish => "publish",
+            OomSite::Stats => "stats",
+        }
+    }
+}
+
+/// An injected out-of-memory: where, and whose message (the CPU allocator's or CUDA's
+/// caching allocator's, as PyTorch 2.11 words them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomFault {
+    pub site: OomSite,
+    pub cuda: bool,
+}
+
+impl OomFault {
+    /// The panic message a failed allocation gives through `tch` (its error in an
+    /// `unwrap`).
+    pub fn message(&self) -> String {
+        let torch = if self.cuda {
+            "CUDA out of memory. Tried to allocate 1024.00 GiB. GPU 0 has a total capacity of \
+             139.81 GiB of which 120.53 GiB is free. Including non-PyTorch memory, this process \
+             has 19.27 GiB memory in use. Of the allocated memory 18.50 GiB is allocated by \
+             PyTorch, and 263.50 MiB is reserved by PyTorch but unallocated. If reserved but \
+             unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+             to avoid fragmentation."
+        } else {
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: \
+             you tried to allocate 1099511627776 bytes."
+        };
+        format!(
+            "called `Result::unwrap()` on an `Err` value: Torch(\"{torch} (injected fault at {})\")",
+            self.site.name()
+        )
+    }
+
+    /// Panics as libtorch would at `site`, if this fault is there.
+    pub fn strike(&self, site: OomSite) {
+        if self.site == site {
+            std::panic::panic_any(self.message());
+        }
+    }
 }
 
 impl Faults {
-    /// Parses `evaluator`, `sampler`, `actor`, `learner-panic` or `learner-oom`
-    /// (comma-separated).
+    /// Parses `evaluator`, `sampler`, `actor`, `learner-panic`, `learner-oom` (the
+    /// update, CPU-shaped) or `oom:SITE[:cuda]` with SITE one of copy, update,
+    /// priorities, publish, stats (comma-separated).
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut f = Self::default();
+        let sites = OomSite::ALL.map(OomSite::name).join(", ");
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
                 "evaluator" => f.evaluator = true,
                 "sampler" => f.sampler = true,
                 "actor" => f.actor = true,
                 "learner-panic" => f.learner_panic = true,
-                "learner-oom" => f.learner_oom = true,
+                "learner-oom" => {
+                    f.oom = Some(OomFault {
+                        site: OomSite::Update,
+                        cuda: false,
+                    })
+                }
+                oom if oom.starts_with("oom:") => {
+                    let mut it = oom["oom:".len()..].split(':');
+                    let site = it.next().unwrap_or_default();
+                    let site = OomSite::ALL
+                        .into_iter()
+                        .find(|s| s.name() == site)
+                        .ok_or_else(|| format!("unknown site {site:?} in {oom:?} ({sites})"))?;
+                    let cuda = match it.next() {
+                        None | Some("cpu") => false,
+                        Some("cuda") => true,
+                        Some(other) => return Err(format!("{oom:?}: {other:?} is not cpu or cuda")),
+                    };
+                    f.oom = Some(OomFault { site, cuda });
+                }
                 other => {
                     return Err(format!(
-                        "unknown fault {other:?} (evaluator, sampler, actor, learner-panic, learner-oom)"
+                        "unknown fault {other:?} (evaluator, sampler, actor, learner-panic, learner-oom, oom:SITE[:cuda] with SITE {sites})"
                     ))
                 }
             }
@@ -206,6 +307,8 @@ pub struct RunConfig {
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical results.
     pub deterministic: bool,
+    /// TF32 and cuDNN's benchmark mode on CUDA devices (`--tf32`, `--cudnn-benchmark`).
+    pub gpu_math: GpuMathConfig,
     /// Hidden layer sizes of the Q-network's MLP.
     pub hidden: Vec<usize>,
     /// A LayerNorm in each hidden layer, before its ReLU (`--layer-norm`).
@@ -278,6 +381,18 @@ mod tests {
         assert!(f.sampler && f.learner_panic && !f.actor && !f.evaluator);
         assert_eq!(Faults::parse("").unwrap(), Faults::default());
         assert!(Faults::parse("disk").unwrap_err().contains("unknown fault"));
+        let oom = Faults::parse("oom:priorities:cuda").unwrap().oom.unwrap();
+        assert_eq!((oom.site, oom.cuda), (OomSite::Priorities, true));
+        assert!(oom
+            .message()
+            .contains("CUDA out of memory. Tried to allocate"));
+        assert!(crate::update_loop::is_out_of_memory(&oom.message()));
+        let cpu = Faults::parse("learner-oom").unwrap().oom.unwrap();
+        assert_eq!((cpu.site, cpu.cuda), (OomSite::Update, false));
+        assert!(crate::update_loop::is_out_of_memory(&cpu.message()));
+        assert!(Faults::parse("oom:disk")
+            .unwrap_err()
+            .contains("copy, update"));
     }
 
     #[test]

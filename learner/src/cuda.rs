@@ -50,6 +50,7 @@ type StreamSynchronize = unsafe extern "C" fn(Stream) -> Status;
 type EventDestroy = unsafe extern "C" fn(Event) -> Status;
 type StreamDestroy = unsafe extern "C" fn(Stream) -> Status;
 type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> Status;
+type GetLastError = unsafe extern "C" fn() -> Status;
 
 /// The CUDA runtime entry points used here.
 struct Runtime {
@@ -67,6 +68,7 @@ struct Runtime {
     event_destroy: EventDestroy,
     stream_destroy: StreamDestroy,
     mem_get_info: MemGetInfo,
+    get_last_error: GetLastError,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -89,12 +91,32 @@ const CUDART_SONAMES: [&str; 4] = [
     "libcudart.so",
 ];
 
+/// `status` as a result. A failed (or not-ready: `cudaErrorNotReady`, 600, for an
+/// event read early) call leaves the runtime's last error
+/// set on this thread, and PyTorch checks that error after its own calls: left there,
+/// it would surface later from an unrelated PyTorch operation. Every failure here is
+/// handled by the caller, so it is cleared at once.
 fn check(what: &'static str, status: Status) -> Result<(), CopyStreamError> {
     if status == 0 {
-        Ok(())
-    } else {
-        Err(CopyStreamError::Cuda { what, status })
+        return Ok(());
     }
+    clear_last_error();
+    Err(CopyStreamError::Cuda { what, status })
+}
+
+/// Resets the calling thread's last CUDA runtime error (a no-op without a runtime).
+fn clear_last_error() {
+    if let Ok(rt) = Runtime::get() {
+        // SAFETY: no arguments; returns and resets the thread's last error.
+        let _ = unsafe { (rt.get_last_error)() };
+    }
+}
+
+/// The last CUDA runtime error of this thread, reset by reading it (0: none).
+pub fn take_last_error() -> Result<Status, CopyStreamError> {
+    let rt = Runtime::get()?;
+    // SAFETY: as in `clear_last_error`.
+    Ok(unsafe { (rt.get_last_error)() })
 }
 
 impl Runtime {
@@ -160,6 +182,7 @@ impl Runtime {
                 event_destroy: transmute::<*mut c_void, EventDestroy>(sym(c"cudaEventDestroy")?),
                 stream_destroy: transmute::<*mut c_void, StreamDestroy>(sym(c"cudaStreamDestroy")?),
                 mem_get_info: transmute::<*mut c_void, MemGetInfo>(sym(c"cudaMemGetInfo")?),
+                get_last_error: transmute::<*mut c_void, GetLastError>(sym(c"cudaGetLastError")?),
             })
         }
     }
@@ -282,7 +305,7 @@ impl Stopwatch {
         rt.on(self.start.device, || {
             let mut ms = 0.0f32;
             // SAFETY: live events and a valid out-pointer. Not ready yet is an error
-            // status like any other: `None` either way.
+            // status like any other, cleared by `check`: `None` either way.
             check("cudaEventElapsedTime", unsafe {
                 (rt.event_elapsed_time)(&mut ms, self.start.event, self.end.event)
             })?;
@@ -534,7 +557,15 @@ mod tests {
             stream.event().expect("an event").synchronize().unwrap();
             let watch = Stopwatch::new(0).unwrap();
             watch.start().unwrap();
+            // Work that is still running when the stopwatch is read: not ready, and
+            // the runtime's last error is left clear for PyTorch.
+            let x = tch::Tensor::randn([4096, 4096], (tch::Kind::Float, tch::Device::Cuda(0)));
+            for _ in 0..8 {
+                let _ = x.matmul(&x);
+            }
             watch.stop().unwrap();
+            let early = watch.elapsed_s();
+            assert_eq!(take_last_error().unwrap(), 0, "read early: {early:?}");
             tch::Cuda::synchronize(0);
             assert!(watch.elapsed_s().is_some_and(|s| s >= 0.0));
             let (free, total) = memory(0).unwrap();
@@ -545,6 +576,9 @@ mod tests {
         // the runtime's own "no device" error comes back, not a panic.
         let err = CopyStream::new(0).unwrap_err();
         eprintln!("without a GPU: {err}");
+        // (A missing driver is an initialisation error: it stays for the process, and
+        // PyTorch reports CUDA as unavailable; the GPU branch above checks that a
+        // handled error is not left behind.)
         assert!(
             matches!(
                 err,

@@ -170,8 +170,15 @@ pub fn report() -> Report {
                 "install torch with its nvidia-cudnn dependency",
             )
         });
+        r.0.push(match crate::torch_settings::current() {
+            Ok(math) => Check::ok(
+                "fp32 math",
+                format!("{math} (libtorch's defaults; the learner sets --tf32 conv and cuDNN benchmark on unless told otherwise)"),
+            ),
+            Err(e) => Check::warn("fp32 math", e, "TF32 settings cannot be read back"),
+        });
         let t = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cpu));
-        match t.f_pin_memory(tch::Device::Cuda(0)) {
+        match t.f_internal_pin_memory(tch::Device::Cuda(0)) {
             Ok(p) if p.is_pinned(tch::Device::Cuda(0)) => {
                 r.0.push(Check::ok("pinned memory", "works (non-blocking copies)"))
             }

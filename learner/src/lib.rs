@@ -16,6 +16,7 @@
 //!   reports.
 //! - [`doctor`], [`memory`]: the set-up checked, and failures explained.
 
+pub mod ceiling;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
@@ -47,6 +48,7 @@ pub mod summary;
 pub mod sweep;
 pub mod tensorboard;
 pub mod tensorboard_hparams;
+pub mod torch_settings;
 pub mod update_loop;
 
 pub use config::RunConfig;

@@ -117,6 +117,19 @@ fn train(
         cfg.network,
         cfg.hidden
     );
+    // What fp32 means on this run's GPUs, as libtorch reads it back (a mismatch is an
+    // error: the figures would not mean what the configuration says).
+    let cuda = std::iter::once(&cfg.device)
+        .chain(&cfg.population_devices)
+        .any(|d| matches!(d, millrace_learner::config::DeviceChoice::Cuda(_)));
+    if cuda {
+        let math = millrace_learner::torch_settings::apply(
+            cfg.gpu_math.tf32,
+            cfg.gpu_math.cudnn_benchmark,
+        )
+        .map_err(|e| anyhow::anyhow!("--tf32 {}: {e}", cfg.gpu_math.tf32))?;
+        tracing::info!("GPU math: {math} (--tf32 {})", cfg.gpu_math.tf32);
+    }
     let population = cfg.population.is_some() || cfg.sweep.is_some();
     let saved_as = if population {
         // Each agent's, with its sweep settings applied.

@@ -111,10 +111,12 @@ impl StagingBuffer {
         let b = batch_size as i64;
         let mut obs_shape = vec![1, 2 * b];
         obs_shape.extend(obs.shape.iter().map(|d| *d as i64));
+        // The internal op: `pin_memory(device)` is the deprecated signature (tch always
+        // passes a device), which has libtorch warn for every tensor pinned.
         let make = |shape: &[i64], k: Kind| {
             let t = Tensor::zeros(shape, (k, Device::Cpu));
             match pin_for {
-                Some(device) => t.pin_memory(device),
+                Some(device) => t.internal_pin_memory(device),
                 None => t,
             }
         };
@@ -130,6 +132,26 @@ impl StagingBuffer {
             oldest_version: 0,
             pinned: pin_for.is_some(),
         }
+    }
+
+    /// Bytes of the host tensors, and of page-locked memory they take: PyTorch's
+    /// pinned-host allocator rounds each allocation up to a power of two, so a ring
+    /// pins more than its batches' size (1.1-1.3x for the shipped networks, up to 2x).
+    pub fn host_bytes(&self) -> (usize, usize) {
+        let sizes = [
+            &self.obs2,
+            &self.actions,
+            &self.rewards,
+            &self.discounts,
+            &self.weights,
+        ]
+        .map(|t| t.numel() * t.kind().elt_size_in_bytes());
+        let pinned = if self.pinned {
+            sizes.iter().map(|b| b.next_power_of_two()).sum()
+        } else {
+            0
+        };
+        (sizes.iter().sum(), pinned)
     }
 
     /// A buffer whose batches go to `device` on the side `stream` (pinned host memory,
@@ -314,6 +336,13 @@ pub fn default_depth(obs: &ObsSpec, batch_size: usize, cuda: bool) -> usize {
     (budget / bytes.max(1)).clamp(2, 256)
 }
 
+/// Updates between the learner's waits for the device with a ring of `depth` buffers
+/// (without a side stream): used buffers go back to the sampler half a ring at a time,
+/// after a wait ([`Prefetcher::recycle`]).
+pub fn device_wait_every(depth: usize) -> usize {
+    (depth.max(2) / 2).max(1)
+}
+
 /// Why the sampler thread stopped before the table closed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PrefetchError {
@@ -394,6 +423,18 @@ impl Prefetcher {
         cfg: SamplerConfig,
     ) -> std::io::Result<Self> {
         let depth = buffers.len();
+        let (bytes, pinned) = buffers
+            .iter()
+            .map(StagingBuffer::host_bytes)
+            .fold((0, 0), |(b, p), (x, y)| (b + x, p + y));
+        let mib = |b: usize| b as f64 / f64::from(1u32 << 20);
+        if pinned > 0 {
+            tracing::info!(
+                "staging: {depth} buffers, {:.1} MiB of batches in {:.1} MiB of pinned host memory (the allocator rounds each tensor up to a power of two)",
+                mib(bytes),
+                mib(pinned)
+            );
+        }
         let (free_tx, free_rx) = crossbeam_channel::bounded::<StagingBuffer>(depth);
         let (ready_tx, ready_rx) = crossbeam_channel::bounded::<StagingBuffer>(depth);
         for buf in buffers {
@@ -443,12 +484,18 @@ impl Prefetcher {
         Ok(Self {
             ready: ready_rx,
             free: free_tx,
-            return_batch: (depth / 2).max(1),
+            return_batch: device_wait_every(depth),
             copies_to: pin_for,
             copy_stream,
             fills,
             handle,
         })
+    }
+
+    /// Whether batches reach the device on a side copy stream (the sampler queues
+    /// those copies; the learner thread neither copies nor waits for the device).
+    pub fn side_stream(&self) -> bool {
+        self.copy_stream.is_some()
     }
 
     /// Batches the sampler has filled so far.

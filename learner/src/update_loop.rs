@@ -16,7 +16,7 @@ use millrace_proto::StepCounter;
 
 use crate::checkpoint::writer::{CheckpointWriter, SaveJob};
 use crate::checkpoint::CheckpointError;
-use crate::config::LoopConfig;
+use crate::config::{LoopConfig, OomFault, OomSite};
 use crate::cuda::Stopwatch;
 use crate::dqn::{Dqn, UpdateStats};
 use crate::memory::Footprint;
@@ -139,76 +139,160 @@ pub struct LearnerParts {
     pub feedback: Option<PriorityFeedback>,
     /// Panic after this many updates (tests of the shutdown path).
     pub panic_after: Option<u64>,
-    /// Fail an update as out of memory after this many (tests of that path).
-    pub oom_after: Option<u64>,
+    /// Run out of memory at a site once this many updates are done (tests of that
+    /// path).
+    pub oom: Option<(OomFault, u64)>,
 }
 
-/// Whether a panic message from libtorch is an allocation failure.
+/// Whether a panic message from libtorch is an allocation failure: the CPU allocator's,
+/// CUDA's caching allocator's ("CUDA out of memory"), the runtime's ("CUDA error: out of
+/// memory"), and cuBLAS's and cuDNN's failures to allocate their workspaces or handles.
 pub fn is_out_of_memory(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
     m.contains("out of memory")
         || m.contains("can't allocate memory")
         || m.contains("not enough memory")
+        || m.contains("cublas_status_alloc_failed")
+        || m.contains("cudnn_status_alloc_failed")
+        || m.contains("cudnn_status_not_enough_workspace")
+        || m.contains("cusolver_status_alloc_failed")
 }
+
+/// An injected allocation failure at `site`, once `updates` reach its count.
+pub(crate) fn inject_oom(oom: Option<(OomFault, u64)>, updates: u64, site: OomSite) {
+    if let Some((fault, after)) = oom {
+        if updates >= after {
+            fault.strike(site);
+        }
+    }
+}
+
+/// What the copy timer needs of a stopwatch: a pair of CUDA events in the learner, a
+/// fake in tests.
+trait Watch {
+    /// Marks the start on the compute stream; `false` if that failed.
+    fn start(&self) -> bool;
+    /// Marks the end.
+    fn stop(&self) -> bool;
+    /// Seconds between the marks once both are done on the device; `None` if not yet
+    /// (never waits).
+    fn elapsed_s(&self) -> Option<f64>;
+}
+
+impl Watch for Stopwatch {
+    fn start(&self) -> bool {
+        Stopwatch::start(self).is_ok()
+    }
+
+    fn stop(&self) -> bool {
+        Stopwatch::stop(self).is_ok()
+    }
+
+    fn elapsed_s(&self) -> Option<f64> {
+        Stopwatch::elapsed_s(self)
+    }
+}
+
+/// Most copies timed and not yet collected. The learner collects after each wait for
+/// the device (once per half ring: at most 128 updates), so this bound is only reached
+/// if nothing ever waits; copies past it are not timed (their time stays in compute)
+/// rather than held.
+const MAX_PENDING_COPY_TIMES: usize = 256;
 
 /// Timing of host-to-device copies on a GPU: events around each copy, read once the
 /// device has caught up (when the learner waits for it anyway, once per half ring).
-struct CopyTimer {
+/// Never used with a side copy stream: the learner thread then queues no copies, and
+/// never waits for the device.
+struct CopyTimer<W: Watch = Stopwatch> {
+    make: fn(usize) -> Option<W>,
     device: usize,
-    free: Vec<Stopwatch>,
-    pending: Vec<Stopwatch>,
+    free: Vec<W>,
+    pending: std::collections::VecDeque<W>,
+    /// Copies not timed because `pending` was full.
+    untimed: u64,
 }
 
 impl CopyTimer {
-    fn new(device: tch::Device) -> Option<Self> {
+    /// A timer for copies the learner thread queues to `device`: none on the CPU, with
+    /// a side stream (`side_stream`), or without CUDA events.
+    fn new(device: tch::Device, side_stream: bool) -> Option<Self> {
         let tch::Device::Cuda(i) = device else {
             return None;
         };
+        if side_stream {
+            return None;
+        }
         match Stopwatch::new(i) {
-            Ok(w) => Some(Self {
-                device: i,
-                free: vec![w],
-                pending: Vec::new(),
-            }),
+            Ok(w) => Some(Self::with(i, w, |d| Stopwatch::new(d).ok())),
             Err(e) => {
                 tracing::warn!("copy times are counted as compute: {e}");
                 None
             }
         }
     }
+}
 
-    fn start(&mut self) -> Option<Stopwatch> {
-        let w = match self.free.pop() {
-            Some(w) => w,
-            None => Stopwatch::new(self.device).ok()?,
-        };
-        w.start().ok()?;
-        Some(w)
+impl<W: Watch> CopyTimer<W> {
+    fn with(device: usize, first: W, make: fn(usize) -> Option<W>) -> Self {
+        Self {
+            make,
+            device,
+            free: vec![first],
+            pending: std::collections::VecDeque::new(),
+            untimed: 0,
+        }
     }
 
-    fn stop(&mut self, w: Option<Stopwatch>) {
+    fn start(&mut self) -> Option<W> {
+        if self.pending.len() >= MAX_PENDING_COPY_TIMES {
+            self.untimed += 1;
+            return None;
+        }
+        let w = match self.free.pop() {
+            Some(w) => w,
+            None => (self.make)(self.device)?,
+        };
+        if w.start() {
+            Some(w)
+        } else {
+            self.free.push(w);
+            None
+        }
+    }
+
+    fn stop(&mut self, w: Option<W>) {
         if let Some(w) = w {
-            if w.stop().is_ok() {
-                self.pending.push(w);
+            if w.stop() {
+                self.pending.push_back(w);
+            } else {
+                self.free.push(w);
             }
         }
     }
 
-    /// Seconds of copies completed (all of them, right after a device wait).
+    /// Seconds of the copies completed (all of them, right after a device wait); those
+    /// still running stay pending.
     fn collect(&mut self) -> f64 {
         let mut total = 0.0;
-        let mut still = Vec::new();
-        for w in self.pending.drain(..) {
+        for _ in 0..self.pending.len() {
+            let Some(w) = self.pending.pop_front() else {
+                break;
+            };
             match w.elapsed_s() {
                 Some(s) => {
                     total += s;
                     self.free.push(w);
                 }
-                None => still.push(w),
+                None => self.pending.push_back(w),
             }
         }
-        self.pending = still;
         total
+    }
+
+    /// Stopwatches held (each two CUDA events).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.free.len() + self.pending.len()
     }
 }
 
@@ -229,7 +313,7 @@ pub fn run(
         footprint,
         mut feedback,
         panic_after,
-        oom_after,
+        oom,
     } = parts;
     let mut state = LoopState::new(publisher.version());
     let ended = catch_unwind(AssertUnwindSafe(|| {
@@ -242,9 +326,8 @@ pub fn run(
             reports,
             writer,
             &steps,
-            &footprint,
             feedback.as_mut(),
-            (panic_after, oom_after),
+            (panic_after, oom),
         )
     }));
     if let Some(fb) = &mut feedback {
@@ -257,13 +340,21 @@ pub fn run(
             );
         }
     }
+    // Running out of device memory anywhere on the thread's path (the copy, the update,
+    // the priorities' read-back, publishing, statistics) ends the same way: explained,
+    // with a final checkpoint attempted.
     let (stop, mut error) = match ended {
         Ok(Ok(end)) => (Some(end), None),
         Ok(Err(e)) => (None, Some(e)),
-        Err(panic) => (
-            None,
-            Some(LearnerError::Panicked(crate::panic_message(&*panic))),
-        ),
+        Err(panic) => {
+            let msg = crate::panic_message(&*panic);
+            let e = if is_out_of_memory(&msg) {
+                LearnerError::OutOfMemory(footprint.explain(&msg))
+            } else {
+                LearnerError::Panicked(msg)
+            };
+            (None, Some(e))
+        }
     };
     // When the ring ended, the sampler has stopped: its own error explains why. Else it
     // may be waiting in replay, which only the coordinator closes: hand it back.
@@ -386,15 +477,14 @@ impl LoopState {
         reports: &Sender<LearnerReport>,
         writer: &CheckpointWriter,
         steps: &StepCounter,
-        footprint: &Footprint,
         mut feedback: Option<&mut PriorityFeedback>,
-        (panic_after, oom_after): (Option<u64>, Option<u64>),
+        (panic_after, oom): (Option<u64>, Option<(OomFault, u64)>),
     ) -> Result<LoopEnd, LearnerError> {
         let device = dqn.device();
         let mut last_report = Instant::now();
         let mut last_ckpt = Instant::now();
         let mut used: Vec<StagingBuffer> = Vec::new();
-        let mut timer = CopyTimer::new(device);
+        let mut timer = CopyTimer::new(device, prefetcher.side_stream());
         loop {
             let t0 = Instant::now();
             let buf = select! {
@@ -416,6 +506,7 @@ impl LoopState {
             };
             let t1 = Instant::now();
             let watch = timer.as_mut().and_then(CopyTimer::start);
+            inject_oom(oom, dqn.updates(), OomSite::Copy);
             let batch = buf.to_device(device);
             if let Some(timer) = &mut timer {
                 timer.stop(watch);
@@ -425,28 +516,14 @@ impl LoopState {
             if panic_after.is_some_and(|n| dqn.updates() >= n) {
                 panic!("injected fault after {} updates", dqn.updates());
             }
-            let updated = catch_unwind(AssertUnwindSafe(|| {
-                if oom_after.is_some_and(|n| dqn.updates() >= n) {
-                    panic!(
-                        "DefaultCPUAllocator: not enough memory: you tried to allocate \
-                         1099511627776 bytes (injected fault)"
-                    );
-                }
-                dqn.update(&batch)
-            }));
-            let td = match updated {
-                Ok(td) => td,
-                Err(panic) => {
-                    let msg = crate::panic_message(&*panic);
-                    if !is_out_of_memory(&msg) {
-                        std::panic::resume_unwind(panic);
-                    }
-                    // The caller saves the state before reporting this.
-                    return Err(LearnerError::OutOfMemory(footprint.explain(&msg)));
-                }
-            };
+            // An allocation failure here or below panics in libtorch: `run` turns it
+            // into `LearnerError::OutOfMemory` (the state is the one before this
+            // update, or at worst one half-applied optimizer step).
+            inject_oom(oom, dqn.updates(), OomSite::Update);
+            let td = dqn.update(&batch);
             // The priorities' round trip counts as compute: it is the update's output.
             if let Some(fb) = feedback.as_deref_mut() {
+                inject_oom(oom, dqn.updates(), OomSite::Priorities);
                 fb.push(&td, buf.keys(), steps.get());
             }
             let t3 = Instant::now();
@@ -468,6 +545,7 @@ impl LoopState {
             if dqn.updates().is_multiple_of(cfg.publish_every.max(1)) {
                 let p0 = Instant::now();
                 self.version += 1;
+                inject_oom(oom, dqn.updates(), OomSite::Publish);
                 publisher.offer(self.version, steps.get(), dqn);
                 self.t.publish += p0.elapsed().as_secs_f64();
             }
@@ -475,6 +553,7 @@ impl LoopState {
                 let m0 = Instant::now();
                 // A report's split must add up: total as of now, like its parts.
                 self.t.total = self.start.elapsed().as_secs_f64();
+                inject_oom(oom, dqn.updates(), OomSite::Stats);
                 let stats = dqn.take_stats();
                 self.nonfinite_total += stats.nonfinite;
                 self.last = LearnerReport {
@@ -519,6 +598,96 @@ impl LoopState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// The fake device: copies up to this number are done.
+        static DONE: Cell<u64> = const { Cell::new(0) };
+        static MADE: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// A stopwatch whose copy is done once [`DONE`] reaches its number.
+    struct FakeWatch {
+        copy: Cell<u64>,
+    }
+
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+    impl Watch for FakeWatch {
+        fn start(&self) -> bool {
+            self.copy
+                .set(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            true
+        }
+
+        fn stop(&self) -> bool {
+            true
+        }
+
+        fn elapsed_s(&self) -> Option<f64> {
+            (self.copy.get() <= DONE.get()).then_some(0.001)
+        }
+    }
+
+    fn fake(_device: usize) -> Option<FakeWatch> {
+        MADE.set(MADE.get() + 1);
+        Some(FakeWatch {
+            copy: Cell::new(u64::MAX),
+        })
+    }
+
+    #[test]
+    fn the_copy_timer_holds_a_bounded_number_of_events() {
+        let mut t = CopyTimer::with(0, fake(0).unwrap(), fake);
+        // The learner's cadence: a device wait (everything done) every 128 copies.
+        for round in 0..10 {
+            for _ in 0..128 {
+                let w = t.start();
+                t.stop(w);
+            }
+            DONE.set(NEXT.load(std::sync::atomic::Ordering::Relaxed) - 1);
+            let s = t.collect();
+            assert!((s - 0.128).abs() < 1e-9, "round {round}: {s}");
+            assert_eq!(t.pending.len(), 0);
+        }
+        assert!(t.held() <= 129, "reused: {}", t.held());
+        // Nothing ever waits (as with a side stream, had the timer been made): 10,000
+        // copies hold at most MAX_PENDING_COPY_TIMES stopwatches, the rest untimed.
+        for _ in 0..10_000 {
+            let w = t.start();
+            t.stop(w);
+            let _ = t.collect();
+        }
+        assert!(t.held() <= MAX_PENDING_COPY_TIMES + 1, "{}", t.held());
+        assert!(MADE.get() as usize <= MAX_PENDING_COPY_TIMES + 1);
+        assert_eq!(t.untimed, 10_000 - MAX_PENDING_COPY_TIMES as u64);
+        // Once the device catches up they are collected and reused.
+        DONE.set(u64::MAX);
+        assert!(t.collect() > 0.0);
+        assert_eq!(t.pending.len(), 0);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device: run with --ignored on a GPU host"]
+    fn a_real_cuda_over_allocation_is_recognised_as_out_of_memory() {
+        use tch::{Device, Kind, Tensor};
+        // 4 TiB through PyTorch's caching allocator: its own message, recognised.
+        let e = Tensor::f_zeros([1i64 << 40], (Kind::Float, Device::Cuda(0)))
+            .expect_err("4 TiB does not fit")
+            .to_string();
+        eprintln!("a real allocation failure: {e}");
+        assert!(is_out_of_memory(&e), "{e}");
+        // The device goes on working, and no error is left for a later call.
+        let t = Tensor::ones([4], (Kind::Float, Device::Cuda(0)));
+        assert_eq!(t.sum(Kind::Float).double_value(&[]), 4.0);
+        assert_eq!(crate::cuda::take_last_error().unwrap(), 0);
+    }
+
+    #[test]
+    fn no_copy_timer_with_a_side_stream_or_on_the_cpu() {
+        assert!(CopyTimer::new(tch::Device::Cuda(0), true).is_none());
+        assert!(CopyTimer::new(tch::Device::Cpu, false).is_none());
+    }
 
     #[test]
     fn allocation_failures_are_recognised() {
@@ -528,8 +697,20 @@ mod tests {
         assert!(is_out_of_memory(
             "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you tried to allocate 1099511627776 bytes."
         ));
+        for cuda in [
+            "called `Result::unwrap()` on an `Err` value: Torch(\"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB\")",
+            "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported",
+            "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+            "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+            "cuDNN error: CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+        ] {
+            assert!(is_out_of_memory(cuda), "{cuda}");
+        }
         assert!(!is_out_of_memory(
             "shape '[1, 64]' is invalid for input of size 3"
+        ));
+        assert!(!is_out_of_memory(
+            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm`"
         ));
     }
 }

@@ -430,6 +430,42 @@ fn a_component_failing_after_start_fails_the_run_promptly() {
 }
 
 #[test]
+fn out_of_memory_at_each_device_site_ends_through_the_shutdown_path() {
+    // CUDA's caching-allocator message, injected where the learner thread touches the
+    // device: each ends the run with exit status 1, the sizes and what to change, and
+    // a checkpoint kept.
+    for site in ["copy", "update", "priorities", "publish", "stats"] {
+        let dir = tempfile::tempdir().unwrap();
+        let fault = format!("oom:{site}:cuda");
+        let out = learner_cmd(&["--target-return", "1000", "--max-steps", "100000000"])
+            .args(["--replay", "prioritized", "--logdir"])
+            .arg(dir.path())
+            .env("MILLRACE_INJECT_FAULT", &fault)
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{fault}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_default();
+        assert!(
+            line.contains("the learner failed: out of memory on cpu: called")
+                && line.contains("CUDA out of memory. Tried to allocate 1024.00 GiB")
+                && line.contains(&format!("injected fault at {site}")),
+            "{fault}: {line}"
+        );
+        assert!(
+            line.contains("--batch-size") && line.contains("a checkpoint was written"),
+            "{fault}: {line}"
+        );
+        let meta: serde_json::Value = read_json(&dir.path().join("checkpoint/latest/meta.json"));
+        assert!(meta["updates"].as_u64().unwrap() >= 50, "{fault}: {meta}");
+        assert!(meta["replay_file"].is_string(), "{fault}: replay kept too");
+    }
+}
+
+#[test]
 fn a_server_that_cannot_bind_fails_the_run_after_its_threads_started() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();

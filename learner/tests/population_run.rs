@@ -65,6 +65,61 @@ fn rows(logdir: &Path) -> Vec<BTreeMap<String, String>> {
 }
 
 #[test]
+fn a_population_out_of_device_memory_saves_its_agents_and_says_what_to_change() {
+    // CUDA's allocator message, injected at each of the group's device sites in turn.
+    for site in ["copy", "update", "publish", "stats"] {
+        let dir = tempfile::tempdir().unwrap();
+        let fault = format!("oom:{site}:cuda");
+        let out = Command::new(env!("CARGO_BIN_EXE_learner"))
+            .args([
+                "--env",
+                "CartPole-v1",
+                "--cpu",
+                "--population",
+                "2",
+                "--seed",
+                "1",
+            ])
+            .args([
+                "--max-steps",
+                "1000000",
+                "--target-return",
+                "1000",
+                "--no-progress",
+            ])
+            .args(["--publish-every", "1", "--population-threads", "1", "--logdir"])
+            .arg(dir.path())
+            .env("RUST_LOG", "warn")
+            .env("MILLRACE_INJECT_FAULT", &fault)
+            .output()
+            .unwrap();
+        let log = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{fault}: {log}");
+        let line = log
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_default();
+        assert!(
+            line.contains("the population group failed: out of memory on cpu: called")
+                && line.contains("CUDA out of memory. Tried to allocate")
+                && line.contains(&format!("injected fault at {site}"))
+                && line.contains("--batch-size"),
+            "{fault}: {line}"
+        );
+        assert!(
+            line.contains("the state of its 2 training agents was saved"),
+            "{fault}: {line}"
+        );
+        for agent in 0..2 {
+            let meta = dir.path().join(format!(
+                "agents/agent-{agent:03}/checkpoint/latest/meta.json"
+            ));
+            assert!(meta.exists(), "{fault}: {}", meta.display());
+        }
+    }
+}
+
+#[test]
 fn each_agent_of_a_cartpole_population_solves_and_its_policy_plays() {
     let dir = tempfile::tempdir().unwrap();
     // One thread: the three agents share one stacked update, and leave it one by one.

@@ -7,6 +7,7 @@ mod coordinator;
 mod lockstep;
 mod population;
 mod population_agent;
+mod population_oom;
 mod population_resume;
 mod population_staging;
 mod setup;

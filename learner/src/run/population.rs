@@ -24,6 +24,7 @@
 //! `population.csv`.
 
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -32,15 +33,17 @@ use std::time::Instant;
 use millrace_proto::Params;
 
 use super::population_agent::{agents, evaluate_agent, Agent, Live, Member};
+use super::population_oom;
 use super::population_resume::{self, Saved};
 use super::population_staging::PopulationStaging;
 use super::RunError;
-use crate::config::RunConfig;
+use crate::config::{OomSite, RunConfig};
 use crate::dqn::Dqn;
 use crate::population_board;
 use crate::population_results::{AgentEnd, AgentResult, AgentSetup, PopulationSummary};
 use crate::server::{AgentPorts, Routes, ServerContext, ServerHandle};
 use crate::sweep::{GroupKey, Settings};
+use crate::update_loop::{inject_oom, is_out_of_memory};
 
 /// Publishes each running agent's row of the population's parameters to its actors;
 /// only to the agents `only` says, if it says.
@@ -371,6 +374,9 @@ struct Group {
 }
 
 /// What every group of a run shares.
+/// Stacked updates before an injected out-of-memory strikes (tests of that path).
+const OOM_AFTER: u64 = 50;
+
 #[derive(Clone, Copy)]
 struct RunShared<'a> {
     cfg: &'a RunConfig,
@@ -495,7 +501,7 @@ fn train_group(
         }
         // Batches drawn for an update that did not happen are dropped with the old
         // shape (the replay ratio absorbs one batch per agent).
-        let mut staging = PopulationStaging::new(&env.obs, running.len(), batch_size);
+        let mut staging = PopulationStaging::new(&env.obs, running.len(), batch_size, device);
         // Rounds until an agent ends.
         loop {
             let stopping = stop.iter().any(|s| s.load(Ordering::Relaxed));
@@ -574,28 +580,61 @@ fn train_group(
                 if !staging.all_ready() || (ports.is_some() && t1.elapsed() >= REMOTE_ROUND) {
                     break;
                 }
-                let batch = staging.take(device);
-                let _td = d.update(&batch);
-                drop(batch);
-                if d.updates().is_multiple_of(cfg.learner.publish_every.max(1)) {
-                    version += 1;
-                    publish(d, &running, &mut agents, version, None);
-                }
-                if d.updates().is_multiple_of(256) {
-                    for (row, streak) in d.nonfinite_streaks().into_iter().enumerate() {
-                        let a = running[row];
-                        if streak >= cfg.learner.max_nonfinite && agents[a].end.is_none() {
-                            tracing::warn!(
-                                "agent {}: {streak} non-finite updates in a row: stopped, the others go on",
-                                agents[a].index
-                            );
-                            agents[a].end = Some((
-                                AgentEnd::Diverged,
-                                agents[a].steps.get(),
-                                started.elapsed().as_secs_f64(),
-                            ));
+                // The device's part: an allocation failure anywhere in it (the copy, the
+                // update, publishing, statistics) ends the group with its agents saved.
+                let oom = cfg.faults.oom.map(|f| (f, OOM_AFTER));
+                let round = catch_unwind(AssertUnwindSafe(|| {
+                    inject_oom(oom, d.updates(), OomSite::Copy);
+                    let batch = staging.take(device);
+                    inject_oom(oom, d.updates(), OomSite::Update);
+                    let _td = d.update(&batch);
+                    drop(batch);
+                    if d.updates().is_multiple_of(cfg.learner.publish_every.max(1)) {
+                        version += 1;
+                        inject_oom(oom, d.updates(), OomSite::Publish);
+                        publish(d, &running, &mut agents, version, None);
+                    }
+                    if d.updates().is_multiple_of(256) {
+                        inject_oom(oom, d.updates(), OomSite::Stats);
+                        for (row, streak) in d.nonfinite_streaks().into_iter().enumerate() {
+                            let a = running[row];
+                            if streak >= cfg.learner.max_nonfinite && agents[a].end.is_none() {
+                                tracing::warn!(
+                                    "agent {}: {streak} non-finite updates in a row: stopped, the others go on",
+                                    agents[a].index
+                                );
+                                agents[a].end = Some((
+                                    AgentEnd::Diverged,
+                                    agents[a].steps.get(),
+                                    started.elapsed().as_secs_f64(),
+                                ));
+                            }
                         }
                     }
+                }));
+                if let Err(panic) = round {
+                    let msg = crate::panic_message(&*panic);
+                    if !is_out_of_memory(&msg) {
+                        std::panic::resume_unwind(panic);
+                    }
+                    let per_agent = agents[running[0]].live().table.bytes_per_item() as usize
+                        * cfg.replay.capacity;
+                    let footprint = population_oom::footprint(
+                        cfg,
+                        &env,
+                        &network,
+                        running.len(),
+                        per_agent,
+                        device,
+                    );
+                    return Err(population_oom::ended(
+                        &msg,
+                        &footprint,
+                        d,
+                        &running,
+                        &agents,
+                        (&network, &env, version),
+                    ));
                 }
             }
             let t2 = Instant::now();

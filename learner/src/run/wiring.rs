@@ -148,7 +148,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
             )
         }),
         panic_after: cfg.faults.learner_panic.then_some(50),
-        oom_after: cfg.faults.learner_oom.then_some(50),
+        oom: cfg.faults.oom.map(|f| (f, 50)),
     };
     let loop_cfg = cfg.learner.clone();
     let learner_writer = Arc::clone(&writer);

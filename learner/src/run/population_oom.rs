@@ -1,0 +1,87 @@
+//! A population group that runs out of device memory ends as the learner thread does:
+//! every training agent's state saved where the device still allows it, the sizes
+//! involved and what to change said in one line, exit status 1. Other groups see the
+//! failure and stop (saving theirs) as on an interrupt.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use millrace_proto::{EnvSpec, NetworkSpec};
+
+use super::population_agent::Agent;
+use super::RunError;
+use crate::config::{DeviceChoice, RunConfig};
+use crate::dqn::Dqn;
+use crate::memory::Footprint;
+
+/// What a group of `agents` agents holds: the stacked networks with their optimizer
+/// state and gradient, one stacked batch (on the device, and its staging), and the
+/// agents' replays (host memory).
+pub(super) fn footprint(
+    cfg: &RunConfig,
+    env: &EnvSpec,
+    network: &NetworkSpec,
+    agents: usize,
+    replay_bytes_per_agent: usize,
+    device: tch::Device,
+) -> Footprint {
+    let batch_bytes = agents * cfg.batch_size * (2 * env.obs.row_bytes() + 16);
+    Footprint {
+        device: match device {
+            tch::Device::Cuda(i) => DeviceChoice::Cuda(i),
+            _ => DeviceChoice::Cpu,
+        },
+        params_bytes: 5 * 4 * network.layout().len * agents,
+        batch_bytes,
+        staging_bytes: batch_bytes,
+        replay_bytes: replay_bytes_per_agent * agents,
+        batch_size: cfg.batch_size,
+    }
+}
+
+/// The error for an allocation failure `message` in a group training `running`
+/// (indices into `agents`, row by row of `dqn`), after saving each one's state for
+/// `--resume`. Copying a state off a device that is out of memory can fail too: those
+/// agents are named.
+pub(super) fn ended(
+    message: &str,
+    footprint: &Footprint,
+    dqn: &Dqn,
+    running: &[usize],
+    agents: &[Agent],
+    (network, env, version): (&NetworkSpec, &EnvSpec, u64),
+) -> RunError {
+    let mut lost = Vec::new();
+    for (row, &a) in running.iter().enumerate() {
+        let agent = &agents[a];
+        let saved = catch_unwind(AssertUnwindSafe(|| {
+            agent.save(&dqn.agent_state(row), network, env, version)
+        }));
+        match saved {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => lost.push(format!("agent {}: {e}", agent.index)),
+            Err(p) => lost.push(format!(
+                "agent {}: {}",
+                agent.index,
+                crate::panic_message(&*p)
+            )),
+        }
+    }
+    let checkpoint = if lost.is_empty() {
+        format!(
+            "the state of its {} training agents was saved in agents/agent-NNN/checkpoint/latest/ for --resume",
+            running.len()
+        )
+    } else {
+        format!(
+            "{} of its {} training agents were saved for --resume; not saved: {}",
+            running.len() - lost.len(),
+            running.len(),
+            lost.join("; ")
+        )
+    };
+    RunError::Failed {
+        component: "population group".into(),
+        message: footprint.explain(message),
+        checkpoint,
+    }
+}
