@@ -1,47 +1,75 @@
 #!/usr/bin/env bash
-# Builds the benchmarks, the learner binary and the learner's unit tests, and copies
-# them, stripped, into .gpu/ (ignored by git) for a machine with a GPU and PyTorch
-# 2.11.0 but no Rust toolchain. There, point LD_LIBRARY_PATH at that PyTorch's torch/lib
-# and run, e.g.:
+# Builds, here, everything the GPU check (bench/gpu_check.sh) runs on a machine with a
+# GPU and PyTorch 2.11.0 but no Rust toolchain: the learner, the ceiling, overlap and
+# population benchmarks and the learner's lib tests (the GPU-only ones among them),
+# in the CUDA feature set without the Gymnasium bridge (libtorch_cuda linked, no
+# libpython: the Rust ports and CatchPixels-v0 only), stripped into one git-ignored
+# folder, .gpu/ (or $GPU_BIN).
 #
-#   TL=$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib
-#   LD_LIBRARY_PATH=$TL .gpu/learner doctor                     # the set-up, checked
-#   LD_LIBRARY_PATH=$TL .gpu/learner-tests --include-ignored     # every unit test, the
-#                                                 # GPU-only ones (#[ignore] here) included
-#   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --actors 64 [--copy-stream]
-#   LD_LIBRARY_PATH=$TL .gpu/overlap --seconds 6 --only cnn --checkpoint-every 2
-#   LD_LIBRARY_PATH=$TL .gpu/ceiling --hidden 64,64 --batch 32,512
-#   LD_LIBRARY_PATH=$TL .gpu/ceiling --net nature --batch 32,512 --precision fp32,bf16,fp32,bf16
-#   LD_LIBRARY_PATH=$TL .gpu/learner --logdir /tmp/run [--copy-stream]
-#   LD_LIBRARY_PATH=$TL .gpu/population --k 1,8,64,256,1024 --seconds 2   # stacked updates
-#   LD_LIBRARY_PATH=$TL .gpu/population --net cnn --k 1,8,32,64 --seconds 2
-#   LD_LIBRARY_PATH=$TL .gpu/learner --population 64 --hidden 64,64 --batch-size 32 \
-#       --gpu 0 --logdir /tmp/pop                                # wall time to targets
+# Fails loudly on any cargo error or missing output. Prints the folder's size (it
+# travels with the working tree: 64 MiB in all, so it must stay under 60 MiB), the
+# highest glibc symbol version the binaries need (the GPU machine's glibc must be at
+# least that) and that none of them needs libpython.
 #
-# The binaries' rpath points at this machine's virtualenv; LD_LIBRARY_PATH overrides it.
-# They are built without the Gymnasium bridge (--no-default-features --features cuda:
-# libtorch_cuda linked, no libpython needed there; the Rust ports and CatchPixels-v0
-# only).
+# Then the one call on the GPU machine, from the repository root, with .gpu carried:
+#   bash bench/gpu_check.sh          (BENCHMARKS.md, "GPU: the one call")
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/env.sh
 source "$here/../scripts/env.sh"
 cd "$here/.."
-"$here/../scripts/setup.sh" >/dev/null
-mkdir -p .gpu
+"$here/../scripts/setup.sh"
+out="${GPU_BIN:-.gpu}"
+rm -rf "$out"
+mkdir -p "$out"
+# Everything in the release profile (the benchmarks' own): one build of the
+# dependencies serves all three, and the lib tests run optimised there.
+features=(-p millrace-learner --no-default-features --features cuda --locked)
+messages="$(mktemp)"
+trap 'rm -f "$messages"' EXIT
+cargo build --release "${features[@]}" --bin learner --message-format=json-render-diagnostics >>"$messages"
+cargo bench "${features[@]}" --bench ceiling --bench overlap --bench population --no-run \
+    --message-format=json-render-diagnostics >>"$messages"
+cargo test --release "${features[@]}" --lib --no-run --message-format=json-render-diagnostics >>"$messages"
+# name<TAB>executable for each binary built.
 executables='
 import json, sys
-for line in sys.stdin:
+for line in open(sys.argv[1]):
+    if not line.startswith("{"):
+        continue
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        lib_tests = m["target"]["kind"] == ["lib"]
-        print("learner-tests" if lib_tests else m["target"]["name"], m["executable"])
+        t = m["target"]
+        name = "learner-tests" if t["kind"] == ["lib"] else t["name"]
+        print(name + "\t" + m["executable"])
 '
-{
-  cargo bench -p millrace-learner --no-default-features --features cuda --bench overlap --bench ceiling --bench population --no-run --message-format=json
-  cargo build --release -p millrace-learner --no-default-features --features cuda --bin learner --message-format=json
-  cargo test -p millrace-learner --no-default-features --features cuda --lib --no-run --message-format=json
-} 2>/dev/null | python3 -c "$executables" | sort -u -k1,1 | while read -r name exe; do
-  strip -o ".gpu/$name" "$exe"
-  echo ".gpu/$name ($(du -h ".gpu/$name" | cut -f1))"
+declare -A built=()
+while IFS=$'\t' read -r name exe; do
+    built[$name]="$exe"
+done < <(python3 -c "$executables" "$messages")
+for name in learner ceiling overlap population learner-tests; do
+    exe="${built[$name]:-}"
+    if [[ -z "$exe" || ! -x "$exe" ]]; then
+        echo "gpu_prepare: cargo reported no executable for $name" >&2
+        exit 1
+    fi
+    strip -o "$out/$name" "$exe"
 done
+echo "gpu_prepare: $out/"
+(cd "$out" && du -h -- *) | sed 's/^/  /'
+size_kib="$(du -sk "$out" | cut -f1)"
+echo "gpu_prepare: $((size_kib / 1024)) MiB in all (the limit here: 60 MiB, so the tree still travels)"
+if ((size_kib > 60 * 1024)); then
+    echo "gpu_prepare: $out is over 60 MiB: it would not travel with the working tree" >&2
+    exit 1
+fi
+glibc="$(objdump -T "$out"/* | grep -o 'GLIBC_[0-9][0-9.]*' | sort -uV | tail -1)"
+echo "gpu_prepare: the highest glibc symbol version needed: $glibc (this machine: $(ldd --version | head -1 | grep -o '[0-9.]*$'))"
+for f in "$out"/*; do
+    if readelf -d "$f" | grep -q 'NEEDED.*libpython'; then
+        echo "gpu_prepare: $f needs libpython; the GPU machine's python is not ours" >&2
+        exit 1
+    fi
+done
+echo "gpu_prepare: none of them needs libpython; libraries needed: $(readelf -d "$out"/* | grep -o 'NEEDED.*\[.*\]' | grep -o '\[.*\]' | sort -u | tr -d '[]' | tr '\n' ' ')"
+echo "gpu_prepare: ready; carry $out (run: bash bench/gpu_check.sh, timeout 480 s)"

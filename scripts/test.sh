@@ -16,6 +16,12 @@ cargo test --workspace --locked "$@"
 no_gym=(env CARGO_TARGET_DIR="$CARGO_TARGET_DIR/no-gym")
 "${no_gym[@]}" cargo clippy -p millrace-actor --all-targets --no-default-features --locked -- -D warnings
 "${no_gym[@]}" cargo test -p millrace-actor --no-default-features --locked "$@"
+# The GPU check's rehearsal: the CUDA-feature build it carries (bench/gpu_prepare.sh:
+# the learner, the benchmarks and the lib tests, stripped into .gpu/) and the script a
+# lent GPU machine runs, here on the CPU with every step shortened (CPU_DRY=1), so
+# neither rots between the days a device is lent.
+bench/gpu_prepare.sh
+CPU_DRY=1 bash bench/gpu_check.sh
 # The local cluster (deploy/): where Docker runs, the images are built (deploy/build.sh;
 # Docker's cache makes this seconds after the first time) and the cluster is brought up
 # and put through its paces; elsewhere the test is reported as skipped, not passed.

@@ -166,6 +166,13 @@ fn parse() -> Opts {
         }
         i += 2;
     }
+    if o.copy_stream && !matches!(o.device, Device::Cuda(_)) {
+        eprintln!(
+            "error: --copy-stream needs a CUDA device (this run is on {:?})",
+            o.device
+        );
+        std::process::exit(2);
+    }
     o
 }
 

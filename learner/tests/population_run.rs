@@ -87,7 +87,13 @@ fn a_population_out_of_device_memory_saves_its_agents_and_says_what_to_change() 
                 "1000",
                 "--no-progress",
             ])
-            .args(["--publish-every", "1", "--population-threads", "1", "--logdir"])
+            .args([
+                "--publish-every",
+                "1",
+                "--population-threads",
+                "1",
+                "--logdir",
+            ])
             .arg(dir.path())
             .env("RUST_LOG", "warn")
             .env("MILLRACE_INJECT_FAULT", &fault)
