@@ -174,7 +174,7 @@ fn main() {
                 Net::Minatar => "minatar".into(),
             };
             let batch = common::random_batch(&obs, actions, b, o.device);
-            let cadence = common::learner_cadence(&obs, b, o.device);
+            let cadence = common::learner_cadence(&obs, b, o.device, false);
             let mut first = None;
             for &precision in &o.precision {
                 for &layer_norm in &o.layer_norm {

@@ -206,7 +206,16 @@ fn pin(which: usize) {
 
 /// (a) updates/s on a batch already on the device, optionally with an unthrottled actor
 /// busy on the other core (to tell interference between cores from pipeline overhead).
-fn ceiling(net: Net, b: usize, device: Device, seconds: f64, busy_neighbour: bool) -> f64 {
+/// With `copy_stream`, on the side-stream learner's cadence (it never waits for the
+/// device).
+fn ceiling(
+    net: Net,
+    b: usize,
+    device: Device,
+    seconds: f64,
+    busy_neighbour: bool,
+    copy_stream: bool,
+) -> f64 {
     let control = Arc::new(Control::default());
     let neighbour = busy_neighbour.then(|| {
         let control = Arc::clone(&control);
@@ -216,7 +225,7 @@ fn ceiling(net: Net, b: usize, device: Device, seconds: f64, busy_neighbour: boo
             run_one_actor(net, 0, &params, &mut Discard(Arc::default()), &control);
         })
     });
-    let rate = ceiling_loop(net, b, device, seconds);
+    let rate = ceiling_loop(net, b, device, seconds, copy_stream);
     control.stop.store(true, Ordering::Relaxed);
     if let Some(h) = neighbour {
         h.join().unwrap();
@@ -224,12 +233,12 @@ fn ceiling(net: Net, b: usize, device: Device, seconds: f64, busy_neighbour: boo
     rate
 }
 
-fn ceiling_loop(net: Net, b: usize, device: Device, seconds: f64) -> f64 {
+fn ceiling_loop(net: Net, b: usize, device: Device, seconds: f64, copy_stream: bool) -> f64 {
     let env = net.env();
     let mut dqn = Dqn::new(net.network(), DqnConfig::default(), device, 0);
     let batch = common::random_batch(&env.obs, env.num_actions, b, device);
     // At least 20 updates, however slow one is (the Nature CNN at batch 512 on a CPU).
-    let cadence = common::learner_cadence(&env.obs, b, device);
+    let cadence = common::learner_cadence(&env.obs, b, device, copy_stream);
     common::updates_per_s(&mut dqn, &batch, device, seconds, 20, cadence)
 }
 
@@ -687,8 +696,8 @@ fn main() {
         let row_bytes = net.env().obs.row_bytes();
         let memcpy = memcpy_bw(row_bytes.max(64), o.seconds.min(2.0));
         for &b in &o.batches {
-            let a = ceiling(net, b, o.device, o.seconds, false);
-            let a_busy = ceiling(net, b, o.device, o.seconds, true);
+            let a = ceiling(net, b, o.device, o.seconds, false, o.copy_stream);
+            let a_busy = ceiling(net, b, o.device, o.seconds, true, o.copy_stream);
             let prefill = o.checkpoint_every.is_some();
             let e = end_to_end(
                 net,

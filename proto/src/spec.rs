@@ -234,8 +234,12 @@ impl NetworkSpec {
             layer_norm: false,
         };
         let dims = spec.conv_shapes();
-        match dims.last() {
-            Some(&(c, h, w)) if h > 0 && w > 0 => spec.obs_dim = c * h * w,
+        let size = dims
+            .last()
+            .filter(|(_, h, w)| *h > 0 && *w > 0)
+            .and_then(|&(c, h, w)| c.checked_mul(h)?.checked_mul(w));
+        match size {
+            Some(n) => spec.obs_dim = n,
             _ => {
                 return Err(SpecError::BadValue(format!(
                     "{:?} is too small for the convolutions {conv:?}",
@@ -281,7 +285,11 @@ impl NetworkSpec {
                 ));
             }
             match self.conv_shapes().last() {
-                Some(&(c, h, w)) if h > 0 && w > 0 && c * h * w == self.obs_dim => {}
+                Some(&(c, h, w))
+                    if h > 0
+                        && w > 0
+                        && c.checked_mul(h).and_then(|x| x.checked_mul(w))
+                            == Some(self.obs_dim) => {}
                 _ => {
                     return bad(format!(
                         "the convolutions {:?} over {:?} do not give the head's {} inputs",
@@ -573,6 +581,11 @@ mod tests {
         let mut off = good.clone();
         off.obs_dim += 1;
         assert!(off.validate().unwrap_err().to_string().contains("head's"));
+        // Sizes whose product overflows are refused, not wrapped.
+        let mut vast = good.clone();
+        vast.image = vec![4, usize::MAX / 2, usize::MAX / 2];
+        vast.conv[2].out_channels = usize::MAX / 4;
+        assert!(vast.validate().is_err());
     }
 
     #[test]

@@ -343,8 +343,10 @@ impl Table {
     /// their place), bounds an actor's (`from_actor`) at [`ACTOR_PRIORITY_HEADROOM`]
     /// times the learner's largest, counting those it clamps, and raises the running
     /// maximum to the valid ones as stored. Returns the bound the shard applies. A
-    /// restored replay's priorities (`!from_actor`) are the learner's own: unbounded,
-    /// and they raise the learner's maximum.
+    /// restored replay's priorities (`!from_actor`) are stored as they were, unbounded,
+    /// but they do not move the learner's maximum either: they include actors' clamped
+    /// ones, and each resume would raise the bound tenfold; the learner's first
+    /// updates set it again.
     fn screen_priorities(&self, batch: &TransitionBatch, from_actor: bool) -> f64 {
         let cap = if from_actor {
             ACTOR_PRIORITY_HEADROOM * self.learner_max_priority.get()
@@ -376,9 +378,6 @@ impl Table {
                 .fetch_add(clamped, Ordering::Relaxed);
         }
         self.max_priority.raise(max);
-        if !from_actor {
-            self.learner_max_priority.raise(max);
-        }
         cap
     }
 
@@ -1352,11 +1351,16 @@ mod tests {
             .unwrap();
         let least = out.weights.iter().copied().fold(f32::INFINITY, f32::min);
         assert!(least > 0.05, "{:?}", out.weights);
-        // A restored replay's priorities are the learner's own: kept as they were.
+        // A restored replay's priorities are kept as they were, and do not move the
+        // bound (they hold actors' clamped ones: each resume would raise it tenfold).
         let restored = prioritized(100, 1, 0.6, 0.4);
         t.snapshot(|shard, b| restored.restore(shard, &b).unwrap());
         assert_eq!(priorities_by_action(&restored), priorities_by_action(&t));
         assert_eq!(restored.stats().clamped_priorities, 0);
+        restored
+            .insert(&with_priorities(0, 9, 9..10, |_| 3.4e38))
+            .unwrap();
+        assert_eq!(priorities_by_action(&restored)[9], (9, 10.0));
     }
 
     #[test]

@@ -110,8 +110,8 @@ pub fn updates_per_s(
     n as f64 / took.as_secs_f64()
 }
 
-/// The learner's cadence for `b` observations `obs` on `device` (without a side
-/// stream).
-pub fn learner_cadence(obs: &ObsSpec, b: usize, device: Device) -> Cadence {
-    Cadence::learner(obs, b, matches!(device, Device::Cuda(_)), false)
+/// The learner's cadence for `b` observations `obs` on `device`, with or without a
+/// side copy stream.
+pub fn learner_cadence(obs: &ObsSpec, b: usize, device: Device, copy_stream: bool) -> Cadence {
+    Cadence::learner(obs, b, matches!(device, Device::Cuda(_)), copy_stream)
 }

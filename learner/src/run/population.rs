@@ -627,14 +627,24 @@ fn train_group(
                         per_agent,
                         device,
                     );
-                    return Err(population_oom::ended(
+                    let error = population_oom::ended(
                         &msg,
                         &footprint,
                         d,
                         &running,
                         &agents,
                         (&network, &env, version),
-                    ));
+                    );
+                    // As when stopping: remote actors are told, then inserts they are
+                    // blocked in end (nothing samples these tables any more).
+                    if let Some(server) = server {
+                        server
+                            .announce(crate::server::goodbye_for(false, "the learner is stopping"));
+                        for &a in &running {
+                            agents[a].live().table.close();
+                        }
+                    }
+                    return Err(error);
                 }
             }
             let t2 = Instant::now();
