@@ -213,8 +213,7 @@ impl OomFault {
              unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
              to avoid fragmentation."
         } else {
-            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: \
-             you tried to allocate 1099511627776 bytes."
+            "DefaultCPUAllocator: not enough memory: you tried to allocate 1099511627776 bytes."
         };
         format!(
             "called `Result::unwrap()` on an `Err` value: Torch(\"{torch} (injected fault at {})\")",

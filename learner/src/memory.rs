@@ -27,7 +27,7 @@ impl Footprint {
     /// naming the sizes involved and what to change. (Where the state was saved, the
     /// run's shutdown adds.)
     pub fn explain(&self, what: &str) -> String {
-        let first_line = what.lines().next().unwrap_or(what).trim();
+        let first_line = first_line(torch_words(what));
         let free = match self.device {
             DeviceChoice::Cuda(i) => match crate::cuda::memory(i) {
                 Ok((free, total)) => format!(
@@ -56,6 +56,25 @@ impl Footprint {
     }
 }
 
+/// libtorch's own words in a panic from `tch` (`called `Result::unwrap()` on an `Err`
+/// value: Torch("…")`), or the message as it is.
+fn torch_words(what: &str) -> &str {
+    match what.find("Torch(\"") {
+        Some(i) => {
+            let words = &what[i + "Torch(\"".len()..];
+            words.strip_suffix("\")").unwrap_or(words)
+        }
+        None => what,
+    }
+}
+
+/// The first line, also where the line breaks are escaped (`\n` in a `Debug`-printed
+/// error).
+fn first_line(text: &str) -> &str {
+    let line = text.lines().next().unwrap_or(text);
+    line.split("\\n").next().unwrap_or(line).trim()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +97,17 @@ mod tests {
             "{msg}"
         );
         assert!(!msg.contains("Exception raised"), "first line only: {msg}");
+        // Through tch: libtorch's words alone, up to their first (escaped) line break.
+        let wrapped = f.explain(
+            "called `Result::unwrap()` on an `Err` value: Torch(\"CUDA out of memory. Tried to allocate 2.00 GiB\\nframe #0: c10::alloc\")",
+        );
+        assert!(
+            wrapped.contains(
+                "out of memory on cpu: CUDA out of memory. Tried to allocate 2.00 GiB. The"
+            ) && !wrapped.contains("unwrap")
+                && !wrapped.contains("frame #0"),
+            "{wrapped}"
+        );
         for part in [
             "20.0 MiB",
             "a batch of 512 takes 3.0 MiB",

@@ -450,8 +450,9 @@ fn out_of_memory_at_each_device_site_ends_through_the_shutdown_path() {
             .find(|l| l.starts_with("error:"))
             .unwrap_or_default();
         assert!(
-            line.contains("the learner failed: out of memory on cpu: called")
-                && line.contains("CUDA out of memory. Tried to allocate 1024.00 GiB")
+            line.contains(
+                "the learner failed: out of memory on cpu: CUDA out of memory. Tried to allocate 1024.00 GiB"
+            )
                 && line.contains(&format!("injected fault at {site}")),
             "{fault}: {line}"
         );

@@ -106,8 +106,9 @@ fn a_population_out_of_device_memory_saves_its_agents_and_says_what_to_change() 
             .find(|l| l.starts_with("error:"))
             .unwrap_or_default();
         assert!(
-            line.contains("the population group failed: out of memory on cpu: called")
-                && line.contains("CUDA out of memory. Tried to allocate")
+            line.contains(
+                "the population group failed: out of memory on cpu: CUDA out of memory. Tried to allocate"
+            )
                 && line.contains(&format!("injected fault at {site}"))
                 && line.contains("--batch-size"),
             "{fault}: {line}"

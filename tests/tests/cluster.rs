@@ -96,12 +96,20 @@ fn training_survives_an_actor_killed_mid_run_and_the_replacement_contributes() {
 
 /// Whether the learner logged that the actor named `name` joined.
 fn joined(l: &Learner, name: &str) -> bool {
-    let needle = format!("actor \"{name}\" joined");
+    logged(l, &format!("actor \"{name}\" joined"))
+}
+
+/// Whether the learner logged that the actor named `name`'s transitions are stored.
+fn feeds(l: &Learner, name: &str) -> bool {
+    logged(l, &format!("actor \"{name}\" feeds replay"))
+}
+
+fn logged(l: &Learner, needle: &str) -> bool {
     l.log
         .lock()
         .unwrap()
         .iter()
-        .any(|line| line.contains(&needle))
+        .any(|line| line.contains(needle))
 }
 
 #[test]
@@ -123,6 +131,12 @@ fn actors_reconnect_to_a_learner_that_died_and_came_back() {
         joined(&second, "one") && joined(&second, "two")
     });
     under_way(&second, 1_000);
+    // Stored, not only sent: a batch the rate limiter still holds back does not count.
+    wait_until(
+        "both actors feed the restarted learner",
+        Duration::from_secs(60),
+        || feeds(&second, "one") && feeds(&second, "two"),
+    );
     signal(&second.child, "-TERM");
     let (code, out, log) = finish(second, Duration::from_secs(60));
     assert_eq!(code, Some(130), "{out}");

@@ -110,7 +110,7 @@ impl Drop for SessionRoute {
 }
 
 /// Who a session's transitions come from, as the handshake settled it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Session {
     /// The actor's id (its first exploration index).
     id: u32,
@@ -121,6 +121,8 @@ struct Session {
     n_step: u32,
     /// Transitions per batch the welcome asked for.
     batch_rows: u32,
+    /// What the actor calls itself (for the log).
+    name: String,
 }
 
 impl Connection {
@@ -207,6 +209,7 @@ impl Connection {
             envs: indices.len(),
             n_step,
             batch_rows,
+            name: hello.actor_name.clone(),
         };
         let outcome = self.session(&mut rd, session, &route, &mut received).await;
         drop(route);
@@ -495,6 +498,7 @@ impl Connection {
             envs,
             n_step,
             batch_rows,
+            name,
         }: Session,
         route: &SessionRoute,
         received: &mut u64,
@@ -590,6 +594,13 @@ impl Connection {
                         // Env steps count once their transitions are stored: a refused
                         // batch cannot end a run by its step budget.
                         Ok(()) => {
+                            if *received == 0 && !batch.is_empty() {
+                                tracing::info!(
+                                    "{}: actor {name:?} feeds replay: its first {} are stored",
+                                    self.peer,
+                                    batch.len()
+                                );
+                            }
                             *received += batch.len() as u64;
                             steps.add(batch.len() as u64);
                         }
