@@ -14,6 +14,8 @@
 //! `bench/population.sh` runs it beside PyTorch's own answer (`torch.func` vmap over
 //! stacked modules, bench/population_vmap.py) in one sitting.
 
+mod common;
+
 use std::time::Instant;
 
 use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
@@ -65,30 +67,13 @@ fn main() {
     let device = if args.iter().any(|a| a == "--cpu") {
         Device::Cpu
     } else if let Some(i) = arg(&args, "--gpu") {
-        let i = i.parse().expect("--gpu N");
-        match millrace_learner::cli::resolve_device(false, Some(i)) {
-            Ok(d) => d.device(),
-            Err(e) => {
-                eprintln!("error: {e}");
-                std::process::exit(2);
-            }
-        }
+        common::gpu(&i)
     } else {
         Device::cuda_if_available()
     };
     tch::set_num_threads(threads);
     // The learner's math on a GPU (TF32 convolutions, cuDNN benchmark on), said.
-    match millrace_learner::torch_settings::for_device(
-        device,
-        millrace_learner::torch_settings::Tf32::Conv,
-    ) {
-        Ok(Some(math)) => println!("GPU math: {math}"),
-        Ok(None) => {}
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(2);
-        }
-    }
+    common::gpu_math(device, millrace_learner::torch_settings::Tf32::Conv);
     let spec = |k: usize| -> NetworkSpec {
         if net == "cnn" {
             let obs = ObsSpec {

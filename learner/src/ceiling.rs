@@ -21,9 +21,6 @@ pub struct Cadence {
     pub stats_every: Duration,
 }
 
-/// The learner's report interval (`LoopConfig::report_every`'s default).
-pub const REPORT_EVERY: Duration = Duration::from_millis(500);
-
 impl Cadence {
     /// The learner thread's waits for batches of `batch_size` observations `obs` on a
     /// CUDA device (`cuda`) or the CPU, with the default prefetch depth, with or
@@ -33,7 +30,7 @@ impl Cadence {
             wait_every: (!copy_stream).then(|| {
                 prefetch::device_wait_every(prefetch::default_depth(obs, batch_size, cuda)) as u64
             }),
-            stats_every: REPORT_EVERY,
+            stats_every: crate::config::REPORT_EVERY,
         }
     }
 

@@ -923,7 +923,7 @@ impl TrainArgs {
             },
             learner: LoopConfig {
                 publish_every: args.publish_every,
-                report_every: Duration::from_millis(500),
+                report_every: crate::config::REPORT_EVERY,
                 checkpoint_every: args.checkpoint_every_s.map(Duration::from_secs),
                 max_nonfinite: args.max_nonfinite,
                 copy_stream: args.copy_stream,

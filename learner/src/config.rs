@@ -134,6 +134,10 @@ pub struct LoopConfig {
     pub copy_stream: bool,
 }
 
+/// How often the learner thread reads its statistics and reports (each read is one
+/// host sync on a GPU).
+pub const REPORT_EVERY: Duration = Duration::from_millis(500);
+
 /// libtorch's math settings a run asks for on CUDA devices (see `torch_settings`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct GpuMathConfig {

@@ -23,6 +23,31 @@ fn mib(bytes: usize) -> f64 {
 }
 
 impl Footprint {
+    /// What `agents` stacked agents of `params` parameters each hold on `device`:
+    /// online and target networks, Adam's moments and the gradient; one batch of
+    /// `batch_size` observations of `row_bytes` per agent (observations, next
+    /// observations, columns), `staged` batches of it in staging; `replay_bytes` of
+    /// replay.
+    pub fn of(
+        device: DeviceChoice,
+        params: usize,
+        agents: usize,
+        batch_size: usize,
+        row_bytes: usize,
+        staged: usize,
+        replay_bytes: usize,
+    ) -> Self {
+        let batch_bytes = agents * batch_size * (2 * row_bytes + 16);
+        Self {
+            device,
+            params_bytes: 5 * 4 * params * agents,
+            batch_bytes,
+            staging_bytes: staged * batch_bytes,
+            replay_bytes,
+            batch_size,
+        }
+    }
+
     /// The error message for an allocation failure `what` (libtorch's message),
     /// naming the sizes involved and what to change. (Where the state was saved, the
     /// run's shutdown adds.)

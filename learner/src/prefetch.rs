@@ -86,6 +86,17 @@ pub(crate) fn kind(dtype: DType) -> Kind {
     }
 }
 
+/// A host tensor of zeros, page-locked for copies to `pin_for` if given. Pinned
+/// through the internal op: `pin_memory(device)` is the deprecated signature (tch
+/// always passes a device), which has libtorch warn for every tensor pinned.
+pub(crate) fn host_zeros(shape: &[i64], kind: Kind, pin_for: Option<Device>) -> Tensor {
+    let t = Tensor::zeros(shape, (kind, Device::Cpu));
+    match pin_for {
+        Some(device) => t.internal_pin_memory(device),
+        None => t,
+    }
+}
+
 /// A mutable byte view of a contiguous host tensor.
 ///
 /// # Safety
@@ -111,15 +122,7 @@ impl StagingBuffer {
         let b = batch_size as i64;
         let mut obs_shape = vec![1, 2 * b];
         obs_shape.extend(obs.shape.iter().map(|d| *d as i64));
-        // The internal op: `pin_memory(device)` is the deprecated signature (tch always
-        // passes a device), which has libtorch warn for every tensor pinned.
-        let make = |shape: &[i64], k: Kind| {
-            let t = Tensor::zeros(shape, (k, Device::Cpu));
-            match pin_for {
-                Some(device) => t.internal_pin_memory(device),
-                None => t,
-            }
-        };
+        let make = |shape: &[i64], k: Kind| host_zeros(shape, k, pin_for);
         Self {
             device: None,
             obs2: make(&obs_shape, kind(obs.dtype)),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::CommandFactory;
 use millrace_learner::cli::Args;
-use millrace_tests::read_json;
+use millrace_tests::{error_line, read_json};
 
 fn learner_cmd(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_learner"));
@@ -403,10 +403,7 @@ fn a_component_failing_after_start_fails_the_run_promptly() {
         let (out, took) = faulty_run(fault, dir.path());
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{fault}: {err}");
-        let line = err
-            .lines()
-            .find(|l| l.starts_with("error:"))
-            .unwrap_or_default();
+        let line = error_line(&err);
         assert!(line.contains(component), "{fault}: {line}");
         assert!(line.contains(checkpoint), "{fault}: {line}");
         assert!(took < Duration::from_secs(60), "{fault}: took {took:?}");
@@ -445,10 +442,7 @@ fn out_of_memory_at_each_device_site_ends_through_the_shutdown_path() {
             .unwrap();
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{fault}: {err}");
-        let line = err
-            .lines()
-            .find(|l| l.starts_with("error:"))
-            .unwrap_or_default();
+        let line = error_line(&err);
         assert!(
             line.contains(
                 "the learner failed: out of memory on cpu: CUDA out of memory. Tried to allocate 1024.00 GiB"

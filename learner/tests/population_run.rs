@@ -101,10 +101,7 @@ fn a_population_out_of_device_memory_saves_its_agents_and_says_what_to_change() 
             .unwrap();
         let log = text(&out);
         assert_eq!(out.status.code(), Some(1), "{fault}: {log}");
-        let line = log
-            .lines()
-            .find(|l| l.starts_with("error:"))
-            .unwrap_or_default();
+        let line = millrace_tests::error_line(&log);
         assert!(
             line.contains(
                 "the population group failed: out of memory on cpu: CUDA out of memory. Tried to allocate"

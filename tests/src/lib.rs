@@ -24,6 +24,14 @@ use millrace_proto::wire::{
 use millrace_proto::{NetworkSpec, Params, TransitionBatch};
 use millrace_replay::Table;
 
+/// A process's one-line error (`error: …`) from its standard error, or "" if none.
+pub fn error_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default()
+}
+
 /// An actor sink that inserts straight into a replay table and counts episodes.
 #[derive(Debug)]
 pub struct TableSink {

@@ -165,6 +165,20 @@ fn learner_and_actor_pages_parse_as_prometheus_and_health_follows_the_run() {
             ) >= 0.0
         );
     }
+    // The checkpoint writer's outcomes and replay's clamped priorities, as counters.
+    for outcome in ["written", "failed", "skipped"] {
+        let n = value(&f, "millrace_checkpoints_total", &[("outcome", outcome)]);
+        assert!(n >= 0.0, "{outcome}: {n}");
+    }
+    assert_eq!(kind(&f, "millrace_checkpoints_total"), "counter");
+    assert_eq!(
+        value(&f, "millrace_checkpoint_replay_failures_total", &[]),
+        0.0
+    );
+    assert_eq!(
+        value(&f, "millrace_replay_clamped_priorities_total", &[]),
+        0.0
+    );
     for part in [
         "wait_data",
         "host_to_device",

@@ -1,5 +1,7 @@
-//! What the `ceiling` and `overlap` benchmarks share: random device-resident batches and
-//! the timed update loop (`millrace_learner::ceiling`, on the learner's cadence).
+//! What the benchmarks share: the device flags (`--gpu N`, `--tf32`), random
+//! device-resident batches and the timed update loop (`millrace_learner::ceiling`, on
+//! the learner's cadence). Each benchmark uses part of it.
+#![allow(dead_code)]
 
 use millrace_learner::ceiling::{self, Cadence};
 use millrace_learner::dqn::{Batch, Dqn};

@@ -259,8 +259,6 @@ pub fn save_state(
     mut meta: StateMeta,
 ) -> Result<Saved, CheckpointError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
-    // The generation this one replaces, for its replay file if this one's fails.
-    let previous: Option<StateMeta> = read_json(&dir.join(META)).ok();
     meta.format = FORMAT_VERSION;
     meta.updates = state.updates;
     meta.adam_step = state.adam_step;
@@ -286,6 +284,9 @@ pub fn save_state(
                 meta.replay_file = Some(name);
             }
             Err(e) => {
+                // The generation this one replaces (its meta.json is still the old
+                // one here), for its replay file.
+                let previous: Option<StateMeta> = read_json(&dir.join(META)).ok();
                 let kept = previous.filter(|p| {
                     p.replay_file
                         .as_ref()

@@ -24,18 +24,20 @@ pub(super) fn footprint(
     replay_bytes_per_agent: usize,
     device: tch::Device,
 ) -> Footprint {
-    let batch_bytes = agents * cfg.batch_size * (2 * env.obs.row_bytes() + 16);
-    Footprint {
-        device: match device {
-            tch::Device::Cuda(i) => DeviceChoice::Cuda(i),
-            _ => DeviceChoice::Cpu,
-        },
-        params_bytes: 5 * 4 * network.layout().len * agents,
-        batch_bytes,
-        staging_bytes: batch_bytes,
-        replay_bytes: replay_bytes_per_agent * agents,
-        batch_size: cfg.batch_size,
-    }
+    // Two staging sets on a GPU (`population_staging`), one on the CPU.
+    let (device, staged) = match device {
+        tch::Device::Cuda(i) => (DeviceChoice::Cuda(i), 2),
+        _ => (DeviceChoice::Cpu, 1),
+    };
+    Footprint::of(
+        device,
+        network.layout().len,
+        agents,
+        cfg.batch_size,
+        env.obs.row_bytes(),
+        staged,
+        replay_bytes_per_agent * agents,
+    )
 }
 
 /// The error for an allocation failure `message` in a group training `running`

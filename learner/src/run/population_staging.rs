@@ -15,7 +15,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::cuda::Marker;
 use crate::dqn::Batch;
-use crate::prefetch::{bytemuck_mut, bytes_mut, kind};
+use crate::prefetch::{bytemuck_mut, bytes_mut, host_zeros, kind};
 
 /// `[K, 2B, obs]`, `[K, B, 1]` ×3: agent k's rows are slice k of each.
 #[derive(Debug)]
@@ -38,13 +38,7 @@ impl Set {
         let (k, b) = (agents as i64, batch as i64);
         let mut obs_shape = vec![k, 2 * b];
         obs_shape.extend(obs.shape.iter().map(|d| *d as i64));
-        let make = |shape: &[i64], kind: Kind| {
-            let t = Tensor::zeros(shape, (kind, Device::Cpu));
-            match pin_for {
-                Some(device) => t.internal_pin_memory(device),
-                None => t,
-            }
-        };
+        let make = |shape: &[i64], kind: Kind| host_zeros(shape, kind, pin_for);
         let copied = match pin_for {
             Some(Device::Cuda(i)) => Marker::new(i)
                 .map_err(|e| tracing::warn!("population staging: {e}; copies wait for the device"))

@@ -218,21 +218,20 @@ pub fn prepare(
         .map_err(|e| RunError::Config(checkpoint::files::io(&layout.root)(e)))?;
     checkpoint::files::write_json(&layout.config(), cfg).map_err(RunError::Config)?;
     let metrics = Metrics::new(&cfg.logdir, bar, monitor, steps.get())?;
-    let p = network.layout().len * network.population * 4;
     let staging_depth = cfg.replay.prefetch_depth(crate::prefetch::default_depth(
         &env.obs,
         cfg.batch_size,
         cuda,
     ));
-    let batch_bytes = cfg.batch_size * (2 * env.obs.row_bytes() + 16);
-    let footprint = Footprint {
-        device: cfg.device,
-        params_bytes: 5 * p,
-        batch_bytes,
-        staging_bytes: staging_depth * batch_bytes,
-        replay_bytes: table.bytes_per_item() as usize * cfg.replay.capacity,
-        batch_size: cfg.batch_size,
-    };
+    let footprint = Footprint::of(
+        cfg.device,
+        network.layout().len,
+        network.population,
+        cfg.batch_size,
+        env.obs.row_bytes(),
+        staging_depth,
+        table.bytes_per_item() as usize * cfg.replay.capacity,
+    );
     Ok(Setup {
         env,
         network,
