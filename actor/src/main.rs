@@ -90,9 +90,9 @@ fn serve_metrics(addr: std::net::SocketAddr, cfg: &RemoteConfig) -> anyhow::Resu
 
 fn run(args: Args) -> anyhow::Result<()> {
     if let Some(Command::Doctor { libtorch }) = &args.command {
-        let mut report = millrace_actor::doctor::libtorch_checks(
-            &millrace_actor::doctor::libtorch_candidates(libtorch.as_deref()),
-        );
+        let mut report = millrace_probe::libtorch_checks(&millrace_probe::libtorch_candidates(
+            libtorch.as_deref(),
+        ));
         report.0.extend(millrace_actor::doctor::bridge_checks().0);
         print!("{report}");
         if report.failed() {

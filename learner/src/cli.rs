@@ -19,7 +19,7 @@ use crate::config::{
 use crate::dqn::{DqnConfig, TargetUpdate};
 use crate::network::NetworkChoice;
 use crate::replay_flags::ReplayFlags;
-use crate::server::ServerConfig;
+use millrace_server::ServerConfig;
 
 /// Train a DQN agent with asynchronous actors (embedded mode: one process), or serve
 /// remote actors with --listen. `export`, `eval` and `doctor` work on saved runs and
@@ -261,9 +261,11 @@ pub struct TrainArgs {
     pub resume: Option<PathBuf>,
 
     /// With --logdir: continue the run saved in LOGDIR/checkpoint when there is one,
-    /// else start it there (what a restarted container does; a run that crashed before
-    /// its first checkpoint starts again). A run that is already finished is not
-    /// trained again: the learner says so and exits 0.
+    /// else start it there (what a restarted container or a requeued job does; a run
+    /// that crashed before its first checkpoint starts again). A run that is already
+    /// finished is not trained again: the learner says so and exits 0. A population
+    /// (--population, --sweep) continues as --resume LOGDIR would when LOGDIR holds
+    /// its agents, else starts there.
     #[arg(long, requires = "logdir", conflicts_with = "resume")]
     pub resume_if_present: bool,
 
@@ -527,7 +529,7 @@ pub fn resolve_device(cpu: bool, gpu: Option<usize>) -> anyhow::Result<DeviceCho
         (true, _) => Ok(DeviceChoice::Cpu),
         (false, Some(i)) => {
             if !tch::Cuda::is_available() {
-                let why = match millrace_actor::doctor::driver_cuda_version() {
+                let why = match millrace_probe::driver_cuda_version() {
                     Ok(_) => "the NVIDIA driver is present but libtorch sees no device".to_string(),
                     Err(e) => format!("no NVIDIA driver ({e})"),
                 };
@@ -536,7 +538,7 @@ pub fn resolve_device(cpu: bool, gpu: Option<usize>) -> anyhow::Result<DeviceCho
                      train on the CPU, or run `learner doctor`"
                 );
             }
-            let devices = millrace_actor::doctor::cuda_devices();
+            let devices = millrace_probe::cuda_devices();
             if i >= devices.len() {
                 let list: Vec<String> = devices.iter().map(ToString::to_string).collect();
                 bail!(
@@ -703,7 +705,7 @@ impl TrainArgs {
         };
         let device = devices[0];
         if args.precision != crate::precision::Precision::Fp32 {
-            let gpus = millrace_actor::doctor::cuda_devices();
+            let gpus = millrace_probe::cuda_devices();
             for &d in &devices {
                 let info = match d {
                     DeviceChoice::Cuda(i) => gpus.iter().find(|g| g.index == i),
@@ -718,13 +720,27 @@ impl TrainArgs {
                 .map_err(anyhow::Error::msg)?;
             }
         }
-        if population && args.metrics_addr.is_some() {
-            bail!("--metrics-addr serves one run's metrics; populations report per agent in TensorBoard (not yet on /metrics)");
-        }
-        if args.resume_if_present {
-            if population {
-                bail!("--resume-if-present is for one run; a population continues with --resume LOGDIR");
+        if args.resume_if_present && population {
+            // A restarted container or a requeued job: the population goes on from its
+            // log directory if it holds one, else it starts there.
+            let logdir = args.logdir.clone().expect("clap: requires logdir");
+            if std::fs::read_dir(logdir.join("agents")).is_ok_and(|mut d| d.next().is_some()) {
+                tracing::info!(
+                    "--resume-if-present: continuing the population saved in {}",
+                    logdir.display()
+                );
+                args.resume = Some(logdir);
+            } else if crate::checkpoint::Layout::new(logdir.join("checkpoint"))
+                .latest()
+                .join("meta.json")
+                .exists()
+            {
+                bail!(
+                    "--resume-if-present: {} holds a single run, not a population; choose another --logdir",
+                    logdir.display()
+                );
             }
+        } else if args.resume_if_present {
             let root = args
                 .logdir
                 .as_ref()
@@ -827,9 +843,6 @@ impl TrainArgs {
             None => None,
         };
         if args.dueling {
-            if population {
-                bail!("--dueling is for one agent: a population's networks are plain (for now)");
-            }
             let network =
                 crate::network::build(args.network, &spec, &args.hidden, args.layer_norm)?;
             crate::dueling::DuelingHead::new(&network, tch::Device::Cpu)
@@ -837,9 +850,6 @@ impl TrainArgs {
         }
         let lr_decay = match args.lr_final {
             None => None,
-            Some(_) if population => {
-                bail!("--lr-final is for one agent: a population's learning rates are constant (for now)")
-            }
             Some(end) if !(end.is_finite() && end > 0.0) => {
                 bail!("--lr-final must be a positive number, got {end}")
             }
@@ -858,11 +868,6 @@ impl TrainArgs {
             }),
         };
         let priority = args.sampling.priority(args.max_steps)?;
-        if priority.is_some() && population {
-            bail!(
-                "--replay prioritized is for one agent: a population samples uniformly (for now)"
-            );
-        }
         let faults = match std::env::var("MILLRACE_INJECT_FAULT") {
             Ok(spec) => Faults::parse(&spec).map_err(anyhow::Error::msg)?,
             Err(_) => Faults::default(),

@@ -12,20 +12,9 @@ use serde::{Serialize, Serializer};
 use crate::dqn::DqnConfig;
 use crate::network::NetworkChoice;
 use crate::replay_flags::{PriorityOptions, PRIORITIZED_PREFETCH_DEPTH};
-use crate::server::ServerConfig;
+use millrace_server::ServerConfig;
 
-/// Serializes a duration as seconds (a float), for config files people read.
-pub fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64())
-}
-
-/// [`secs`] for an optional duration.
-pub fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_some(&d.as_secs_f64()),
-        None => s.serialize_none(),
-    }
-}
+pub use millrace_proto::durations::{opt_secs, secs};
 
 /// Where the learner's tensors live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-pub use millrace_actor::doctor::TCH_VERSION;
-use millrace_actor::doctor::{
+pub use millrace_probe::TCH_VERSION;
+use millrace_probe::{
     cuda_devices, cuda_of_torch, driver_check, driver_cuda_version, torch_version, Check, Report,
     EXPECTED_TORCH,
 };

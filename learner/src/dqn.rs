@@ -211,6 +211,21 @@ impl std::fmt::Debug for Dqn {
     }
 }
 
+/// What one update hands back to its caller.
+#[derive(Debug)]
+pub struct UpdateOutput {
+    /// Each item's TD error `Q(s, a) − y`, `[K, B]` fp32, on the device: prioritized
+    /// replay's priorities (their absolute values), row `k` agent `k`'s batch.
+    pub td_errors: Tensor,
+}
+
+impl UpdateOutput {
+    /// Agent `row`'s TD errors, `[B]`.
+    pub fn agent(&self, row: usize) -> Tensor {
+        self.td_errors.get(row as i64)
+    }
+}
+
 /// Means over the updates since the previous read.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct UpdateStats {
@@ -753,24 +768,43 @@ impl Dqn {
         self.updates
     }
 
-    /// Sets the learning rates for `env_steps` env steps into the run by the decay
-    /// schedule, if there is one (changes under its resolution wait: nothing to do on
-    /// most updates).
-    pub fn anneal_lr(&mut self, env_steps: u64) {
+    /// Sets each agent's learning rate for its env steps into the run (`env_steps[k]`
+    /// agent `k`'s; the last entry for the agents past it) by the decay schedule, if
+    /// there is one. Changes under its resolution wait: nothing to do on most updates.
+    pub fn anneal_lr(&mut self, env_steps: &[u64]) {
         let Some(decay) = self.config.lr_decay else {
             return;
         };
-        let scale = decay.scale_at(env_steps);
-        let change = (scale - self.agents.lr_scale()).abs();
-        // The end of the decay is reached exactly, however small the last step.
-        if change > 0.0 && (change >= decay.resolution() || scale == decay.end_fraction) {
-            self.agents.scale_lr(scale);
+        let mut scales = self.agents.lr_scales().to_vec();
+        let mut changed = false;
+        for (row, now) in scales.iter_mut().enumerate() {
+            let steps = env_steps.get(row).or(env_steps.last()).copied();
+            let scale = decay.scale_at(steps.unwrap_or(0));
+            let change = (scale - *now).abs();
+            // The end of the decay is reached exactly, however small the last step.
+            if change > 0.0 && (change >= decay.resolution() || scale == decay.end_fraction) {
+                *now = scale;
+                changed = true;
+            }
+        }
+        if changed {
+            self.agents.scale_lr(&scales);
         }
     }
 
     /// The learning rate now as a fraction of each agent's own (1 without a decay).
     pub fn lr_scale(&self) -> f64 {
         self.agents.lr_scale()
+    }
+
+    /// Agent `row`'s own updates (those since it joined, with its checkpoint's).
+    pub fn agent_updates(&self, row: usize) -> u64 {
+        self.agents.own(row, self.updates)
+    }
+
+    /// Agent `row`'s learning rate now.
+    pub fn agent_learning_rate(&self, row: usize) -> f64 {
+        self.agents.hparams[row].lr * self.agents.lr_scales()[row]
     }
 
     /// The (first agent's) learning rate now.
@@ -780,14 +814,13 @@ impl Dqn {
 
     /// One gradient step on `batch` (already on the device). Never synchronises with
     /// the host: statistics accumulate on the device until [`Dqn::take_stats`]. Returns
-    /// each item's TD error `Q(s, a) − y`, `[K, B]`, on the device (the priorities of
-    /// prioritized replay).
+    /// each item's TD error, on the device (see [`UpdateOutput`]).
     ///
     /// An agent whose loss or gradient is not finite skips this step (its parameters
     /// and optimizer state stay as they were) and the skip is counted.
     ///
     /// About 60 tensor operations in all.
-    pub fn update(&mut self, batch: &Batch) -> Tensor {
+    pub fn update(&mut self, batch: &Batch) -> UpdateOutput {
         let (q_taken, targets) = self.gradient(batch);
         let td = &q_taken - &targets;
         self.adam_step(&td);
@@ -826,7 +859,9 @@ impl Dqn {
             }),
             Sync::None => {}
         }
-        td.squeeze_dim(2)
+        UpdateOutput {
+            td_errors: td.squeeze_dim(2),
+        }
     }
 
     /// The bf16 target copy takes the fp32 target's values (under `--precision bf16`).
@@ -1843,7 +1878,7 @@ mod tests {
         let mut b = batch(2, 4, 1.0);
         // Agent 1's rewards are NaN; agent 0's are fine.
         b.rewards = t(&[1.0, 1.0, 1.0, 1.0, f32::NAN, 1.0, 1.0, 1.0], &[2, 4, 1]);
-        let td = dqn.update(&b);
+        let td = dqn.update(&b).td_errors;
         assert_eq!(td.size(), [2, 4], "per-item TD errors");
         let after = dqn.state();
         let row = |t: &Tensor, k: i64| t.narrow(0, k, 1);

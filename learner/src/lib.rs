@@ -10,7 +10,7 @@
 //!   staging buffers filled from replay by a sampler thread; [`publisher`]: parameters
 //!   out to actors; [`cuda`]: what tch does not expose of the CUDA runtime.
 //! - [`evaluation`]: greedy evaluation of published snapshots, and what the run keeps.
-//! - [`server`]: remote actors over TCP.
+//! - `millrace_server`: remote actors over TCP (a crate of its own, without libtorch).
 //! - [`checkpoint`], [`export`]: what a run keeps, and the policy in PyTorch's names.
 //! - [`summary`], [`metrics`], [`tensorboard`], [`tensorboard_hparams`]: what a run
 //!   reports.
@@ -43,7 +43,7 @@ pub mod prometheus;
 pub mod publisher;
 pub mod replay_flags;
 pub mod run;
-pub mod server;
+pub mod step;
 pub mod summary;
 pub mod sweep;
 pub mod tensorboard;
@@ -55,20 +55,4 @@ pub use config::RunConfig;
 pub use run::{run, run_population, RunError};
 pub use summary::{RunSummary, StopReason};
 
-/// The message of a caught panic (`&str` and `String` payloads; others are unnamed).
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
-}
-
-/// Joins a thread; its panic, if it had one, as a message.
-pub fn joined<T>(handle: std::thread::JoinHandle<T>) -> Result<T, String> {
-    handle
-        .join()
-        .map_err(|p| format!("panicked: {}", panic_message(&*p)))
-}
+pub use millrace_proto::panics::{joined, panic_message};

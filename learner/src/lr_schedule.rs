@@ -84,11 +84,11 @@ mod tests {
                 dqn.use_tensor_optimizer();
             }
             // Under the resolution (0.0009 of the factor per step here): unchanged.
-            dqn.anneal_lr(0);
+            dqn.anneal_lr(&[0]);
             assert_eq!(dqn.lr_scale(), 1.0);
             let _ = dqn.update(&batch);
             assert!((dqn.take_stats().learning_rate - 1e-2).abs() < 1e-12);
-            dqn.anneal_lr(500);
+            dqn.anneal_lr(&[500]);
             assert!((dqn.lr_scale() - 0.55).abs() < 1e-12);
             // The step an update takes shrinks with the rate: Adam's first steps are
             // lr-sized whatever the gradient.
@@ -97,7 +97,7 @@ mod tests {
                 if tensor_path {
                     d.use_tensor_optimizer();
                 }
-                d.anneal_lr(scale_at);
+                d.anneal_lr(&[scale_at]);
                 let before = d.state().online;
                 let _ = d.update(&batch);
                 (d.state().online - before).abs().max().double_value(&[])
@@ -107,10 +107,61 @@ mod tests {
                 (late / early - 0.1).abs() < 1e-3,
                 "steps {early} and {late}: the rate fell to a tenth"
             );
-            dqn.anneal_lr(5000);
+            dqn.anneal_lr(&[5000]);
             assert_eq!(dqn.lr_scale(), 0.1, "the end is reached exactly");
             let _ = dqn.update(&batch);
             assert!((dqn.take_stats().learning_rate - 1e-3).abs() < 1e-12);
+        }
+    }
+
+    /// In a population each agent's rate follows its own env steps, and an agent
+    /// steps as it would alone at those steps, on both optimizer paths.
+    #[test]
+    fn each_agent_of_a_population_decays_by_its_own_steps() {
+        use crate::dqn::{Batch, Dqn};
+        use crate::population::AgentHparams;
+        use millrace_proto::{DType, NetworkSpec, ObsSpec};
+        use tch::{Device, Kind, Tensor};
+
+        let obs = ObsSpec {
+            shape: vec![3],
+            dtype: DType::F32,
+        };
+        let spec = |k| NetworkSpec::mlp(&obs, &[8], 2, k).unwrap();
+        let batch = |k: i64| Batch {
+            obs2: Tensor::ones([k, 8, 3], (Kind::Float, Device::Cpu)),
+            actions: Tensor::zeros([k, 4, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::full([k, 4, 1], 3.0, (Kind::Float, Device::Cpu)),
+            discounts: Tensor::zeros([k, 4, 1], (Kind::Float, Device::Cpu)),
+            weights: None,
+        };
+        let hp: Vec<AgentHparams> = [7, 8]
+            .iter()
+            .map(|s| AgentHparams::from_config(&dqn_config(), *s))
+            .collect();
+        for tensor_path in [false, true] {
+            let make = |hp: &[AgentHparams]| {
+                let mut d = Dqn::population(spec(hp.len()), dqn_config(), hp, Device::Cpu);
+                if tensor_path {
+                    d.use_tensor_optimizer();
+                }
+                d
+            };
+            let mut both = make(&hp);
+            both.anneal_lr(&[0, 1000]);
+            assert_eq!(both.lr_scale(), 1.0, "the first agent's");
+            let _ = both.update(&batch(2));
+            for (row, steps) in [(0, 0), (1, 1000)] {
+                let mut alone = make(&hp[row..=row]);
+                alone.anneal_lr(&[steps]);
+                let _ = alone.update(&batch(1));
+                let together = both.agent_state(row).online;
+                let diff = (together - alone.state().online).abs().max();
+                assert!(
+                    diff.double_value(&[]) < 1e-6,
+                    "agent {row} at {steps} steps, tensor path {tensor_path}: {diff}"
+                );
+            }
         }
     }
 

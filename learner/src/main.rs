@@ -142,12 +142,12 @@ fn train(
         saved_as.display(),
         cfg.to_json()
     );
+    let endpoint = monitor.as_ref().map(|(e, _)| Arc::clone(e));
     if population {
-        let summary = millrace_learner::run_population(&cfg, interrupt)?;
+        let summary = millrace_learner::run_population(&cfg, interrupt, endpoint)?;
         print!("{summary}");
         return Ok(ExitCode::from(summary.exit_code()));
     }
-    let endpoint = monitor.as_ref().map(|(e, _)| Arc::clone(e));
     let summary = millrace_learner::run(&cfg, interrupt, bar, endpoint)?;
     print!("{summary}");
     Ok(ExitCode::from(summary.reason.exit_code()))

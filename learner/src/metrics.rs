@@ -11,10 +11,10 @@ use millrace_telemetry::Endpoint;
 
 use crate::checkpoint::writer::WriterStats;
 use crate::evaluation::{EvalRecord, Purpose};
-use crate::server::ActorBoard;
 use crate::summary::RunSummary;
 use crate::tensorboard::EventWriter;
 use crate::update_loop::LearnerReport;
+use millrace_server::ActorBoard;
 
 /// Seconds between TensorBoard points and progress updates.
 const TICK_S: f64 = 1.0;

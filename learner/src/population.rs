@@ -55,8 +55,9 @@ pub struct AgentTensors {
     /// Each agent's learning rate now: its own ([`AgentHparams::lr`]) times the run's
     /// decay factor ([`AgentTensors::scale_lr`]).
     pub lr: Tensor,
-    /// The factor `lr` holds now, and the agents' own rates it multiplies.
-    lr_scale: f64,
+    /// The factor `lr` holds now for each agent, and the agents' own rates it
+    /// multiplies.
+    lr_scale: Vec<f64>,
     lr_base: Tensor,
     pub max_grad_norm: Tensor,
     pub lr_host: Vec<f32>,
@@ -120,7 +121,7 @@ impl AgentTensors {
             .filter(|p| periods.iter().all(|q| *q == Some(*p)));
         Self {
             lr: column(&|a| a.lr),
-            lr_scale: 1.0,
+            lr_scale: vec![1.0; agents.len()],
             lr_base: column(&|a| a.lr),
             max_grad_norm: column(&|a| a.max_grad_norm),
             lr_host: agents.iter().map(|a| a.lr as f32).collect(),
@@ -167,17 +168,43 @@ impl AgentTensors {
 }
 
 impl AgentTensors {
-    /// The factor on every agent's own learning rate now.
+    /// The factor on the first agent's own learning rate now (1 without agents).
     pub fn lr_scale(&self) -> f64 {
-        self.lr_scale
+        self.lr_scale.first().copied().unwrap_or(1.0)
     }
 
-    /// Sets every agent's learning rate to its own times `scale` (on the device without
-    /// a host sync: the factor travels as a scalar of the operation).
-    pub fn scale_lr(&mut self, scale: f64) {
-        self.lr_host = self.hparams.iter().map(|a| (a.lr * scale) as f32).collect();
-        tch::no_grad(|| self.lr.copy_(&(&self.lr_base * scale)));
-        self.lr_scale = scale;
+    /// The factor on each agent's own learning rate now.
+    pub fn lr_scales(&self) -> &[f64] {
+        &self.lr_scale
+    }
+
+    /// Sets each agent's learning rate to its own times its `scales` entry, on the
+    /// device without a host sync: when every agent has the same factor it travels as
+    /// a scalar of the operation, else as a `[K, 1]` column.
+    ///
+    /// # Panics
+    /// If `scales` does not have one entry per agent.
+    pub fn scale_lr(&mut self, scales: &[f64]) {
+        assert_eq!(scales.len(), self.hparams.len(), "one factor per agent");
+        self.lr_host = self
+            .hparams
+            .iter()
+            .zip(scales)
+            .map(|(a, s)| (a.lr * s) as f32)
+            .collect();
+        tch::no_grad(|| match scales {
+            [first, rest @ ..] if rest.iter().all(|s| s == first) => {
+                self.lr.copy_(&(&self.lr_base * *first));
+            }
+            _ => {
+                let column = Tensor::from_slice(scales)
+                    .to_kind(Kind::Float)
+                    .view([scales.len() as i64, 1])
+                    .to_device(self.lr.device());
+                self.lr.copy_(&(&self.lr_base * column));
+            }
+        });
+        self.lr_scale = scales.to_vec();
     }
 
     /// Adam's bias corrections for the population's step number `step`: one that every

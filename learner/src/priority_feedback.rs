@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use millrace_replay::{ItemKey, PriorityUpdate, Table};
+use millrace_replay::{ItemKey, PriorityOutcome, PriorityUpdate, Table};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -54,7 +54,7 @@ pub struct PriorityFeedback {
     in_flight: Option<InFlight>,
     /// Markers of read-backs already applied, for reuse.
     spare: Option<Marker>,
-    totals: PriorityUpdate,
+    totals: PriorityOutcome,
 }
 
 impl std::fmt::Debug for PriorityFeedback {
@@ -87,7 +87,7 @@ impl PriorityFeedback {
             keys: Vec::new(),
             in_flight: None,
             spare: None,
-            totals: PriorityUpdate::default(),
+            totals: PriorityOutcome::default(),
         }
     }
 
@@ -112,7 +112,7 @@ impl PriorityFeedback {
     }
 
     /// What replay did with the priorities handed over so far.
-    pub fn totals(&self) -> PriorityUpdate {
+    pub fn totals(&self) -> PriorityOutcome {
         self.totals
     }
 
@@ -129,7 +129,7 @@ impl PriorityFeedback {
         let keys = std::mem::take(&mut self.keys);
         let td = Tensor::cat(&tds, 0).abs().to_kind(Kind::Float);
         let Device::Cuda(i) = self.device else {
-            self.apply(&td, &keys);
+            self.apply(&td, keys);
             return;
         };
         // Pinned, so that the copy does not block: PyTorch pins the destination of a
@@ -141,7 +141,7 @@ impl PriorityFeedback {
                 // No event: wait for the copy here (correct, slower).
                 tch::Cuda::synchronize(i as i64);
                 self.land();
-                self.apply(&host, &keys);
+                self.apply(&host, keys);
                 return;
             }
         };
@@ -159,11 +159,11 @@ impl PriorityFeedback {
                 tch::Cuda::synchronize(i as i64);
             }
         }
-        self.apply(&f.host, &f.keys);
+        self.apply(&f.host, f.keys);
         self.spare = Some(f.marker);
     }
 
-    fn apply(&mut self, host: &Tensor, keys: &[ItemKey]) {
+    fn apply(&mut self, host: &Tensor, keys: Vec<ItemKey>) {
         let priorities = match Vec::<f32>::try_from(host) {
             Ok(p) => p,
             Err(e) => {
@@ -171,7 +171,9 @@ impl PriorityFeedback {
                 return;
             }
         };
-        let r = self.table.update_priorities(keys, &priorities);
+        let r = self
+            .table
+            .update_priorities(&PriorityUpdate { keys, priorities });
         self.totals.applied += r.applied;
         self.totals.stale += r.stale;
         self.totals.invalid += r.invalid;

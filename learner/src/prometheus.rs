@@ -7,7 +7,7 @@ use millrace_replay::ReplayStats;
 use millrace_telemetry::{Exposition, Kind};
 
 use crate::checkpoint::writer::WriterStats;
-use crate::server::ActorEntry;
+use millrace_server::ActorEntry;
 
 /// What each TensorBoard scalar means, for the `# HELP` lines.
 fn help(tag: &str) -> &'static str {

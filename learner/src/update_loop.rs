@@ -23,6 +23,7 @@ use crate::memory::Footprint;
 use crate::prefetch::{PrefetchError, Prefetcher, StagingBuffer};
 use crate::priority_feedback::PriorityFeedback;
 use crate::publisher::Publisher;
+use crate::step::{LearnerStep, StepConfig};
 
 /// Requests to the learner thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,19 +307,24 @@ pub fn run(
     writer: &CheckpointWriter,
 ) -> LoopOutcome {
     let LearnerParts {
-        mut dqn,
+        dqn,
         prefetcher,
         mut publisher,
         steps,
         footprint,
-        mut feedback,
+        feedback,
         panic_after,
         oom,
     } = parts;
-    let mut state = LoopState::new(publisher.version());
+    let step_cfg = StepConfig {
+        publish_every: cfg.publish_every,
+        max_nonfinite: cfg.max_nonfinite,
+    };
+    let mut step = LearnerStep::new(dqn, publisher.version(), step_cfg, vec![feedback], oom);
+    let mut state = LoopState::new();
     let ended = catch_unwind(AssertUnwindSafe(|| {
         state.run(
-            &mut dqn,
+            &mut step,
             cfg,
             &prefetcher,
             &mut publisher,
@@ -326,19 +332,16 @@ pub fn run(
             reports,
             writer,
             &steps,
-            feedback.as_mut(),
             (panic_after, oom),
         )
     }));
-    if let Some(fb) = &mut feedback {
-        // The last rounds' priorities, before the final checkpoint copies replay. After
-        // a device failure this may fail too: the run's own error is the one to keep.
-        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| fb.finish())) {
-            tracing::warn!(
-                "the last priorities were not applied: {}",
-                crate::panic_message(&*panic)
-            );
-        }
+    // The last rounds' priorities, before the final checkpoint copies replay. After a
+    // device failure this may fail too: the run's own error is the one to keep.
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| step.finish_priorities())) {
+        tracing::warn!(
+            "the last priorities were not applied: {}",
+            crate::panic_message(&*panic)
+        );
     }
     // Running out of device memory anywhere on the thread's path (the copy, the update,
     // the priorities' read-back, publishing, statistics) ends the same way: explained,
@@ -395,7 +398,7 @@ pub fn run(
         let c0 = Instant::now();
         // Copying the state to the host can itself fail (the device being gone): that
         // is the checkpoint's result, as a failed write would be.
-        let job = catch_unwind(AssertUnwindSafe(|| state.job(&dqn, &steps, run_finished)));
+        let job = catch_unwind(AssertUnwindSafe(|| state.job(&step, &steps, run_finished)));
         let rx = match job {
             Ok(job) => writer.submit_final(job),
             Err(panic) => {
@@ -411,8 +414,8 @@ pub fn run(
         rx
     });
     state.t.total = state.start.elapsed().as_secs_f64();
-    state.last.updates = dqn.updates();
-    state.last.params_version = state.version;
+    state.last.updates = step.updates();
+    state.last.params_version = step.version();
     state.last.stalls = state.t;
     // Checkpoints and skipped updates since the last report count too.
     state.last.checkpoint_stall_max = state.checkpoint_stall_max;
@@ -430,7 +433,6 @@ pub fn run(
 struct LoopState {
     start: Instant,
     t: StallTimes,
-    version: u64,
     last: LearnerReport,
     staleness_sum: f64,
     batches: u64,
@@ -440,11 +442,10 @@ struct LoopState {
 }
 
 impl LoopState {
-    fn new(version: u64) -> Self {
+    fn new() -> Self {
         Self {
             start: Instant::now(),
             t: StallTimes::default(),
-            version,
             last: LearnerReport::default(),
             staleness_sum: 0.0,
             batches: 0,
@@ -454,11 +455,17 @@ impl LoopState {
         }
     }
 
-    /// A checkpoint of `dqn` as it is now: one copy of its tensors to the host.
-    fn job(&self, dqn: &Dqn, steps: &StepCounter, run_finished: Option<String>) -> SaveJob {
+    /// A checkpoint of the networks as they are now: one copy of their tensors to the
+    /// host.
+    fn job(
+        &self,
+        step: &LearnerStep,
+        steps: &StepCounter,
+        run_finished: Option<String>,
+    ) -> SaveJob {
         SaveJob {
-            state: dqn.state(),
-            params_version: self.version,
+            state: step.dqn().state(),
+            params_version: step.version(),
             env_steps: steps.get(),
             run_finished,
             done: None,
@@ -469,7 +476,7 @@ impl LoopState {
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
-        dqn: &mut Dqn,
+        step: &mut LearnerStep,
         cfg: &LoopConfig,
         prefetcher: &Prefetcher,
         publisher: &mut Publisher,
@@ -477,10 +484,9 @@ impl LoopState {
         reports: &Sender<LearnerReport>,
         writer: &CheckpointWriter,
         steps: &StepCounter,
-        mut feedback: Option<&mut PriorityFeedback>,
         (panic_after, oom): (Option<u64>, Option<(OomFault, u64)>),
     ) -> Result<LoopEnd, LearnerError> {
-        let device = dqn.device();
+        let device = step.dqn().device();
         let mut last_report = Instant::now();
         let mut last_ckpt = Instant::now();
         let mut used: Vec<StagingBuffer> = Vec::new();
@@ -506,29 +512,29 @@ impl LoopState {
             };
             let t1 = Instant::now();
             let watch = timer.as_mut().and_then(CopyTimer::start);
-            inject_oom(oom, dqn.updates(), OomSite::Copy);
+            inject_oom(oom, step.updates(), OomSite::Copy);
             let batch = buf.to_device(device);
             if let Some(timer) = &mut timer {
                 timer.stop(watch);
             }
             let t2 = Instant::now();
-            dqn.anneal_lr(steps.get());
-            if panic_after.is_some_and(|n| dqn.updates() >= n) {
-                panic!("injected fault after {} updates", dqn.updates());
+            if panic_after.is_some_and(|n| step.updates() >= n) {
+                panic!("injected fault after {} updates", step.updates());
             }
-            // An allocation failure here or below panics in libtorch: `run` turns it
-            // into `LearnerError::OutOfMemory` (the state is the one before this
-            // update, or at worst one half-applied optimizer step).
-            inject_oom(oom, dqn.updates(), OomSite::Update);
-            let td = dqn.update(&batch);
-            // The priorities' round trip counts as compute: it is the update's output.
-            if let Some(fb) = feedback.as_deref_mut() {
-                inject_oom(oom, dqn.updates(), OomSite::Priorities);
-                fb.push(&td, buf.keys(), steps.get());
-            }
+            // An allocation failure here panics in libtorch: `run` turns it into
+            // `LearnerError::OutOfMemory` (the state is the one before this update, or
+            // at worst one half-applied optimizer step). The priorities' round trip
+            // counts as compute (it is the update's output); publishing is timed apart.
+            let mut publish_s = 0.0;
+            let version = step.version();
+            step.update(&batch, buf.keys(), &[steps.get()], &mut |version, dqn| {
+                let p0 = Instant::now();
+                publisher.offer(version, steps.get(), dqn);
+                publish_s += p0.elapsed().as_secs_f64();
+            });
             let t3 = Instant::now();
             drop(batch);
-            self.staleness_sum += self.version.saturating_sub(buf.oldest_version) as f64;
+            self.staleness_sum += version.saturating_sub(buf.oldest_version) as f64;
             self.batches += 1;
             // On a GPU, recycling waits for the device once per half ring: that wait is
             // queued work, the copies and updates; the copies' share is timed on the
@@ -540,25 +546,20 @@ impl LoopState {
             };
             self.t.wait_data += (t1 - t0).as_secs_f64();
             self.t.host_to_device += (t2 - t1).as_secs_f64() + copies;
-            self.t.compute += (t3 - t2).as_secs_f64() + (waited - copies).max(0.0);
+            self.t.compute +=
+                ((t3 - t2).as_secs_f64() - publish_s).max(0.0) + (waited - copies).max(0.0);
+            self.t.publish += publish_s;
 
-            if dqn.updates().is_multiple_of(cfg.publish_every.max(1)) {
-                let p0 = Instant::now();
-                self.version += 1;
-                inject_oom(oom, dqn.updates(), OomSite::Publish);
-                publisher.offer(self.version, steps.get(), dqn);
-                self.t.publish += p0.elapsed().as_secs_f64();
-            }
             if last_report.elapsed() >= cfg.report_every {
                 let m0 = Instant::now();
                 // A report's split must add up: total as of now, like its parts.
                 self.t.total = self.start.elapsed().as_secs_f64();
-                inject_oom(oom, dqn.updates(), OomSite::Stats);
-                let stats = dqn.take_stats();
-                self.nonfinite_total += stats.nonfinite;
+                let health = step.check();
+                let stats = health.stats;
+                self.nonfinite_total = health.nonfinite_total;
                 self.last = LearnerReport {
-                    updates: dqn.updates(),
-                    params_version: self.version,
+                    updates: step.updates(),
+                    params_version: step.version(),
                     stats,
                     stalls: self.t,
                     staleness: self.staleness_sum / self.batches.max(1) as f64,
@@ -571,10 +572,10 @@ impl LoopState {
                 last_report = Instant::now();
                 self.t.metrics += m0.elapsed().as_secs_f64();
                 publisher.check().map_err(LearnerError::Publisher)?;
-                if stats.nonfinite_streak >= cfg.max_nonfinite {
+                if !health.diverged.is_empty() {
                     return Err(LearnerError::Diverged {
                         streak: stats.nonfinite_streak,
-                        skipped: stats.nonfinite,
+                        skipped: health.nonfinite_total,
                         limit: cfg.max_nonfinite,
                     });
                 }
@@ -582,7 +583,7 @@ impl LoopState {
             if let Some(every) = cfg.checkpoint_every {
                 if last_ckpt.elapsed() >= every {
                     let c0 = Instant::now();
-                    if writer.try_submit(self.job(dqn, steps, None)) {
+                    if writer.try_submit(self.job(step, steps, None)) {
                         self.checkpoints_submitted += 1;
                     }
                     last_ckpt = Instant::now();

@@ -88,10 +88,6 @@ fn bad_flag_values_are_rejected_before_training() {
             vec!["--lr-final=-1e-4"],
             "--lr-final must be a positive number",
         ),
-        (
-            vec!["--lr-final", "1e-4", "--population", "2"],
-            "--lr-final is for one agent",
-        ),
     ] {
         // Refused before anything starts: the run's directory is never created.
         let dir = tempfile::tempdir().unwrap();

@@ -108,7 +108,7 @@ fn compare(
         .collect();
     for step in 0..updates {
         let batches: Vec<Batch> = (0..k).map(|i| batch(&spec(1), i, step, 8)).collect();
-        let td = population.update(&stacked(&batches));
+        let td = population.update(&stacked(&batches)).td_errors;
         assert_eq!(td.size(), [k as i64, 8]);
         for (dqn, b) in alone.iter_mut().zip(&batches) {
             let _ = dqn.update(b);

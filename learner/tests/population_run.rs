@@ -67,9 +67,15 @@ fn rows(logdir: &Path) -> Vec<BTreeMap<String, String>> {
 #[test]
 fn a_population_out_of_device_memory_saves_its_agents_and_says_what_to_change() {
     // CUDA's allocator message, injected at each of the group's device sites in turn.
-    for site in ["copy", "update", "publish", "stats"] {
+    // The priorities' read-back is on the path with prioritized replay.
+    for site in ["copy", "update", "priorities", "publish", "stats"] {
         let dir = tempfile::tempdir().unwrap();
         let fault = format!("oom:{site}:cuda");
+        let replay: &[&str] = if site == "priorities" {
+            &["--replay", "prioritized"]
+        } else {
+            &[]
+        };
         let out = Command::new(env!("CARGO_BIN_EXE_learner"))
             .args([
                 "--env",
@@ -87,6 +93,7 @@ fn a_population_out_of_device_memory_saves_its_agents_and_says_what_to_change() 
                 "1000",
                 "--no-progress",
             ])
+            .args(replay)
             .args([
                 "--publish-every",
                 "1",

@@ -9,10 +9,12 @@
 
 pub mod batch;
 pub mod codec;
+pub mod durations;
 pub mod env;
 pub mod frames;
 #[cfg(feature = "tokio")]
 pub mod io;
+pub mod panics;
 pub mod params;
 pub mod spec;
 pub mod wire;

@@ -113,7 +113,10 @@ fn measure(row_bytes: usize, prioritized: bool, secs: f64) -> Vec<(String, f64)>
     let update = rate(secs, || {
         t.sample(&mut rng, &mut out.buffers()).unwrap();
         td.iter_mut().for_each(|p| *p = rng.random::<f32>() * 4.0);
-        t.update_priorities(&out.keys, &td);
+        t.update_priorities(&millrace_replay::PriorityUpdate {
+            keys: out.keys.to_vec(),
+            priorities: td.to_vec(),
+        });
         64
     });
     results.push(("sample 64 + update 64".to_string(), update));

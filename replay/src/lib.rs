@@ -23,6 +23,6 @@ pub use selector::{Selector, Uniform};
 pub use shard::{Cursor, OutOfMemory, SampleBuffers, Shard, TooLarge};
 pub use sum_tree::Prioritized;
 pub use table::{
-    Closed, PriorityConfig, PriorityUpdate, ReplayConfig, ReplayError, ReplayStats, Table,
-    ACTOR_PRIORITY_HEADROOM,
+    Closed, PriorityConfig, PriorityOutcome, PriorityUpdate, ReplayConfig, ReplayError,
+    ReplayStats, Table, ACTOR_PRIORITY_HEADROOM,
 };

@@ -196,9 +196,18 @@ impl AtomicF64 {
     }
 }
 
-/// What [`Table::update_priorities`] did with the priorities it was given.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// A request to set sampled items' priorities (the learner's |TD errors|), by the keys
+/// the items were sampled with; `priorities[i]` is `keys[i]`'s (pairs past the shorter
+/// of the two are ignored).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PriorityUpdate {
+    pub keys: Vec<ItemKey>,
+    pub priorities: Vec<f32>,
+}
+
+/// What [`Table::update_priorities`] did with a [`PriorityUpdate`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PriorityOutcome {
     /// Set on live items (invalid ones as the running maximum).
     pub applied: usize,
     /// Ignored: their items were overwritten since they were sampled.
@@ -607,8 +616,9 @@ impl Table {
     /// items evicted since they were sampled are ignored. A priority that is negative
     /// or not finite is counted and replaced by the running maximum, so one NaN cannot
     /// poison a tree. Each shard is locked once.
-    pub fn update_priorities(&self, keys: &[ItemKey], priorities: &[f32]) -> PriorityUpdate {
-        let mut r = PriorityUpdate::default();
+    pub fn update_priorities(&self, update: &PriorityUpdate) -> PriorityOutcome {
+        let (keys, priorities) = (&update.keys[..], &update.priorities[..]);
+        let mut r = PriorityOutcome::default();
         let valid = |p: f32| p.is_finite() && p >= 0.0;
         let mut max = f64::NEG_INFINITY;
         for p in priorities.iter().take(keys.len()) {
@@ -1035,7 +1045,15 @@ mod tests {
             .sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             .unwrap();
         let keys = out.keys.clone();
-        assert_eq!(table.update_priorities(&keys, &[2.0; 4]).applied, 4);
+        assert_eq!(
+            table
+                .update_priorities(&PriorityUpdate {
+                    keys: keys.to_vec(),
+                    priorities: vec![2.0; 4],
+                })
+                .applied,
+            4
+        );
         // Two more batches of 4 evict the first: its keys are stale now.
         let mut b = batch(0, 4..8);
         b.seq = 1;
@@ -1043,8 +1061,11 @@ mod tests {
         b.seq = 2;
         table.insert(&b).unwrap();
         assert_eq!(
-            table.update_priorities(&keys, &[2.0; 4]),
-            PriorityUpdate {
+            table.update_priorities(&PriorityUpdate {
+                keys: keys.to_vec(),
+                priorities: vec![2.0; 4],
+            }),
+            PriorityOutcome {
                 applied: 0,
                 stale: 4,
                 invalid: 0
@@ -1337,7 +1358,10 @@ mod tests {
         let mut out = scratch(4);
         t.sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
             .unwrap();
-        t.update_priorities(&out.keys, &[40.0; 4]);
+        t.update_priorities(&PriorityUpdate {
+            keys: out.keys.to_vec(),
+            priorities: vec![40.0; 4],
+        });
         t.insert(&with_priorities(0, 5, 7..8, |_| 3.4e38)).unwrap();
         assert_eq!(priorities_by_action(&t)[7], (7, 400.0));
         // An item without a priority gets the running maximum, not 3.4e38: a sampled
@@ -1400,7 +1424,10 @@ mod tests {
         let td: Vec<f32> = (0..7)
             .map(|i| if i == 3 { f32::NAN } else { 0.25 })
             .collect();
-        let r = t.update_priorities(&out.keys, &td);
+        let r = t.update_priorities(&PriorityUpdate {
+            keys: out.keys.to_vec(),
+            priorities: td.to_vec(),
+        });
         assert_eq!((r.applied, r.invalid), (7, 1));
         assert_eq!(t.stats().invalid_priorities, 4);
         assert!(priorities_by_action(&t).iter().all(|(_, p)| p.is_finite()));
@@ -1424,7 +1451,10 @@ mod tests {
         t.insert(&with_priorities(0, 1, 4..8, |_| 1.0)).unwrap();
         t.insert(&with_priorities(0, 2, 8..12, |_| 1.0)).unwrap();
         let before = priorities_by_action(&t);
-        let r = t.update_priorities(&old_keys, &[1000.0; 4]);
+        let r = t.update_priorities(&PriorityUpdate {
+            keys: old_keys.to_vec(),
+            priorities: vec![1000.0; 4],
+        });
         assert_eq!((r.applied, r.stale), (0, 4));
         assert_eq!(priorities_by_action(&t), before, "nothing changed");
         assert_eq!(t.stats().stale_priority_updates, 4);
@@ -1446,7 +1476,14 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(5);
         t.sample(&mut rng, &mut out.buffers()).unwrap();
         let td: Vec<f32> = out.actions.iter().map(|a| 10.0 + *a as f32).collect();
-        assert!(t.update_priorities(&out.keys, &td).applied > 0);
+        assert!(
+            t.update_priorities(&PriorityUpdate {
+                keys: out.keys.to_vec(),
+                priorities: td.to_vec(),
+            })
+            .applied
+                > 0
+        );
         let before = priorities_by_action(&t);
         // Into a table with another shard count.
         let restored = prioritized(600, 2, alpha, 0.5);

@@ -891,7 +891,15 @@ mod tests {
             .unwrap();
         let keys = out.keys;
         let td: Vec<f32> = (0..n).map(|i| 0.5 + 3.0 * i as f32).collect();
-        assert!(table.update_priorities(&keys, &td).applied > 0);
+        assert!(
+            table
+                .update_priorities(&millrace_replay::PriorityUpdate {
+                    keys: keys.clone(),
+                    priorities: td.clone(),
+                })
+                .applied
+                > 0
+        );
         let dir = tempfile::tempdir().unwrap();
         let latest = dir.path().join("latest");
         save_state(&latest, &dqn.state(), Some(&table), meta(&env, &net)).unwrap();

@@ -251,7 +251,7 @@ fn bf16_keeps_fp32_master_weights_and_its_copies_follow_steps_and_targets() {
         let b = batch(&spec, 8, true);
         for step in 0..7 {
             let (online, target) = (dqn.online.copy(), dqn.target.copy());
-            let td = dqn.update(&b);
+            let td = dqn.update(&b).td_errors;
             assert_eq!(td.kind(), Kind::Float, "TD errors (priorities) are fp32");
             assert!(
                 relative(&dqn.online, &online) > 0.0,
@@ -365,7 +365,7 @@ fn bf16_on_a_gpu_matches_fp32_and_the_driver_reports_the_capability() {
         ..mlp(3, 2)
     };
     check_on(normed, config(), true, device);
-    let gpu = &millrace_actor::doctor::cuda_devices()[0];
+    let gpu = &millrace_probe::cuda_devices()[0];
     let capability = gpu.compute_capability.expect("the driver reports it");
     assert!(capability >= (3, 0), "{gpu}");
 }

@@ -21,9 +21,9 @@ use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter, WriterStats
 use crate::checkpoint::{self, CheckpointError, Which};
 use crate::config::RunConfig;
 use crate::evaluation::{eval_seed, EvalRecord, EvalRequest, EvalTracker, Evaluator, Purpose};
-use crate::server::ServerHandle;
 use crate::summary::{RunSummary, SolvedBy, StopReason};
 use crate::update_loop::{Command, LearnerReport, LoopOutcome};
+use millrace_server::ServerHandle;
 
 /// How often the coordinator looks at everything.
 const TICK: Duration = Duration::from_millis(20);
@@ -122,7 +122,7 @@ impl Running {
             End::Interrupted => "the learner was stopped by a signal",
             End::Failed => "the learner failed",
         };
-        let goodbye = crate::server::goodbye_for(run_finished.is_some(), message);
+        let goodbye = millrace_server::goodbye_for(run_finished.is_some(), message);
         if let Some(server) = &self.server {
             server.announce(goodbye.clone());
         }

@@ -28,6 +28,7 @@ use crate::config::RunConfig;
 use crate::dqn::Dqn;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, Purpose};
 use crate::prefetch::StagingBuffer;
+use crate::step::{LearnerStep, StepConfig};
 use crate::summary::{RunSummary, StopReason};
 use crate::update_loop::{LearnerReport, StallTimes};
 
@@ -96,7 +97,7 @@ pub fn run(
     interrupt: &AtomicBool,
 ) -> Result<RunSummary, RunError> {
     tch::set_num_threads(1);
-    let mut dqn = setup.dqn.take().expect("the networks are set up once");
+    let dqn = setup.dqn.take().expect("the networks are set up once");
     let mut progress = Progress::new(cfg, setup.start_steps, setup.best.take());
     let seed_offset = setup.start_steps;
     let mut actors = Vec::new();
@@ -108,7 +109,7 @@ pub fn run(
     let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 0x5eed);
     // Priorities are applied as soon as a round is complete (on the CPU, in order):
     // lock-step runs stay reproducible with prioritized replay too.
-    let mut feedback = cfg.replay.priority.map(|p| {
+    let feedback = cfg.replay.priority.map(|p| {
         crate::priority_feedback::PriorityFeedback::new(
             std::sync::Arc::clone(&setup.table),
             p.beta,
@@ -117,11 +118,14 @@ pub fn run(
             setup.steps.get(),
         )
     });
-    let mut version = setup.params.version();
+    let step_cfg = StepConfig {
+        publish_every: cfg.learner.publish_every,
+        max_nonfinite: cfg.learner.max_nonfinite,
+    };
+    let mut step = LearnerStep::new(dqn, setup.params.version(), step_cfg, vec![feedback], None);
     let mut source = Arc::clone(&setup.params);
     let mut stalls = StallTimes::default();
     let mut report = LearnerReport::default();
-    let mut nonfinite = 0;
     let started = Instant::now();
     let mut last_ckpt = Instant::now();
     let mut failure: Option<(String, String)> = None;
@@ -154,30 +158,26 @@ pub fn run(
             .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?
         {
             let batch = staging.to_device(Device::Cpu);
-            dqn.anneal_lr(setup.steps.get());
-            let td = dqn.update(&batch);
-            if let Some(fb) = &mut feedback {
-                fb.push(&td, staging.keys(), setup.steps.get());
-            }
-            if dqn
-                .updates()
-                .is_multiple_of(cfg.learner.publish_every.max(1))
-            {
-                version += 1;
-                setup.params.publish(dqn.params(version, setup.steps.get()));
-            }
-            if dqn.updates().is_multiple_of(STATS_EVERY) {
-                let stats = dqn.take_stats();
-                nonfinite += stats.nonfinite;
-                report.stats = stats;
-                report.nonfinite_total = nonfinite;
-                if stats.nonfinite_streak >= cfg.learner.max_nonfinite {
+            let (params, steps) = (&setup.params, &setup.steps);
+            step.update(
+                &batch,
+                staging.keys(),
+                &[steps.get()],
+                &mut |version, dqn| {
+                    params.publish(dqn.params(version, steps.get()));
+                },
+            );
+            if step.updates().is_multiple_of(STATS_EVERY) {
+                let health = step.check();
+                report.stats = health.stats;
+                report.nonfinite_total = health.nonfinite_total;
+                if !health.diverged.is_empty() {
                     diverged = true;
                     failure = Some((
                         "learner".into(),
                         crate::update_loop::LearnerError::Diverged {
-                            streak: stats.nonfinite_streak,
-                            skipped: nonfinite,
+                            streak: health.stats.nonfinite_streak,
+                            skipped: health.nonfinite_total,
                             limit: cfg.learner.max_nonfinite,
                         }
                         .to_string(),
@@ -208,8 +208,8 @@ pub fn run(
                 if let Err(e) = save(
                     cfg,
                     &setup,
-                    &dqn,
-                    version,
+                    step.dqn(),
+                    step.version(),
                     progress.tracker.last.clone(),
                     None,
                 ) {
@@ -222,8 +222,8 @@ pub fn run(
             }
         }
         stalls.total = started.elapsed().as_secs_f64();
-        report.updates = dqn.updates();
-        report.params_version = version;
+        report.updates = step.updates();
+        report.params_version = step.version();
         report.stalls = stalls;
         let eps = cfg.actors.epsilon.value(steps);
         setup.metrics.tick(
@@ -235,10 +235,8 @@ pub fn run(
             None,
         );
     };
-    if let Some(fb) = &mut feedback {
-        // The last round's priorities, before the final checkpoint copies replay.
-        fb.finish();
-    }
+    // The last round's priorities, before the final checkpoint copies replay.
+    step.finish_priorities();
     setup.table.close();
     // The final checkpoint: not after divergence (the last good one stays).
     let run_finished = match reason {
@@ -251,8 +249,8 @@ pub fn run(
         save(
             cfg,
             &setup,
-            &dqn,
-            version,
+            step.dqn(),
+            step.version(),
             progress.tracker.last.clone(),
             run_finished,
         )
@@ -272,10 +270,9 @@ pub fn run(
         Ok(None) => {}
         Err(e) => return Err(RunError::FinalCheckpoint(e)),
     }
-    report.updates = dqn.updates();
-    report.params_version = version;
+    report.updates = step.updates();
+    report.params_version = step.version();
     report.stalls = stalls;
-    report.nonfinite_total = nonfinite;
     let summary = progress.summary(cfg, &setup, reason, &report);
     setup.metrics.finish(&summary);
     Ok(summary)

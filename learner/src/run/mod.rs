@@ -7,6 +7,7 @@ mod coordinator;
 mod lockstep;
 mod population;
 mod population_agent;
+mod population_metrics;
 mod population_oom;
 mod population_resume;
 mod population_staging;
@@ -90,11 +91,15 @@ pub fn population_agents(
 
 /// Trains a population (`--population K`) until every agent reached its target
 /// (confirmed), spent `max_steps`, or diverged, or until `interrupt`.
+/// Trains a population (`--population`, `--sweep`) until every agent ended or
+/// `interrupt`; `monitor` is the `--metrics-addr` endpoint (per-agent series), if any.
 pub fn run_population(
     cfg: &RunConfig,
     interrupt: Arc<AtomicBool>,
+    monitor: Option<Arc<millrace_telemetry::Endpoint>>,
 ) -> Result<crate::population_results::PopulationSummary, RunError> {
-    population::run(cfg, &interrupt)
+    let metrics = monitor.map(population_metrics::PopulationMetrics::new);
+    population::run(cfg, &interrupt, metrics.as_ref())
 }
 
 /// Trains until the target return (confirmed), `max_steps` or `interrupt`; then

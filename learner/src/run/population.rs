@@ -33,6 +33,7 @@ use std::time::Instant;
 use millrace_proto::Params;
 
 use super::population_agent::{agents, evaluate_agent, Agent, Live, Member};
+use super::population_metrics::{AgentSeries, PopulationMetrics};
 use super::population_oom;
 use super::population_resume::{self, Saved};
 use super::population_staging::PopulationStaging;
@@ -41,9 +42,15 @@ use crate::config::{OomSite, RunConfig};
 use crate::dqn::Dqn;
 use crate::population_board;
 use crate::population_results::{AgentEnd, AgentResult, AgentSetup, PopulationSummary};
-use crate::server::{AgentPorts, Routes, ServerContext, ServerHandle};
+use crate::priority_feedback::PriorityFeedback;
+use crate::step::{LearnerStep, StepConfig};
 use crate::sweep::{GroupKey, Settings};
 use crate::update_loop::{inject_oom, is_out_of_memory};
+use millrace_server::{AgentPorts, Routes, ServerContext, ServerHandle};
+
+/// Statistics (and each agent's non-finite check) every this many stacked updates: a
+/// fixed point of the sequence, as in lock-step mode.
+const STATS_EVERY: u64 = 256;
 
 /// Publishes each running agent's row of the population's parameters to its actors;
 /// only to the agents `only` says, if it says.
@@ -72,7 +79,11 @@ fn publish(
     }
 }
 
-pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary, RunError> {
+pub fn run(
+    cfg: &RunConfig,
+    interrupt: &AtomicBool,
+    metrics: Option<&PopulationMetrics>,
+) -> Result<PopulationSummary, RunError> {
     let started = Instant::now();
     let env = cfg.env_spec.clone();
     let (members, budget) = agents(cfg)?;
@@ -242,10 +253,14 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                 episodes: crossbeam_channel::bounded(1).0,
                 board: Arc::default(),
             };
-            Some(crate::server::spawn(scfg.clone(), ctx)?)
+            Some(millrace_server::spawn(scfg.clone(), ctx)?)
         }
         None => None,
     };
+    if let Some(m) = metrics {
+        m.record([], true);
+        m.ready();
+    }
     // A thread that fails stops the others (as an interrupt would).
     let failed = AtomicBool::new(false);
     let outcomes: Vec<Result<Vec<Group>, RunError>> = std::thread::scope(|scope| {
@@ -264,6 +279,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                     stop: [interrupt, failed],
                     ports: server.as_ref().map(|_| &*ports),
                     server: server.as_ref(),
+                    metrics,
                 };
                 scope.spawn(move || {
                     let mut done = Vec::new();
@@ -312,7 +328,7 @@ pub fn run(cfg: &RunConfig, interrupt: &AtomicBool) -> Result<PopulationSummary,
                     .all(|g| g.results.iter().all(|r| r.end != AgentEnd::Interrupted))
             })
         });
-        let goodbye = crate::server::goodbye_for(
+        let goodbye = millrace_server::goodbye_for(
             finished,
             if finished {
                 "the population finished"
@@ -388,6 +404,8 @@ struct RunShared<'a> {
     /// Remote actors' agents, and the server (`--listen`).
     ports: Option<&'a AgentPorts>,
     server: Option<&'a ServerHandle>,
+    /// The `--metrics-addr` page's per-agent series.
+    metrics: Option<&'a PopulationMetrics>,
 }
 
 /// Trains the agents `members` of one group (same update shapes and pace) as one
@@ -406,6 +424,7 @@ fn train_group(
         stop,
         ports,
         server,
+        metrics,
     } = run;
     let env = cfg.env_spec.clone();
     let first = &members[0].cfg;
@@ -415,8 +434,12 @@ fn train_group(
 
     let mut agents: Vec<Agent> = Vec::with_capacity(queue.len());
     let mut running: Vec<usize> = Vec::new();
-    let mut dqn: Option<Dqn> = None;
-    let mut version = 1;
+    let mut step: Option<LearnerStep> = None;
+    let step_cfg = StepConfig {
+        publish_every: cfg.learner.publish_every,
+        max_nonfinite: cfg.learner.max_nonfinite,
+    };
+    let oom = cfg.faults.oom.map(|f| (f, OOM_AFTER));
     let (mut acting, mut updating, mut evaluating) = (0.0, 0.0, 0.0);
     let mut population_updates = 0;
     let mut last_save = Instant::now();
@@ -436,19 +459,31 @@ fn train_group(
         if free > 0 {
             let newcomers: Vec<usize> = (0..free).map(|i| agents.len() + i).collect();
             let mut states = Vec::with_capacity(free);
+            let mut feedback = Vec::with_capacity(free);
             for m in queue.drain(..free) {
                 let (agent, state) = Agent::new(&m, &network, &cfg.logdir)?;
                 states.push((agent.hp, state));
+                // Prioritized replay: the agent's TD errors back into its own replay.
+                feedback.push(m.cfg.replay.priority.map(|p| {
+                    PriorityFeedback::new(
+                        Arc::clone(&agent.live.as_ref().expect("a new agent trains").table),
+                        p.beta,
+                        p.feedback_every,
+                        device,
+                        agent.steps.get(),
+                    )
+                }));
                 agents.push(agent);
             }
-            dqn = Some(match dqn.take() {
-                Some(d) => d.admit_states(states),
+            match &mut step {
+                Some(s) => s.admit(|d| d.admit_states(states), feedback),
                 None => {
                     let mut spec = network.clone();
                     spec.population = states.len();
-                    Dqn::population_states(spec, cfg.dqn.clone(), states, device)
+                    let d = Dqn::population_states(spec, cfg.dqn.clone(), states, device);
+                    step = Some(LearnerStep::new(d, 1, step_cfg, feedback, oom));
                 }
-            });
+            }
             let first = running.is_empty() && closing.is_empty() && agents.len() == free;
             running.extend(&newcomers);
             if !first {
@@ -461,12 +496,12 @@ fn train_group(
                     running.len()
                 );
             }
-            let d = dqn.as_ref().expect("made above");
+            let s = step.as_ref().expect("made above");
             publish(
-                d,
+                s.dqn(),
                 &running,
                 &mut agents,
-                version,
+                s.version(),
                 (!first).then_some(&newcomers[..]),
             );
             // Open to remote actors once they have parameters to act with.
@@ -484,19 +519,22 @@ fn train_group(
                 // After the last agent, the run's goodbye is its actors'; then an
                 // insert one is blocked in returns.
                 if ports.close(agent.index as u32) {
-                    server.announce(crate::server::goodbye_for(true, "the population finished"));
+                    server.announce(millrace_server::goodbye_for(
+                        true,
+                        "the population finished",
+                    ));
                 }
                 agent.live().table.close();
             }
             agent.live = None;
         }
 
-        let Some(d) = dqn.as_mut() else {
+        let Some(s) = step.as_mut() else {
             break !queue.is_empty();
         };
         if running.is_empty() {
             // Every agent ended, or the run stopped before queued ones started.
-            population_updates += d.updates();
+            population_updates += s.updates();
             break !queue.is_empty();
         }
         // Batches drawn for an update that did not happen are dropped with the old
@@ -510,9 +548,11 @@ fn train_group(
                 .checkpoint_every
                 .is_some_and(|every| last_save.elapsed() >= every);
             if stopping || due {
-                // Each training agent's state and replay, for `--resume`.
+                // Each training agent's state and replay (its priorities in), for
+                // `--resume`.
+                s.finish_priorities();
                 for (row, &a) in running.iter().enumerate() {
-                    match agents[a].save(&d.agent_state(row), &network, &env, version) {
+                    match agents[a].save(&s.dqn().agent_state(row), &network, &env, s.version()) {
                         Ok(()) => {}
                         Err(e) if stopping => return Err(RunError::FinalCheckpoint(e)),
                         // A periodic save that failed is retried at the next.
@@ -522,17 +562,20 @@ fn train_group(
                 last_save = Instant::now();
             }
             if stopping {
-                population_updates += d.updates();
+                population_updates += s.updates();
                 // Remote actors are told first, then inserts they are blocked in end.
                 if let Some(server) = server {
-                    server.announce(crate::server::goodbye_for(false, "the learner is stopping"));
+                    server.announce(millrace_server::goodbye_for(
+                        false,
+                        "the learner is stopping",
+                    ));
                     for &a in &running {
                         agents[a].live().table.close();
                     }
                 }
                 break 'run true;
             }
-            let updates_before = d.updates();
+            let updates_before = s.updates();
             let t0 = Instant::now();
             // Each agent's actors step while its replay takes inserts at its ratio
             // (an agent that waits for the others to catch up, as the group waits for
@@ -582,26 +625,24 @@ fn train_group(
                 }
                 // The device's part: an allocation failure anywhere in it (the copy, the
                 // update, publishing, statistics) ends the group with its agents saved.
-                let oom = cfg.faults.oom.map(|f| (f, OOM_AFTER));
                 let round = catch_unwind(AssertUnwindSafe(|| {
-                    inject_oom(oom, d.updates(), OomSite::Copy);
+                    inject_oom(oom, s.updates(), OomSite::Copy);
                     let batch = staging.take(device);
-                    inject_oom(oom, d.updates(), OomSite::Update);
-                    let _td = d.update(&batch);
-                    drop(batch);
-                    if d.updates().is_multiple_of(cfg.learner.publish_every.max(1)) {
-                        version += 1;
-                        inject_oom(oom, d.updates(), OomSite::Publish);
+                    let env_steps: Vec<u64> =
+                        running.iter().map(|&a| agents[a].steps.get()).collect();
+                    s.update(&batch, staging.keys(), &env_steps, &mut |version, d| {
                         publish(d, &running, &mut agents, version, None);
-                    }
-                    if d.updates().is_multiple_of(256) {
-                        inject_oom(oom, d.updates(), OomSite::Stats);
-                        for (row, streak) in d.nonfinite_streaks().into_iter().enumerate() {
+                    });
+                    drop(batch);
+                    if s.updates().is_multiple_of(STATS_EVERY) {
+                        let health = s.check();
+                        for row in health.diverged {
                             let a = running[row];
-                            if streak >= cfg.learner.max_nonfinite && agents[a].end.is_none() {
+                            if agents[a].end.is_none() {
                                 tracing::warn!(
-                                    "agent {}: {streak} non-finite updates in a row: stopped, the others go on",
-                                    agents[a].index
+                                    "agent {}: {} non-finite updates in a row: stopped, the others go on",
+                                    agents[a].index,
+                                    health.streaks[row]
                                 );
                                 agents[a].end = Some((
                                     AgentEnd::Diverged,
@@ -630,16 +671,18 @@ fn train_group(
                     let error = population_oom::ended(
                         &msg,
                         &footprint,
-                        d,
+                        s.dqn(),
                         &running,
                         &agents,
-                        (&network, &env, version),
+                        (&network, &env, s.version()),
                     );
                     // As when stopping: remote actors are told, then inserts they are
                     // blocked in end (nothing samples these tables any more).
                     if let Some(server) = server {
-                        server
-                            .announce(crate::server::goodbye_for(false, "the learner is stopping"));
+                        server.announce(millrace_server::goodbye_for(
+                            false,
+                            "the learner is stopping",
+                        ));
                         for &a in &running {
                             agents[a].live().table.close();
                         }
@@ -676,13 +719,22 @@ fn train_group(
                 }
             }
             evaluating += t2.elapsed().as_secs_f64();
+            if let Some(m) = metrics {
+                m.record(
+                    running
+                        .iter()
+                        .enumerate()
+                        .map(|(row, &a)| series(&agents[a], s.dqn(), row)),
+                    false,
+                );
+            }
             if running.iter().any(|&a| agents[a].end.is_some()) {
                 break;
             }
             // Remote actors fill replay meanwhile: wait for them rather than spin, and
             // say so when the group waits on agents that no actor serves.
             if let Some(ports) = ports {
-                if d.updates() != updates_before {
+                if s.updates() != updates_before {
                     last_update = Instant::now();
                 } else {
                     std::thread::sleep(std::time::Duration::from_millis(1));
@@ -706,6 +758,12 @@ fn train_group(
         for &a in &running {
             let agent = &mut agents[a];
             if agent.end.is_some() {
+                if let Some(m) = metrics {
+                    let row = running.iter().position(|r| *r == a).expect("running");
+                    let (index, mut last) = series(agent, s.dqn(), row);
+                    last.training = false;
+                    m.record([(index, last)], true);
+                }
                 closing.push(a);
                 let result = agent.result(wall);
                 agent.board(|b| b.end(&result));
@@ -713,13 +771,14 @@ fn train_group(
             }
         }
         running = keep.iter().map(|&r| running[r]).collect();
-        let d = dqn.take().expect("a population trains");
+        let mut s = step.take().expect("a population trains");
         if running.is_empty() && queue.is_empty() {
             // The last agents ended: close their ports (at the loop's top), then stop.
-            population_updates += d.updates();
+            population_updates += s.updates();
             continue;
         }
-        dqn = Some(d.keep_agents(&keep));
+        s.keep_agents(&keep);
+        step = Some(s);
         if queue.is_empty() {
             tracing::info!("{} agent(s) still training", running.len());
         }
@@ -734,6 +793,35 @@ fn train_group(
         updates: population_updates,
         split: [acting, updating, evaluating],
     })
+}
+
+/// Agent `agent`'s numbers for the metrics page, as row `row` of `dqn`.
+fn series(agent: &Agent, dqn: &Dqn, row: usize) -> (usize, AgentSeries) {
+    let mean = |r: &VecDeque<f32>| {
+        if r.is_empty() {
+            f64::NAN
+        } else {
+            r.iter().map(|x| f64::from(*x)).sum::<f64>() / r.len() as f64
+        }
+    };
+    let replay = agent.live.as_ref().map(|l| l.table.stats());
+    (
+        agent.index,
+        AgentSeries {
+            env_steps: agent.steps.get(),
+            updates: dqn.agent_updates(row),
+            episode_return: mean(&agent.returns),
+            eval_return: agent
+                .tracker
+                .last
+                .as_ref()
+                .map_or(f64::NAN, |r| f64::from(r.mean)),
+            learning_rate: dqn.agent_learning_rate(row),
+            replay_size: replay.as_ref().map_or(0, |r| r.size as u64),
+            clamped_priorities: replay.as_ref().map_or(0, |r| r.clamped_priorities),
+            training: agent.end.is_none(),
+        },
+    )
 }
 
 fn write_results(summary: &PopulationSummary, logdir: &Path) -> Result<(), RunError> {

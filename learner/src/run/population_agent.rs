@@ -23,8 +23,8 @@ use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, 
 use crate::population::AgentHparams;
 use crate::population_board::{self, AgentBoard};
 use crate::population_results::{AgentEnd, AgentResult, AgentSetup};
-use crate::server::{AgentSpec, Route};
 use crate::sweep::{check_applied, Settings, Sweep, SweepAgent, SweepError};
+use millrace_server::{AgentSpec, Route};
 
 /// An agent of the run: its place in the population, its sweep entry, and its
 /// configuration as it trains (the flags with its sweep settings applied).

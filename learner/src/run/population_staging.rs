@@ -17,13 +17,15 @@ use crate::cuda::Marker;
 use crate::dqn::Batch;
 use crate::prefetch::{bytemuck_mut, bytes_mut, host_zeros, kind};
 
-/// `[K, 2B, obs]`, `[K, B, 1]` ×3: agent k's rows are slice k of each.
+/// `[K, 2B, obs]`, `[K, B, 1]` ×4: agent k's rows are slice k of each.
 #[derive(Debug)]
 struct Set {
     obs2: Tensor,
     actions: Tensor,
     rewards: Tensor,
     discounts: Tensor,
+    /// Prioritized replay's importance-sampling weights.
+    weights: Tensor,
     /// On a GPU: recorded after this set's last copy was queued; `None` before the
     /// first (or where CUDA events are not available: then copies block).
     copied: Option<Marker>,
@@ -50,6 +52,7 @@ impl Set {
             actions: make(&[k, b, 1], Kind::Int64),
             rewards: make(&[k, b, 1], Kind::Float),
             discounts: make(&[k, b, 1], Kind::Float),
+            weights: make(&[k, b, 1], Kind::Float),
             copied,
             in_flight: false,
             gpu: match pin_for {
@@ -88,9 +91,10 @@ pub struct PopulationStaging {
     sets: Vec<Set>,
     /// The set being filled.
     current: usize,
+    /// The items of each agent's slice, row after row (their priorities' keys).
     keys: Vec<ItemKey>,
-    /// Importance weights: always 1 (populations sample uniformly).
-    weights: Vec<f32>,
+    /// Whether the agents sample prioritized replay (the batch then carries weights).
+    weighted: bool,
     /// Which agents' slices hold a batch not used yet.
     ready: Vec<bool>,
     batch: usize,
@@ -108,7 +112,7 @@ impl PopulationStaging {
                 .collect(),
             current: 0,
             keys: vec![ItemKey::default(); agents * batch],
-            weights: vec![1.0; agents * batch],
+            weighted: false,
             ready: vec![false; agents],
             batch,
         }
@@ -128,12 +132,13 @@ impl PopulationStaging {
         // SAFETY: contiguous host tensors made in `new`, used only through this struct
         // (see the type's invariant: no copy reads this set any more), and `&mut self`
         // holds them.
-        let (obs2, actions, rewards, discounts) = unsafe {
+        let (obs2, actions, rewards, discounts, weights) = unsafe {
             (
                 bytes_mut(&mut set.obs2),
                 bytes_mut(&mut set.actions),
                 bytes_mut(&mut set.rewards),
                 bytes_mut(&mut set.discounts),
+                bytes_mut(&mut set.weights),
             )
         };
         let per_agent = obs2.len() / agents;
@@ -147,9 +152,10 @@ impl PopulationStaging {
             rewards: &mut bytemuck_mut::<f32>(rewards)[rows.clone()],
             discounts: &mut bytemuck_mut::<f32>(discounts)[rows.clone()],
             keys: &mut self.keys[rows.clone()],
-            weights: &mut self.weights[rows],
+            weights: &mut bytemuck_mut::<f32>(weights)[rows],
         };
         self.ready[row] = table.try_sample(rng, &mut out)?.is_some();
+        self.weighted = table.prioritized();
         Ok(self.ready[row])
     }
 
@@ -176,7 +182,7 @@ impl PopulationStaging {
             actions: mv(&set.actions),
             rewards: mv(&set.rewards),
             discounts: mv(&set.discounts),
-            weights: None,
+            weights: self.weighted.then(|| mv(&set.weights)),
         };
         if let Some(m) = &set.copied {
             match m.record() {
@@ -191,6 +197,12 @@ impl PopulationStaging {
         }
         self.current = (self.current + 1) % self.sets.len();
         batch
+    }
+
+    /// The items of the batch [`PopulationStaging::take`] returned last, row after row
+    /// (`B` per agent).
+    pub fn keys(&self) -> &[ItemKey] {
+        &self.keys
     }
 
     /// Host sets in use (two on a GPU).

@@ -37,7 +37,7 @@ pub struct Setup {
     pub layout: Layout,
     pub metrics: Metrics,
     /// Remote actors' statistics (service mode).
-    pub board: Arc<crate::server::ActorBoard>,
+    pub board: Arc<millrace_server::ActorBoard>,
     pub started: Instant,
     pub footprint: Footprint,
     /// Staging buffers in the prefetcher's ring (threaded mode).

@@ -28,8 +28,8 @@ use crate::evaluation::Evaluator;
 use crate::prefetch::{Prefetcher, SamplerConfig};
 use crate::priority_feedback::PriorityFeedback;
 use crate::publisher::Publisher;
-use crate::server::{Route, Routes, ServerContext};
 use crate::update_loop::{self, Command, LearnerParts, LearnerReport};
+use millrace_server::{Route, Routes, ServerContext};
 
 /// Actor output in the embedded mode: transitions go straight into replay (blocking
 /// when the rate limiter says so), episode ends to the coordinator.
@@ -223,7 +223,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
                 episodes: episode_tx.clone(),
                 board: Arc::clone(&setup.board),
             };
-            running.server = Some(crate::server::spawn(scfg.clone(), ctx)?);
+            running.server = Some(millrace_server::spawn(scfg.clone(), ctx)?);
         }
         Ok(())
     })();

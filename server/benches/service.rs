@@ -9,7 +9,7 @@
 //! With `--atari`, transitions carry Atari observations (`[4, 84, 84]` u8, 28,224 bytes
 //! a row) instead of CartPole's 16 bytes: pixel columns travel as raw bytes.
 //!
-//! `cargo bench -p millrace-learner --bench service -- [--seconds 3] [--connections 4]
+//! `cargo bench -p millrace-server --bench service -- [--seconds 3] [--connections 4]
 //!  [--rows 64] [--actors 64] [--repeats 5] [--atari]`
 
 use std::io::Write;
@@ -18,13 +18,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use millrace_learner::server::{self, goodbye_for, Route, Routes, ServerConfig, ServerContext};
 use millrace_proto::codec::{self, Framer, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{ActorMsg, LearnerMsg, PROTOCOL_VERSION};
 use millrace_proto::{
     DType, EnvSpec, NetworkSpec, ObsSpec, Params, ParamsCell, StepCounter, TransitionBatch,
 };
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
+use millrace_proto::wire::{Capabilities, Hello};
+use millrace_server::{self as server, goodbye_for, Route, Routes, ServerConfig, ServerContext};
 
 /// Nature-DQN parameter count: conv 8x8x4→32, 4x4x32→64, 3x3x64→64, fc 3136→512→18.
 const NATURE_DQN_PARAMS: usize = (8 * 8 * 4 * 32 + 32)
@@ -156,12 +157,17 @@ fn server(shape: Shape, table: Arc<Table>, params: Arc<ParamsCell>) -> server::S
 fn connect(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
-    let mut hello = millrace_tests::hello("", PROTOCOL_VERSION, 1);
-    if let ActorMsg::Hello(h) = &mut hello {
-        h.capabilities
-            .env_ids
-            .push(millrace_proto::env::ANY_ATARI.into());
-    }
+    let hello = ActorMsg::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        token: String::new(),
+        actor_name: "bench".into(),
+        capabilities: Capabilities {
+            envs: 1,
+            env_ids: vec!["CartPole-v1".into(), millrace_proto::env::ANY_ATARI.into()],
+            features: Vec::new(),
+        },
+        agent: None,
+    });
     s.write_all(&codec::encode(&hello, DEFAULT_MAX_FRAME).unwrap())
         .unwrap();
     s

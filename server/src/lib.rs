@@ -39,7 +39,7 @@ use connection::Connection;
 pub use exploration::{ExplorationIndices, MAX_INDICES};
 pub use ports::{AgentPorts, AgentSpec, Route, Routes};
 
-use crate::config::secs;
+use millrace_proto::durations::secs;
 
 /// The frame limit before a peer has authenticated: a `Hello` is a few hundred bytes.
 pub const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
@@ -165,7 +165,7 @@ impl ServerHandle {
                 false
             }
         });
-        crate::joined(self.thread)
+        millrace_proto::panics::joined(self.thread)
     }
 }
 

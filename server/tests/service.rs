@@ -1,4 +1,4 @@
-//! The learner's server over loopback, driven by hand-written clients: the handshake,
+//! The server over loopback, driven by hand-written clients: the handshake,
 //! transitions into replay, parameters out, typed refusals (permanent or temporary),
 //! connection limits and timeouts, goodbyes at the end of a run, and every kind of bad
 //! input closing that connection alone while a good actor carries on.
@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use millrace_actor::EpisodeStats;
-use millrace_learner::server::{
-    self, goodbye_for, ActorBoard, AgentPorts, AgentSpec, Route, Routes, ServerConfig,
-    ServerContext, ServerHandle,
-};
 use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, GoodbyeReason, Hello, LearnerMsg, RefusalCode, PROTOCOL_VERSION,
 };
 use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
+use millrace_server::{
+    self as server, goodbye_for, ActorBoard, AgentPorts, AgentSpec, Route, Routes, ServerConfig,
+    ServerContext, ServerHandle,
+};
 use millrace_tests::{batch, hello, wait_until, WireClient};
 
 const LIMIT: Duration = Duration::from_secs(10);

@@ -1,0 +1,202 @@
+//! The learner step, the one piece of code every driver runs per batch: the update,
+//! its TD errors back into each agent's replay as priorities (prioritized replay), the
+//! parameters published when due and, when the driver asks, the statistics read and
+//! each agent's divergence checked.
+//!
+//! The drivers differ only in what surrounds it: the learner thread
+//! ([`crate::update_loop`]) waits on the sampler's ring and on commands, times copies
+//! and hands checkpoints to the writer; lock-step mode (`run/lockstep.rs`) and
+//! population mode (`run/population.rs`) act inline on one thread. A one-agent run is
+//! a population of one: row `k` of the stacked update is agent `k`, with its own
+//! replay, feedback and env step count.
+
+use millrace_replay::ItemKey;
+
+use crate::config::{OomFault, OomSite};
+use crate::dqn::{Batch, Dqn, UpdateStats};
+use crate::priority_feedback::PriorityFeedback;
+use crate::update_loop::inject_oom;
+
+/// What the step needs of the run's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepConfig {
+    /// Publish parameters every this many updates.
+    pub publish_every: u64,
+    /// An agent whose last this many updates all had a non-finite loss has diverged.
+    pub max_nonfinite: u64,
+}
+
+/// What [`LearnerStep::check`] read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Health {
+    /// Means since the previous check, over every agent.
+    pub stats: UpdateStats,
+    /// Each agent's current run of non-finite updates, by row.
+    pub streaks: Vec<u64>,
+    /// The rows whose run reached the limit: their agents diverged.
+    pub diverged: Vec<usize>,
+    /// Updates skipped for a non-finite loss since the step was made (all agents).
+    pub nonfinite_total: u64,
+}
+
+/// The networks and what goes with each row: see the module's documentation.
+#[derive(Debug)]
+pub struct LearnerStep {
+    dqn: Dqn,
+    cfg: StepConfig,
+    /// The version the last publish had (the next is one more).
+    version: u64,
+    /// Row by row, prioritized replay's way back into that agent's replay.
+    feedback: Vec<Option<PriorityFeedback>>,
+    /// Run out of memory at a site once this many updates are done (tests of that
+    /// path).
+    oom: Option<(OomFault, u64)>,
+    nonfinite_total: u64,
+}
+
+impl LearnerStep {
+    /// A step over `dqn`, whose parameters were last published as `version`;
+    /// `feedback` has one entry per row of `dqn` (none for uniform replay).
+    ///
+    /// # Panics
+    /// If `feedback` does not have one entry per agent.
+    pub fn new(
+        dqn: Dqn,
+        version: u64,
+        cfg: StepConfig,
+        feedback: Vec<Option<PriorityFeedback>>,
+        oom: Option<(OomFault, u64)>,
+    ) -> Self {
+        assert_eq!(feedback.len(), dqn.spec().population, "feedback per agent");
+        Self {
+            dqn,
+            cfg,
+            version,
+            feedback,
+            oom,
+            nonfinite_total: 0,
+        }
+    }
+
+    pub fn dqn(&self) -> &Dqn {
+        &self.dqn
+    }
+
+    /// The version of the last parameters published.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn updates(&self) -> u64 {
+        self.dqn.updates()
+    }
+
+    /// The networks, for the driver to hand back (a final checkpoint, an error).
+    pub fn into_dqn(self) -> Dqn {
+        self.dqn
+    }
+
+    /// One update on `batch` (already on the device). `keys` are the batch's items,
+    /// row after row (`B` per agent; their priorities are set after the update), and
+    /// `env_steps` each agent's env steps now (its learning rate and β follow them).
+    /// Calls `publish` with the new version when one is due. An allocation failure
+    /// anywhere here panics in libtorch: the drivers turn that into their
+    /// out-of-memory ending.
+    pub fn update(
+        &mut self,
+        batch: &Batch,
+        keys: &[ItemKey],
+        env_steps: &[u64],
+        publish: &mut dyn FnMut(u64, &Dqn),
+    ) {
+        self.dqn.anneal_lr(env_steps);
+        inject_oom(self.oom, self.dqn.updates(), OomSite::Update);
+        let out = self.dqn.update(batch);
+        if self.feedback.iter().any(Option::is_some) {
+            let b = keys.len() / self.feedback.len().max(1);
+            for (row, fb) in self.feedback.iter_mut().enumerate() {
+                let Some(fb) = fb else { continue };
+                inject_oom(self.oom, self.dqn.updates(), OomSite::Priorities);
+                let steps = env_steps.get(row).or(env_steps.last()).copied();
+                fb.push(
+                    &out.agent(row),
+                    &keys[row * b..(row + 1) * b],
+                    steps.unwrap_or(0),
+                );
+            }
+        }
+        if self
+            .dqn
+            .updates()
+            .is_multiple_of(self.cfg.publish_every.max(1))
+        {
+            self.version += 1;
+            inject_oom(self.oom, self.dqn.updates(), OomSite::Publish);
+            publish(self.version, &self.dqn);
+        }
+    }
+
+    /// Reads the statistics since the last check (one host sync) and which agents
+    /// diverged.
+    pub fn check(&mut self) -> Health {
+        inject_oom(self.oom, self.dqn.updates(), OomSite::Stats);
+        let stats = self.dqn.take_stats();
+        self.nonfinite_total += stats.nonfinite;
+        // One agent's streak is the longest; a population reads each (a second read).
+        let streaks = if self.feedback.len() == 1 {
+            vec![stats.nonfinite_streak]
+        } else {
+            self.dqn.nonfinite_streaks()
+        };
+        let diverged = streaks
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s >= self.cfg.max_nonfinite)
+            .map(|(row, _)| row)
+            .collect();
+        Health {
+            stats,
+            streaks,
+            diverged,
+            nonfinite_total: self.nonfinite_total,
+        }
+    }
+
+    /// Hands every priority collected so far to replay, waiting for read-backs in
+    /// flight: before a checkpoint copies replay, and at the end.
+    pub fn finish_priorities(&mut self) {
+        for fb in self.feedback.iter_mut().flatten() {
+            fb.finish();
+        }
+    }
+
+    /// The same step for only the agents in `rows` (in that order): a population
+    /// drops the agents that ended.
+    pub fn keep_agents(&mut self, rows: &[usize]) {
+        self.dqn = self.dqn.keep_agents(rows);
+        let mut old: Vec<Option<Option<PriorityFeedback>>> = std::mem::take(&mut self.feedback)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.feedback = rows
+            .iter()
+            .map(|&r| old[r].take().expect("each row kept once"))
+            .collect();
+    }
+
+    /// Agents joining after the present ones: `admit` makes the networks with them
+    /// (see [`Dqn::admit_states`]), `feedback` has one entry per newcomer.
+    pub fn admit(
+        &mut self,
+        admit: impl FnOnce(&Dqn) -> Dqn,
+        feedback: Vec<Option<PriorityFeedback>>,
+    ) {
+        self.dqn = admit(&self.dqn);
+        self.feedback.extend(feedback);
+        assert_eq!(
+            self.feedback.len(),
+            self.dqn.spec().population,
+            "feedback per agent"
+        );
+    }
+}
