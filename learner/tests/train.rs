@@ -201,28 +201,8 @@ fn assert_agree(gym: &serde_json::Value, ours: &serde_json::Value) {
 
 /// Exports `which` of a checkpoint and plays it in Gymnasium (100 episodes).
 fn play_in_gymnasium(ckpt: &Path, which: &str, out: &Path) -> serde_json::Value {
-    let weights = out.join(format!("{which}.safetensors"));
-    let exported = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args(["export", "--checkpoint"])
-        .arg(ckpt)
-        .args(["--which", which, "--out"])
-        .arg(&weights)
-        .output()
-        .unwrap();
-    assert!(exported.status.success(), "{}", text(&exported));
-    // The crate's directory as cargo gives it now (a path baked in at build time may be
-    // another clone's, with a shared target dir).
-    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
-    let script = crate_dir.join("../scripts/play_policy.py");
-    let played = Command::new(python())
-        .arg(script)
-        .arg(&weights)
-        .args(["--episodes", "100", "--seed", "1000"])
-        .output()
-        .unwrap();
-    assert!(played.status.success(), "{}", text(&played));
-    json_line(&played)
+    let learner = Path::new(env!("CARGO_BIN_EXE_learner"));
+    millrace_tests::play_in_gymnasium(learner, ckpt, None, which, out)
 }
 
 #[test]

@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 
 use millrace_proto::codec::{self, Framer, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{ActorMsg, LearnerMsg, PROTOCOL_VERSION};
+use millrace_proto::wire::{Capabilities, Hello};
 use millrace_proto::{
     DType, EnvSpec, NetworkSpec, ObsSpec, Params, ParamsCell, StepCounter, TransitionBatch,
 };
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
-use millrace_proto::wire::{Capabilities, Hello};
 use millrace_server::{self as server, goodbye_for, Route, Routes, ServerConfig, ServerContext};
 
 /// Nature-DQN parameter count: conv 8x8x4→32, 4x4x32→64, 3x3x64→64, fc 3136→512→18.

@@ -104,6 +104,54 @@ pub fn output_text(out: &std::process::Output) -> String {
     )
 }
 
+/// Exports `which` (`best`, `solved`, `latest`) of a saved run with `learner export`
+/// (`learner` the binary, `agent` a population's agent, `ckpt` then its log directory)
+/// and plays it in Gymnasium itself (`scripts/play_policy.py`, 100 episodes from seed
+/// 1000); what the script printed (`mean`, `stderr`, ...). `out` holds the export.
+pub fn play_in_gymnasium(
+    learner: &std::path::Path,
+    ckpt: &std::path::Path,
+    agent: Option<usize>,
+    which: &str,
+    out: &std::path::Path,
+) -> serde_json::Value {
+    let name = match agent {
+        Some(k) => format!("agent-{k:03}-{which}.safetensors"),
+        None => format!("{which}.safetensors"),
+    };
+    let weights = out.join(name);
+    let mut export = std::process::Command::new(learner);
+    export
+        .args(["export", "--checkpoint"])
+        .arg(ckpt)
+        .args(["--which", which, "--out"])
+        .arg(&weights);
+    if let Some(k) = agent {
+        export.args(["--agent", &k.to_string()]);
+    }
+    let exported = export.output().expect("learner export runs");
+    assert!(exported.status.success(), "{}", output_text(&exported));
+    // The repository's scripts, as cargo gives the crate's directory now (a path baked
+    // in at build time may be another clone's, with a shared target dir).
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    let script = crate_dir.join("../scripts/play_policy.py");
+    let played = std::process::Command::new(venv_python())
+        .arg(script)
+        .arg(&weights)
+        .args(["--episodes", "100", "--seed", "1000"])
+        .output()
+        .expect("python runs");
+    assert!(played.status.success(), "{}", output_text(&played));
+    let stdout = String::from_utf8_lossy(&played.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON in:\n{}", output_text(&played)));
+    serde_json::from_str(line).expect("play_policy.py prints JSON")
+}
+
 /// The project virtualenv's Python (`scripts/setup.sh` installs Gymnasium, torch,
 /// safetensors and TensorBoard there).
 pub fn venv_python() -> PathBuf {

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use millrace_tests::binary;
 
+pub mod prometheus;
+
 pub struct Learner {
     pub child: Child,
     pub addr: String,
