@@ -10,7 +10,8 @@
 # stops within 30 s with one clear line if the binaries do not load or CUDA is not
 # visible, then runs each step under its own timeout and all of them under a 7-minute
 # deadline, most valuable first: the set-up (doctor, nvidia-smi, driver, glibc), the
-# learner's lib tests with the GPU-only ones, the learner's ceiling, the overlap
+# device core's and the learner's lib tests with the GPU-only ones, the learner's
+# ceiling, the overlap
 # benchmark, short runs, out of memory (injected and real), populations. Every step
 # names its device (--gpu 0): nothing falls back to the CPU. It writes, under $OUT,
 # summary.txt (one short table, also printed last) and logs.tar.gz (every step's log).
@@ -77,10 +78,10 @@ export LD_LIBRARY_PATH="$tl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The lib tests that read the workspace (Cargo.toml) find it here.
 export CARGO_MANIFEST_DIR="$PWD/learner"
 export RUST_BACKTRACE=0
-for b in learner learner-tests ceiling overlap population; do
+for b in learner learner-tests core-tests ceiling overlap population; do
     [[ -x "$bin/$b" ]] || die "$bin/$b is missing: run bench/gpu_prepare.sh where Rust is, and carry $bin"
 done
-missing="$(ldd "$bin/learner" "$bin/learner-tests" 2>&1 | grep 'not found' | sort -u | tr -s ' \t' ' ' | tr '\n' ';')"
+missing="$(ldd "$bin/learner" "$bin/learner-tests" "$bin/core-tests" 2>&1 | grep 'not found' | sort -u | tr -s ' \t' ' ' | tr '\n' ';')"
 [[ -z "$missing" ]] || die "the binaries do not load: $missing (LD_LIBRARY_PATH starts with $tl)"
 timeout -k 2 25 "$bin/learner" doctor >"$logs/00-doctor.log" 2>&1
 doctor_rc=$?
@@ -152,15 +153,15 @@ fi
 run_step machine 15 0 bash -c 'nvidia-smi || echo "no nvidia-smi here"; nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader || true; ldd --version | head -1; echo "cores: $(nproc)"; grep -m1 "model name" /proc/cpuinfo || true'
 add_row machine "$(figures 'MiB|cores|GLIBC|glibc|no nvidia' 4)"
 
-# The learner's lib tests, the GPU-only ones included (listed only in the rehearsal:
-# CI has just run them).
+# The device core's and the learner's lib tests, the GPU-only ones included (listed
+# only in the rehearsal: CI has just run them).
 if [[ "$dry" == 1 ]]; then
-    run_step lib-tests 60 0 "$bin/learner-tests" --list
+    run_step lib-tests 60 0 bash -c "\"$bin/core-tests\" --list && \"$bin/learner-tests\" --list"
     add_row lib-tests "$(grep -c ': test$' "$log") tests listed, $(grep -c 'GPU\|gpu\|cuda' "$log") of them about the GPU"
 else
     # One at a time: one test flips libtorch's process-wide TF32 settings, which the
     # GPU precision tests' fp32 references must not see.
-    run_step lib-tests 150 0 "$bin/learner-tests" --include-ignored --test-threads 1
+    run_step lib-tests 150 0 bash -c "\"$bin/core-tests\" --include-ignored --test-threads 1; c=\$?; \"$bin/learner-tests\" --include-ignored --test-threads 1 && exit \$c"
     add_row lib-tests "$(figures '^test result|FAILED' 6)"
 fi
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, here, everything the GPU check (bench/gpu_check.sh) runs on a machine with a
 # GPU and PyTorch 2.11.0 but no Rust toolchain: the learner, the ceiling, overlap and
-# population benchmarks and the learner's lib tests (the GPU-only ones among them),
+# population benchmarks and the lib tests of the device core and the learner (the
+# GPU-only ones among them),
 # in the CUDA feature set without the Gymnasium bridge (libtorch_cuda linked, no
 # libpython: the Rust ports and CatchPixels-v0 only), stripped into one git-ignored
 # folder, .gpu/ (or $GPU_BIN).
@@ -31,6 +32,8 @@ cargo build --release "${features[@]}" --bin learner --message-format=json-rende
 cargo bench "${features[@]}" --bench ceiling --bench overlap --bench population --no-run \
     --message-format=json-render-diagnostics >>"$messages"
 cargo test --release "${features[@]}" --lib --no-run --message-format=json-render-diagnostics >>"$messages"
+cargo test --release -p millrace-core --features cuda --locked --lib --no-run \
+    --message-format=json-render-diagnostics >>"$messages"
 # name<TAB>executable for each binary built.
 executables='
 import json, sys
@@ -40,14 +43,17 @@ for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         t = m["target"]
-        name = "learner-tests" if t["kind"] == ["lib"] else t["name"]
+        if t["kind"] == ["lib"]:
+            name = t["name"].removeprefix("millrace_") + "-tests"
+        else:
+            name = t["name"]
         print(name + "\t" + m["executable"])
 '
 declare -A built=()
 while IFS=$'\t' read -r name exe; do
     built[$name]="$exe"
 done < <(python3 -c "$executables" "$messages")
-for name in learner ceiling overlap population learner-tests; do
+for name in learner ceiling overlap population learner-tests core-tests; do
     exe="${built[$name]:-}"
     if [[ -z "$exe" || ! -x "$exe" ]]; then
         echo "gpu_prepare: cargo reported no executable for $name" >&2

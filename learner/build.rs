@@ -20,7 +20,6 @@ fn main() {
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     // `learner doctor` compares the libtorch it runs with against this one.
     println!("cargo:rustc-env=MILLRACE_LIBTORCH_LIB={lib}");
-    torch_settings(std::path::Path::new(&lib));
     // libtorch.so is a thin library that needs libtorch_cuda.so: a CPU-only build links
     // neither (the linker keeps libtorch_cpu and libc10, whose symbols it uses).
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
@@ -32,25 +31,4 @@ fn main() {
     }
     println!("cargo:rustc-link-arg=-ltorch");
     println!("cargo:rustc-link-arg=-Wl,--as-needed");
-}
-
-/// The C++ shim over libtorch's global context (`src/torch_settings.cpp`: TF32 and
-/// cuDNN's benchmark mode, which tch does not expose), against the headers beside the
-/// libtorch it links (`torch/include`), with that libtorch's C++ ABI (PyTorch's wheels:
-/// the new one; `LIBTORCH_CXX11_ABI` overrides it, as for torch-sys).
-fn torch_settings(lib: &std::path::Path) {
-    println!("cargo:rerun-if-changed=src/torch_settings.cpp");
-    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
-    let include = lib.join("../include");
-    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
-    cc::Build::new()
-        .cpp(true)
-        .file("src/torch_settings.cpp")
-        .include(&include)
-        .include(include.join("torch/csrc/api/include"))
-        .flag("-std=c++17")
-        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
-        .flag("-DGLOG_USE_GLOG_EXPORT")
-        .warnings(false)
-        .compile("millrace_torch_settings");
 }

@@ -16,6 +16,15 @@ cargo test --workspace --locked "$@"
 no_gym=(env CARGO_TARGET_DIR="$CARGO_TARGET_DIR/no-gym")
 "${no_gym[@]}" cargo clippy -p millrace-actor --all-targets --no-default-features --locked -- -D warnings
 "${no_gym[@]}" cargo test -p millrace-actor --no-default-features --locked "$@"
+# The network service without libtorch: no tch or torch-sys in its graph (tests and
+# benches included), and its tests built and run in the no-gym target dir, where
+# nothing else links libtorch.
+if cargo tree -p millrace-server -e normal,build,dev --locked | grep -q 'torch'; then
+    echo "millrace-server depends on libtorch:" >&2
+    cargo tree -p millrace-server -e normal,build,dev -i torch-sys >&2
+    exit 1
+fi
+"${no_gym[@]}" cargo test -p millrace-server --locked "$@"
 # The GPU check's rehearsal: the CUDA-feature build it carries (bench/gpu_prepare.sh:
 # the learner, the benchmarks and the lib tests, stripped into .gpu/) and the script a
 # lent GPU machine runs, here on the CPU with every step shortened (CPU_DRY=1), so

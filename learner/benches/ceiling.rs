@@ -6,7 +6,7 @@
 //!  [--obs 4] [--actions 2] [--seconds 3] [--min-updates 50] [--threads 1] [--cpu | --gpu N] [--tf32 off|conv|all] [--precision fp32,bf16]
 //!  [--net mlp|nature|minatar] [--layer-norm off,on]`
 //! Prints one line per configuration: updates/s and microseconds per update (waiting
-//! for the device as the learner thread does, `millrace_learner::ceiling`; the cadence
+//! for the device as the learner thread does, `millrace_core::ceiling`; the cadence
 //! is printed beside each figure), and with
 //! several precisions or LayerNorm settings each one's updates/s against the first's,
 //! measured one after the other in the same run (every precision with every LayerNorm
@@ -16,8 +16,8 @@
 
 mod common;
 
-use millrace_learner::dqn::{Dqn, DqnConfig};
-use millrace_learner::precision::Precision;
+use millrace_core::dqn::precision::Precision;
+use millrace_core::dqn::{Dqn, DqnConfig};
 use millrace_proto::{DType, NetworkSpec, ObsSpec};
 use tch::Device;
 
@@ -34,7 +34,7 @@ struct Opts {
     precision: Vec<Precision>,
     layer_norm: Vec<bool>,
     net: Net,
-    tf32: millrace_learner::torch_settings::Tf32,
+    tf32: millrace_core::torch_settings::Tf32,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -57,7 +57,7 @@ fn parse() -> Opts {
         precision: vec![Precision::Fp32],
         layer_norm: vec![false],
         net: Net::Mlp,
-        tf32: millrace_learner::torch_settings::Tf32::Conv,
+        tf32: millrace_core::torch_settings::Tf32::Conv,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;

@@ -30,15 +30,15 @@ use std::time::{Duration, Instant};
 
 use millrace_actor::runner::{ActorSink, EpisodeStats, SinkClosed};
 use millrace_actor::{make, make_pixels, run_actor, ActorConfig, EpsilonSchedule};
+use millrace_core::cuda::CopyStream;
+use millrace_core::dqn::{Dqn, DqnConfig};
+use millrace_core::memory::Footprint;
+use millrace_core::prefetch::{Prefetcher, SamplerConfig, StagingBuffer};
+use millrace_core::publisher::Publisher;
+use millrace_core::update_loop::{self, LearnerParts};
 use millrace_learner::checkpoint::writer::{CheckpointContext, CheckpointWriter};
 use millrace_learner::checkpoint::Layout;
 use millrace_learner::config::{DeviceChoice, LoopConfig};
-use millrace_learner::cuda::CopyStream;
-use millrace_learner::dqn::{Dqn, DqnConfig};
-use millrace_learner::memory::Footprint;
-use millrace_learner::prefetch::{Prefetcher, SamplerConfig, StagingBuffer};
-use millrace_learner::publisher::Publisher;
-use millrace_learner::update_loop::{self, LearnerParts};
 use millrace_proto::EnvConfig;
 use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
@@ -114,7 +114,7 @@ struct Opts {
     nets: Vec<Net>,
     batches: Vec<usize>,
     device: Device,
-    tf32: millrace_learner::torch_settings::Tf32,
+    tf32: millrace_core::torch_settings::Tf32,
 }
 
 fn parse() -> Opts {
@@ -126,7 +126,7 @@ fn parse() -> Opts {
         nets: vec![Net::Mlp, Net::Cnn],
         batches: vec![32, 512],
         device: Device::cuda_if_available(),
-        tf32: millrace_learner::torch_settings::Tf32::Conv,
+        tf32: millrace_core::torch_settings::Tf32::Conv,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -456,7 +456,7 @@ fn end_to_end(
         .collect();
     let pin_for = matches!(device, Device::Cuda(_)).then_some(device);
     let sampler = SamplerConfig {
-        depth: millrace_learner::prefetch::default_depth(&env.obs, b, pin_for.is_some()),
+        depth: millrace_core::prefetch::default_depth(&env.obs, b, pin_for.is_some()),
         seed: 0,
         fail_after: None,
     };
@@ -532,7 +532,7 @@ fn end_to_end(
                 max_nonfinite: u64::MAX,
                 copy_stream,
             };
-            update_loop::run(parts, &cfg, &cmd_rx, &rep_tx, &writer)
+            update_loop::run(parts, &cfg, &cmd_rx, &rep_tx, &*writer)
         })
     };
     // Measure from the first report after learning starts to the last one.

@@ -18,8 +18,8 @@ mod common;
 
 use std::time::Instant;
 
-use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
-use millrace_learner::population::AgentHparams;
+use millrace_core::dqn::agents::AgentHparams;
+use millrace_core::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
 use millrace_proto::{DType, NetworkSpec, ObsSpec};
 use tch::{Device, Kind, Tensor};
 
@@ -73,7 +73,7 @@ fn main() {
     };
     tch::set_num_threads(threads);
     // The learner's math on a GPU (TF32 convolutions, cuDNN benchmark on), said.
-    common::gpu_math(device, millrace_learner::torch_settings::Tf32::Conv);
+    common::gpu_math(device, millrace_core::torch_settings::Tf32::Conv);
     let spec = |k: usize| -> NetworkSpec {
         if net == "cnn" {
             let obs = ObsSpec {

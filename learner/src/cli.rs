@@ -16,9 +16,9 @@ use crate::config::{
     ActorsConfig, DeviceChoice, EvalConfig, Faults, GpuMathConfig, LoopConfig, ReplayOptions,
     RunConfig,
 };
-use crate::dqn::{DqnConfig, TargetUpdate};
-use crate::network::NetworkChoice;
 use crate::replay_flags::ReplayFlags;
+use millrace_core::dqn::network::NetworkChoice;
+use millrace_core::dqn::{DqnConfig, TargetUpdate};
 use millrace_server::ServerConfig;
 
 /// Train a DQN agent with asynchronous actors (embedded mode: one process), or serve
@@ -228,8 +228,8 @@ pub struct TrainArgs {
     /// cuDNN's convolutions in TF32, cuBLAS's matmuls in full fp32), `all`, or `off`
     /// (full fp32 everywhere: to compare --precision bf16 with true fp32). Read back
     /// from libtorch and logged at start; no effect on the CPU.
-    #[arg(long, value_enum, default_value_t = crate::torch_settings::Tf32::Conv)]
-    pub tf32: crate::torch_settings::Tf32,
+    #[arg(long, value_enum, default_value_t = millrace_core::torch_settings::Tf32::Conv)]
+    pub tf32: millrace_core::torch_settings::Tf32,
 
     /// cuDNN's benchmark mode: it times its algorithms once per shape and keeps the
     /// fastest (the learner's shapes are fixed). On by default on a GPU, off under
@@ -334,14 +334,14 @@ pub struct TrainArgs {
 
     /// The optimizer: adam, or rmsprop (centred, no momentum, decay 0.95, ε 1.5e-7:
     /// Ape-X's learner).
-    #[arg(long, value_enum, default_value_t = crate::dqn::Optimizer::Adam)]
-    pub optimizer: crate::dqn::Optimizer,
+    #[arg(long, value_enum, default_value_t = millrace_core::dqn::Optimizer::Adam)]
+    pub optimizer: millrace_core::dqn::Optimizer,
 
     /// The forward and backward passes' arithmetic: fp32, or bf16 with fp32 master
     /// weights, gradients and optimizer state (mixed precision, for GPUs with native
     /// bf16: compute capability 8.0 or newer; refused on older ones).
-    #[arg(long, value_enum, default_value_t = crate::precision::Precision::Fp32)]
-    pub precision: crate::precision::Precision,
+    #[arg(long, value_enum, default_value_t = millrace_core::dqn::precision::Precision::Fp32)]
+    pub precision: millrace_core::dqn::precision::Precision,
 
     /// Replay ratio as items sampled per item inserted. 32 with batch 64 is one update
     /// per two env steps, rl-zoo3's CartPole ratio (128 gradient steps per 256 steps).
@@ -648,7 +648,7 @@ impl TrainArgs {
         if args.hidden.is_empty() || args.hidden.contains(&0) {
             bail!("--hidden needs positive layer sizes, e.g. 128,128");
         }
-        crate::network::build(args.network, &spec, &args.hidden, args.layer_norm)?;
+        millrace_core::dqn::network::build(args.network, &spec, &args.hidden, args.layer_norm)?;
         if !(0.0..=1.0).contains(&args.gamma) {
             bail!("--gamma must be in [0, 1], got {}", args.gamma);
         }
@@ -704,14 +704,14 @@ impl TrainArgs {
                 .collect::<anyhow::Result<Vec<_>>>()?
         };
         let device = devices[0];
-        if args.precision != crate::precision::Precision::Fp32 {
+        if args.precision != millrace_core::dqn::precision::Precision::Fp32 {
             let gpus = millrace_probe::cuda_devices();
             for &d in &devices {
                 let info = match d {
                     DeviceChoice::Cuda(i) => gpus.iter().find(|g| g.index == i),
                     DeviceChoice::Cpu => None,
                 };
-                crate::precision::check(
+                millrace_core::dqn::precision::check(
                     args.precision,
                     d,
                     info.map_or("", |g| g.name.as_str()),
@@ -843,9 +843,13 @@ impl TrainArgs {
             None => None,
         };
         if args.dueling {
-            let network =
-                crate::network::build(args.network, &spec, &args.hidden, args.layer_norm)?;
-            crate::dueling::DuelingHead::new(&network, tch::Device::Cpu)
+            let network = millrace_core::dqn::network::build(
+                args.network,
+                &spec,
+                &args.hidden,
+                args.layer_norm,
+            )?;
+            millrace_core::dqn::dueling::DuelingHead::new(&network, tch::Device::Cpu)
                 .map_err(|e| anyhow::anyhow!("--dueling: {e}"))?;
         }
         let lr_decay = match args.lr_final {
@@ -862,7 +866,7 @@ impl TrainArgs {
             Some(_) if args.lr_decay_steps == Some(0) => {
                 bail!("--lr-decay-steps must be at least 1")
             }
-            Some(end) => Some(crate::lr_schedule::LrDecay {
+            Some(end) => Some(millrace_core::dqn::schedules::LrDecay {
                 end_fraction: end / args.lr,
                 steps: args.lr_decay_steps.unwrap_or(args.max_steps),
             }),

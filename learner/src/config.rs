@@ -3,49 +3,21 @@
 //! beside the checkpoints as `config.json`, so a run says exactly what it ran with.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use millrace_actor::EpsilonSchedule;
 use millrace_proto::{EnvConfig, EnvSpec};
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 
-use crate::dqn::DqnConfig;
-use crate::network::NetworkChoice;
 use crate::replay_flags::{PriorityOptions, PRIORITIZED_PREFETCH_DEPTH};
+use millrace_core::dqn::network::NetworkChoice;
+use millrace_core::dqn::DqnConfig;
 use millrace_server::ServerConfig;
 
+pub use millrace_core::device::DeviceChoice;
+pub use millrace_core::faults::{OomFault, OomSite};
+pub use millrace_core::torch_settings::GpuMathConfig;
+pub use millrace_core::update_loop::{LoopConfig, REPORT_EVERY};
 pub use millrace_proto::durations::{opt_secs, secs};
-
-/// Where the learner's tensors live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeviceChoice {
-    Cpu,
-    Cuda(usize),
-}
-
-impl DeviceChoice {
-    pub fn device(self) -> tch::Device {
-        match self {
-            DeviceChoice::Cpu => tch::Device::Cpu,
-            DeviceChoice::Cuda(i) => tch::Device::Cuda(i),
-        }
-    }
-}
-
-impl std::fmt::Display for DeviceChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DeviceChoice::Cpu => write!(f, "cpu"),
-            DeviceChoice::Cuda(i) => write!(f, "cuda:{i}"),
-        }
-    }
-}
-
-impl Serialize for DeviceChoice {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
 
 /// Replay and rate-limiting settings.
 #[derive(Clone, Debug, Serialize)]
@@ -106,34 +78,6 @@ pub struct EvalConfig {
     pub target_return: Option<f32>,
 }
 
-/// The learner thread's own settings.
-#[derive(Clone, Debug, Serialize)]
-pub struct LoopConfig {
-    /// Publish parameters to actors every this many updates.
-    pub publish_every: u64,
-    /// Read device statistics and report this often (each read is one host sync).
-    #[serde(serialize_with = "secs")]
-    pub report_every: Duration,
-    /// Also checkpoint this often (a final checkpoint is always written on stop).
-    #[serde(serialize_with = "opt_secs")]
-    pub checkpoint_every: Option<Duration>,
-    /// Stop the run after this many consecutive updates with a non-finite loss.
-    pub max_nonfinite: u64,
-    /// Copy batches to the GPU on a side stream (`--copy-stream`).
-    pub copy_stream: bool,
-}
-
-/// How often the learner thread reads its statistics and reports (each read is one
-/// host sync on a GPU).
-pub const REPORT_EVERY: Duration = Duration::from_millis(500);
-
-/// libtorch's math settings a run asks for on CUDA devices (see `torch_settings`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct GpuMathConfig {
-    pub tf32: crate::torch_settings::Tf32,
-    pub cudnn_benchmark: bool,
-}
-
 /// Failures to inject, for tests of the shutdown path (`MILLRACE_INJECT_FAULT`; never
 /// part of the saved configuration).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -149,77 +93,6 @@ pub struct Faults {
     /// The device runs out of memory after a few updates, at one site, as libtorch
     /// reports it (CPU- or CUDA-shaped).
     pub oom: Option<OomFault>,
-}
-
-/// Where on the learner's device path an injected allocation failure strikes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OomSite {
-    /// Copying a batch to the device.
-    Copy,
-    /// The update itself.
-    Update,
-    /// Reading the TD errors back for prioritized replay.
-    Priorities,
-    /// Copying the parameters off the device to publish them.
-    Publish,
-    /// Reading the update statistics.
-    Stats,
-}
-
-impl OomSite {
-    pub const ALL: [OomSite; 5] = [
-        OomSite::Copy,
-        OomSite::Update,
-        OomSite::Priorities,
-        OomSite::Publish,
-        OomSite::Stats,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            OomSite::Copy => "copy",
-            OomSite::Update => "update",
-            OomSite::Priorities => "priorities",
-            OomSite::Publish => "publish",
-            OomSite::Stats => "stats",
-        }
-    }
-}
-
-/// An injected out-of-memory: where, and whose message (the CPU allocator's or CUDA's
-/// caching allocator's, as PyTorch 2.11 words them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OomFault {
-    pub site: OomSite,
-    pub cuda: bool,
-}
-
-impl OomFault {
-    /// The panic message a failed allocation gives through `tch` (its error in an
-    /// `unwrap`).
-    pub fn message(&self) -> String {
-        let torch = if self.cuda {
-            "CUDA out of memory. Tried to allocate 1024.00 GiB. GPU 0 has a total capacity of \
-             139.81 GiB of which 120.53 GiB is free. Including non-PyTorch memory, this process \
-             has 19.27 GiB memory in use. Of the allocated memory 18.50 GiB is allocated by \
-             PyTorch, and 263.50 MiB is reserved by PyTorch but unallocated. If reserved but \
-             unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-             to avoid fragmentation."
-        } else {
-            "DefaultCPUAllocator: not enough memory: you tried to allocate 1099511627776 bytes."
-        };
-        format!(
-            "called `Result::unwrap()` on an `Err` value: Torch(\"{torch} (injected fault at {})\")",
-            self.site.name()
-        )
-    }
-
-    /// Panics as libtorch would at `site`, if this fault is there.
-    pub fn strike(&self, site: OomSite) {
-        if self.site == site {
-            std::panic::panic_any(self.message());
-        }
-    }
 }
 
 impl Faults {
@@ -378,10 +251,10 @@ mod tests {
         assert!(oom
             .message()
             .contains("CUDA out of memory. Tried to allocate"));
-        assert!(crate::update_loop::is_out_of_memory(&oom.message()));
+        assert!(millrace_core::update_loop::is_out_of_memory(&oom.message()));
         let cpu = Faults::parse("learner-oom").unwrap().oom.unwrap();
         assert_eq!((cpu.site, cpu.cuda), (OomSite::Update, false));
-        assert!(crate::update_loop::is_out_of_memory(&cpu.message()));
+        assert!(millrace_core::update_loop::is_out_of_memory(&cpu.message()));
         assert!(Faults::parse("oom:disk")
             .unwrap_err()
             .contains("copy, update"));

@@ -101,7 +101,7 @@ pub fn report() -> Report {
             "fine for CPU training; for a GPU install the CUDA build of torch",
         )),
     }
-    match crate::cuda::runtime_soname() {
+    match millrace_core::cuda::runtime_soname() {
         Ok(name) => {
             r.0.push(Check::ok("CUDA runtime", format!("{name} loaded")))
         }
@@ -130,7 +130,7 @@ pub fn report() -> Report {
                 format!("{count} visible to libtorch: {}", list.join("; ")),
             ));
             for d in &driver_devices {
-                if let Ok((free, total)) = crate::cuda::memory(d.index) {
+                if let Ok((free, total)) = millrace_core::cuda::memory(d.index) {
                     r.0.push(Check::ok(
                         "device memory",
                         format!(
@@ -170,7 +170,7 @@ pub fn report() -> Report {
                 "install torch with its nvidia-cudnn dependency",
             )
         });
-        r.0.push(match crate::torch_settings::current() {
+        r.0.push(match millrace_core::torch_settings::current() {
             Ok(math) => Check::ok(
                 "fp32 math",
                 format!("{math} (libtorch's defaults; the learner sets --tf32 conv and cuDNN benchmark on unless told otherwise)"),

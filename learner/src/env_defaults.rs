@@ -206,7 +206,7 @@ mod tests {
         let on = parse(&argv(&["--cpu", "--dueling", "--seed", "3"])).unwrap();
         assert!(on.args.train.dueling, "a bare switch still means true");
         let cfg = p.args.train.into_config().unwrap();
-        assert_eq!(cfg.dqn.optimizer, crate::dqn::Optimizer::Rmsprop);
+        assert_eq!(cfg.dqn.optimizer, millrace_core::dqn::Optimizer::Rmsprop);
         assert_eq!(cfg.dqn.lr, 6.25e-5);
         assert_eq!(cfg.replay.priority.unwrap().alpha, 0.6);
         // Every environment's actors get Ape-X's fixed ε, one per environment.

@@ -242,7 +242,7 @@ pub fn export(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dqn::{Dqn, DqnConfig};
+    use millrace_core::dqn::{Dqn, DqnConfig};
     use millrace_proto::ObsSpec;
     use tch::{Device, Kind};
 
@@ -340,7 +340,7 @@ mod tests {
             spec.clone(),
             DqnConfig::default(),
             Device::Cpu,
-            crate::dqn::DqnState {
+            millrace_core::dqn::DqnState {
                 online: Tensor::from_slice(&flat).view([1, -1]),
                 target: Tensor::from_slice(&flat).view([1, -1]),
                 adam_m: Tensor::zeros([1, flat.len() as i64], (Kind::Float, Device::Cpu)),

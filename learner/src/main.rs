@@ -123,11 +123,9 @@ fn train(
         .chain(&cfg.population_devices)
         .any(|d| matches!(d, millrace_learner::config::DeviceChoice::Cuda(_)));
     if cuda {
-        let math = millrace_learner::torch_settings::apply(
-            cfg.gpu_math.tf32,
-            cfg.gpu_math.cudnn_benchmark,
-        )
-        .map_err(|e| anyhow::anyhow!("--tf32 {}: {e}", cfg.gpu_math.tf32))?;
+        let math =
+            millrace_core::torch_settings::apply(cfg.gpu_math.tf32, cfg.gpu_math.cudnn_benchmark)
+                .map_err(|e| anyhow::anyhow!("--tf32 {}: {e}", cfg.gpu_math.tf32))?;
         tracing::info!("GPU math: {math} (--tf32 {})", cfg.gpu_math.tf32);
     }
     let population = cfg.population.is_some() || cfg.sweep.is_some();

@@ -13,7 +13,7 @@ use crate::checkpoint::writer::WriterStats;
 use crate::evaluation::{EvalRecord, Purpose};
 use crate::summary::RunSummary;
 use crate::tensorboard::EventWriter;
-use crate::update_loop::LearnerReport;
+use millrace_core::update_loop::LearnerReport;
 use millrace_server::ActorBoard;
 
 /// Seconds between TensorBoard points and progress updates.

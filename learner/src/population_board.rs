@@ -10,10 +10,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::population::AgentHparams;
 use crate::population_results::{AgentEnd, AgentResult, AgentSetup};
 use crate::tensorboard::{self, Event, Summary};
 use crate::tensorboard_hparams::{self as hparams, HValue, Status};
+use millrace_core::dqn::agents::AgentHparams;
 
 /// The metrics the HParams view compares: each agent's last value of these tags.
 const METRICS: [(&str, &str); 5] = [

@@ -9,8 +9,8 @@ use millrace_actor::EpsilonSchedule;
 use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
-use crate::dqn::TargetUpdate;
-use crate::population::AgentHparams;
+use millrace_core::dqn::agents::AgentHparams;
+use millrace_core::dqn::TargetUpdate;
 
 /// An agent's settings besides its [`AgentHparams`]: how its actors acted and the
 /// shape and pace of its update (a sweep's values, or the flags').

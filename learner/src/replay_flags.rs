@@ -4,7 +4,7 @@
 use anyhow::bail;
 use serde::Serialize;
 
-use crate::priority_feedback::BetaSchedule;
+use millrace_core::priority_feedback::BetaSchedule;
 
 /// How replay chooses what to sample.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]

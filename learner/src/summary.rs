@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use millrace_replay::ReplayStats;
 
 use crate::evaluation::{EvalRecord, Solved};
-use crate::update_loop::StallTimes;
+use millrace_core::update_loop::StallTimes;
 
 /// Why a run ended without failing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

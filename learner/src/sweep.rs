@@ -23,8 +23,8 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
-use crate::dqn::{DqnConfig, TargetUpdate};
-use crate::population::AgentHparams;
+use millrace_core::dqn::agents::AgentHparams;
+use millrace_core::dqn::{DqnConfig, TargetUpdate};
 
 /// One agent of a sweep: its configuration's number, its learner hyperparameters and
 /// the rest of what its file sets for it.
@@ -128,7 +128,7 @@ pub fn check_applied(cfg: &RunConfig) -> Result<(), String> {
             cfg.actors.n_step
         ));
     }
-    crate::network::build(cfg.network, &cfg.env_spec, &cfg.hidden, cfg.layer_norm)
+    millrace_core::dqn::network::build(cfg.network, &cfg.env_spec, &cfg.hidden, cfg.layer_norm)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }

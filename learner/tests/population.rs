@@ -5,8 +5,8 @@
 //! torsos (grouped convolutions), K = 1, 3 and 8; and agents that join a running
 //! population learn as they would alone.
 
-use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
-use millrace_learner::population::AgentHparams;
+use millrace_core::dqn::agents::AgentHparams;
+use millrace_core::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
 use millrace_proto::{DType, NetworkSpec, ObsSpec};
 use tch::{Device, Kind, Tensor};
 

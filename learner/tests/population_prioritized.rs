@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
-use millrace_learner::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
-use millrace_learner::population::AgentHparams;
-use millrace_learner::priority_feedback::{BetaSchedule, PriorityFeedback};
-use millrace_learner::step::{LearnerStep, StepConfig};
+use millrace_core::dqn::agents::AgentHparams;
+use millrace_core::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
+use millrace_core::priority_feedback::{BetaSchedule, PriorityFeedback};
+use millrace_core::step::{LearnerStep, StepConfig};
 use millrace_proto::{DType, NetworkSpec, ObsSpec, TransitionBatch};
 use millrace_replay::{
     ItemKey, PriorityConfig, RateLimiterConfig, ReplayConfig, SampleScratch, Table,

@@ -296,12 +296,9 @@ fn a_sweep_file_gives_each_agent_its_configuration_and_bad_ones_are_refused() {
 #[test]
 fn the_example_sweep_in_the_repository_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sweeps/cartpole.toml");
-    let sweep = millrace_learner::sweep::Sweep::read(
-        &path,
-        &millrace_learner::dqn::DqnConfig::default(),
-        0,
-    )
-    .unwrap();
+    let sweep =
+        millrace_learner::sweep::Sweep::read(&path, &millrace_core::dqn::DqnConfig::default(), 0)
+            .unwrap();
     assert_eq!(sweep.agents.len(), 2 * 3 * 2 * 5);
     assert_eq!(sweep.max_steps, Some(50_000));
 }

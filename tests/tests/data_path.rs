@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use millrace_actor::env::{CartPole, Env};
 use millrace_actor::{run_actor, ActorConfig, EpsilonSchedule, NoParams};
-use millrace_learner::prefetch::{Prefetcher, SamplerConfig};
+use millrace_core::prefetch::{Prefetcher, SamplerConfig};
 use millrace_proto::{EnvConfig, NetworkSpec, StepCounter};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 use millrace_tests::TableSink;

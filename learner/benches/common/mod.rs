@@ -1,11 +1,11 @@
 //! What the benchmarks share: the device flags (`--gpu N`, `--tf32`), random
-//! device-resident batches and the timed update loop (`millrace_learner::ceiling`, on
+//! device-resident batches and the timed update loop (`millrace_core::ceiling`, on
 //! the learner's cadence). Each benchmark uses part of it.
 #![allow(dead_code)]
 
-use millrace_learner::ceiling::{self, Cadence};
-use millrace_learner::dqn::{Batch, Dqn};
-use millrace_learner::torch_settings::Tf32;
+use millrace_core::ceiling::{self, Cadence};
+use millrace_core::dqn::{Batch, Dqn};
+use millrace_core::torch_settings::Tf32;
 use millrace_proto::{DType, ObsSpec};
 use tch::{Device, Kind, Tensor};
 
@@ -37,7 +37,7 @@ pub fn tf32(arg: &str) -> Tf32 {
 /// Sets the learner's math on a CUDA `device` (TF32 as `tf32` says, cuDNN benchmark on)
 /// and says what fp32 means there, as libtorch reads it back.
 pub fn gpu_math(device: Device, tf32: Tf32) {
-    match millrace_learner::torch_settings::for_device(device, tf32) {
+    match millrace_core::torch_settings::for_device(device, tf32) {
         Ok(Some(math)) => println!("GPU math: {math} (--tf32 {tf32})"),
         Ok(None) => {}
         Err(e) => {

@@ -29,14 +29,14 @@ use millrace_replay::Table;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::dueling::DuelingHead;
 pub use files::CheckpointError;
 use files::{
     invalid, io, plain_name, read_json, remove_unreferenced, tensor_err, write_atomic, write_json,
 };
+use millrace_core::dqn::dueling::DuelingHead;
 
-use crate::dqn::DqnState;
 use crate::evaluation::EvalRecord;
+use millrace_core::dqn::DqnState;
 
 /// Bumped when the layout changes incompatibly (1: one flat directory; 2: `latest/`,
 /// `best/`, `solved/`).
@@ -170,7 +170,7 @@ pub struct StateMeta {
     /// Set when the run ended here for good ("solved" or "max steps").
     pub run_finished: Option<String>,
     /// The learner's networks have a dueling head: the tensors hold its streams (the
-    /// network with one more output, [`crate::dueling`]); `network` is the published
+    /// network with one more output, [`millrace_core::dqn::dueling`]); `network` is the published
     /// plain one.
     #[serde(default)]
     pub dueling: bool,
@@ -542,7 +542,7 @@ pub fn saved_learning_rate(path: &Path, env_steps: u64) -> Option<f64> {
     struct Dqn {
         lr: f64,
         #[serde(default)]
-        lr_decay: Option<crate::lr_schedule::LrDecay>,
+        lr_decay: Option<millrace_core::dqn::schedules::LrDecay>,
     }
     #[derive(Deserialize)]
     struct Partial {
@@ -666,7 +666,7 @@ pub fn load_policy(path: &Path, which: Option<Which>) -> Result<SavedPolicy, Che
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dqn::{Dqn, DqnConfig, TargetUpdate};
+    use millrace_core::dqn::{Dqn, DqnConfig, TargetUpdate};
     use millrace_proto::TransitionBatch;
     use millrace_replay::{ItemKey, RateLimiterConfig, ReplayConfig, SampleBuffers};
     use rand::SeedableRng;
@@ -680,7 +680,7 @@ mod tests {
             ..DqnConfig::default()
         };
         let mut dqn = Dqn::new(net.clone(), cfg, Device::Cpu, 0);
-        let batch = crate::dqn::Batch {
+        let batch = millrace_core::dqn::Batch {
             obs2: Tensor::ones([1, 8, 4], (Kind::Float, Device::Cpu)),
             actions: Tensor::ones([1, 4, 1], (Kind::Int64, Device::Cpu)),
             rewards: Tensor::ones([1, 4, 1], (Kind::Float, Device::Cpu)),
@@ -796,7 +796,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         save_state(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
         dqn.sync_target();
-        let batch = crate::dqn::Batch {
+        let batch = millrace_core::dqn::Batch {
             obs2: Tensor::ones([1, 2, 4], (Kind::Float, Device::Cpu)),
             actions: Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
             rewards: Tensor::ones([1, 1, 1], (Kind::Float, Device::Cpu)),

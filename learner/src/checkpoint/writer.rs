@@ -12,8 +12,8 @@ use millrace_proto::{EnvSpec, NetworkSpec};
 use millrace_replay::Table;
 
 use super::{save_state, CheckpointError, Layout, StateMeta};
-use crate::dqn::DqnState;
 use crate::evaluation::EvalRecord;
+use millrace_core::handoff::{CheckpointSink, SaveJob};
 
 /// What a state checkpoint needs besides the learner's tensors, shared with the thread
 /// that writes it.
@@ -28,17 +28,12 @@ pub struct CheckpointContext {
     pub last_eval: Mutex<Option<EvalRecord>>,
 }
 
-/// One state to write.
+/// One state to write, and where to report the result (the final checkpoint's;
+/// periodic ones are logged).
 #[derive(Debug)]
-pub struct SaveJob {
-    pub state: DqnState,
-    pub params_version: u64,
-    /// The run's env steps when the state was copied.
-    pub env_steps: u64,
-    /// Set on the run's last checkpoint when the run is over for good.
-    pub run_finished: Option<String>,
-    /// Where to report the result (the final checkpoint); periodic ones are logged.
-    pub done: Option<Sender<Result<PathBuf, CheckpointError>>>,
+struct Job {
+    job: SaveJob,
+    done: Option<Sender<Result<PathBuf, CheckpointError>>>,
 }
 
 /// Statistics of the checkpoints written so far.
@@ -58,7 +53,7 @@ pub struct WriterStats {
 /// Handle to the writer thread.
 #[derive(Debug)]
 pub struct CheckpointWriter {
-    jobs: Option<Sender<SaveJob>>,
+    jobs: Option<Sender<Job>>,
     stats: Arc<Mutex<WriterStats>>,
     handle: Option<JoinHandle<()>>,
 }
@@ -67,7 +62,7 @@ impl CheckpointWriter {
     pub fn spawn(ctx: Arc<CheckpointContext>) -> std::io::Result<Self> {
         // One job waiting at most: a periodic checkpoint that finds the writer busy is
         // skipped rather than queued (the next one is newer anyway).
-        let (jobs, rx) = crossbeam_channel::bounded::<SaveJob>(1);
+        let (jobs, rx) = crossbeam_channel::bounded::<Job>(1);
         let stats = Arc::new(Mutex::new(WriterStats::default()));
         let shared = Arc::clone(&stats);
         let handle = std::thread::Builder::new()
@@ -78,32 +73,6 @@ impl CheckpointWriter {
             stats,
             handle: Some(handle),
         })
-    }
-
-    /// Submits a periodic checkpoint without waiting; `false` (and it is skipped) when
-    /// the writer is still busy with the previous one.
-    pub fn try_submit(&self, job: SaveJob) -> bool {
-        let Some(jobs) = &self.jobs else {
-            return false;
-        };
-        match jobs.try_send(job) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.lock().skipped += 1;
-                false
-            }
-        }
-    }
-
-    /// Submits the final checkpoint, waiting for room, and returns where its result
-    /// will arrive.
-    pub fn submit_final(&self, mut job: SaveJob) -> Receiver<Result<PathBuf, CheckpointError>> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        job.done = Some(tx);
-        if let Some(jobs) = &self.jobs {
-            let _ = jobs.send(job);
-        }
-        rx
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, WriterStats> {
@@ -130,6 +99,44 @@ impl CheckpointWriter {
     }
 }
 
+impl CheckpointSink for CheckpointWriter {
+    type Error = CheckpointError;
+
+    fn try_submit(&self, job: SaveJob) -> bool {
+        let Some(jobs) = &self.jobs else {
+            return false;
+        };
+        match jobs.try_send(Job { job, done: None }) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.lock().skipped += 1;
+                false
+            }
+        }
+    }
+
+    fn submit_final(
+        &self,
+        job: Result<SaveJob, String>,
+    ) -> Receiver<Result<PathBuf, CheckpointError>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        match job {
+            Ok(job) => {
+                if let Some(jobs) = &self.jobs {
+                    let _ = jobs.send(Job {
+                        job,
+                        done: Some(tx),
+                    });
+                }
+            }
+            Err(why) => {
+                let _ = tx.send(Err(CheckpointError::Missing(why)));
+            }
+        }
+        rx
+    }
+}
+
 impl Drop for CheckpointWriter {
     fn drop(&mut self) {
         drop(self.jobs.take());
@@ -139,8 +146,8 @@ impl Drop for CheckpointWriter {
     }
 }
 
-fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<SaveJob>, stats: &Mutex<WriterStats>) {
-    for job in jobs {
+fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<Job>, stats: &Mutex<WriterStats>) {
+    for Job { job, done } in jobs {
         let start = Instant::now();
         let meta = StateMeta {
             last_eval: ctx
@@ -171,7 +178,7 @@ fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<SaveJob>, stats: &Mutex<W
             }
         }
         let result = result.map(|saved| saved.dir);
-        match (&result, &job.done) {
+        match (&result, &done) {
             (Ok(path), None) => tracing::debug!(
                 "checkpoint written to {} in {:.2} s",
                 path.display(),
@@ -180,7 +187,7 @@ fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<SaveJob>, stats: &Mutex<W
             (Err(e), None) => tracing::warn!("periodic checkpoint failed: {e}"),
             _ => {}
         }
-        if let Some(done) = job.done {
+        if let Some(done) = done {
             let _ = done.send(result);
         }
         if took > Duration::from_secs(60) {

@@ -22,7 +22,7 @@ use crate::checkpoint::{self, CheckpointError, Which};
 use crate::config::RunConfig;
 use crate::evaluation::{eval_seed, EvalRecord, EvalRequest, EvalTracker, Evaluator, Purpose};
 use crate::summary::{RunSummary, SolvedBy, StopReason};
-use crate::update_loop::{Command, LearnerReport, LoopOutcome};
+use millrace_core::update_loop::{Command, LearnerReport, LoopOutcome};
 use millrace_server::ServerHandle;
 
 /// How often the coordinator looks at everything.
@@ -44,7 +44,7 @@ pub struct Running {
     pub stop_actors: Arc<AtomicBool>,
     pub table: Arc<Table>,
     pub commands: Sender<Command>,
-    pub learner: Option<JoinHandle<LoopOutcome>>,
+    pub learner: Option<JoinHandle<LoopOutcome<CheckpointError>>>,
     pub writer: Arc<CheckpointWriter>,
     pub ckpt: Arc<CheckpointContext>,
     pub evaluator: Option<Evaluator>,
@@ -143,7 +143,9 @@ impl Running {
                         failures.push(("learner".to_string(), e.to_string()));
                     }
                     // Replay is closed: a sampler still waiting in it has ended.
-                    if let Some(Err(e)) = outcome.prefetcher.map(crate::prefetch::Prefetcher::join)
+                    if let Some(Err(e)) = outcome
+                        .prefetcher
+                        .map(millrace_core::prefetch::Prefetcher::join)
                     {
                         failures.push(("sampler".to_string(), e.to_string()));
                     }

@@ -25,12 +25,12 @@ use super::setup::Setup;
 use super::RunError;
 use crate::checkpoint::{self, StateMeta};
 use crate::config::RunConfig;
-use crate::dqn::Dqn;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, Purpose};
-use crate::prefetch::StagingBuffer;
-use crate::step::{LearnerStep, StepConfig};
 use crate::summary::{RunSummary, StopReason};
-use crate::update_loop::{LearnerReport, StallTimes};
+use millrace_core::dqn::Dqn;
+use millrace_core::prefetch::StagingBuffer;
+use millrace_core::step::{LearnerStep, StepConfig};
+use millrace_core::update_loop::{LearnerReport, StallTimes};
 
 /// Statistics (and the non-finite check) every this many updates: a fixed point of the
 /// sequence, not a time, so the run stops at the same update every time.
@@ -110,7 +110,7 @@ pub fn run(
     // Priorities are applied as soon as a round is complete (on the CPU, in order):
     // lock-step runs stay reproducible with prioritized replay too.
     let feedback = cfg.replay.priority.map(|p| {
-        crate::priority_feedback::PriorityFeedback::new(
+        millrace_core::priority_feedback::PriorityFeedback::new(
             std::sync::Arc::clone(&setup.table),
             p.beta,
             p.feedback_every,
@@ -175,7 +175,7 @@ pub fn run(
                     diverged = true;
                     failure = Some((
                         "learner".into(),
-                        crate::update_loop::LearnerError::Diverged {
+                        millrace_core::update_loop::LearnerError::Diverged {
                             streak: health.stats.nonfinite_streak,
                             skipped: health.nonfinite_total,
                             limit: cfg.learner.max_nonfinite,

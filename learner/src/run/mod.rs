@@ -10,7 +10,6 @@ mod population_agent;
 mod population_metrics;
 mod population_oom;
 mod population_resume;
-mod population_staging;
 mod setup;
 mod wiring;
 
@@ -42,7 +41,7 @@ pub enum RunError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("--copy-stream: {0}")]
-    CopyStream(#[from] crate::cuda::CopyStreamError),
+    CopyStream(#[from] millrace_core::cuda::CopyStreamError),
     #[error("--copy-stream needs a CUDA device (this run is on {0})")]
     CopyStreamNeedsCuda(crate::config::DeviceChoice),
     #[error("{0}")]

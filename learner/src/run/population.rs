@@ -1,7 +1,7 @@
 //! Population mode (`--population K`, `--sweep FILE`): agents each with their own
 //! seed, settings, parameters, target network, optimizer state, replay, actors,
 //! exploration and evaluation ([`super::population_agent`]), trained by stacked updates
-//! ([`crate::dqn`]).
+//! ([`millrace_core::dqn`]).
 //!
 //! Agents that share the update's shapes and pace form a group; each thread (one per
 //! core, or per `--gpu` device) takes its share of every group, group after group, and
@@ -36,16 +36,17 @@ use super::population_agent::{agents, evaluate_agent, Agent, Live, Member};
 use super::population_metrics::{AgentSeries, PopulationMetrics};
 use super::population_oom;
 use super::population_resume::{self, Saved};
-use super::population_staging::PopulationStaging;
 use super::RunError;
 use crate::config::{OomSite, RunConfig};
-use crate::dqn::Dqn;
 use crate::population_board;
 use crate::population_results::{AgentEnd, AgentResult, AgentSetup, PopulationSummary};
-use crate::priority_feedback::PriorityFeedback;
-use crate::step::{LearnerStep, StepConfig};
 use crate::sweep::{GroupKey, Settings};
-use crate::update_loop::{inject_oom, is_out_of_memory};
+use millrace_core::dqn::Dqn;
+use millrace_core::faults::inject_oom;
+use millrace_core::population_staging::PopulationStaging;
+use millrace_core::priority_feedback::PriorityFeedback;
+use millrace_core::step::{LearnerStep, StepConfig};
+use millrace_core::update_loop::is_out_of_memory;
 use millrace_server::{AgentPorts, Routes, ServerContext, ServerHandle};
 
 /// Statistics (and each agent's non-finite check) every this many stacked updates: a
@@ -97,7 +98,7 @@ pub fn run(
             match population_resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
                 Saved::Ended(result) => ended.push(result),
                 Saved::Stopped => {
-                    let network = crate::network::build(
+                    let network = millrace_core::dqn::network::build(
                         m.cfg.network,
                         &env,
                         &m.cfg.hidden,
@@ -148,7 +149,12 @@ pub fn run(
             continue;
         }
         let replay = super::setup::replay_config(&m.cfg, &env)?.bytes();
-        let network = crate::network::build(m.cfg.network, &env, &m.cfg.hidden, m.cfg.layer_norm)?;
+        let network = millrace_core::dqn::network::build(
+            m.cfg.network,
+            &env,
+            &m.cfg.hidden,
+            m.cfg.layer_norm,
+        )?;
         let networks = network.layout().len * 5 * 4;
         per_agent = per_agent.max(replay + networks);
         seen.push(&m.sweep.settings);
@@ -236,7 +242,12 @@ pub fn run(
                 .flatten()
                 .flatten()
                 .map(|m| {
-                    crate::network::build(m.cfg.network, &env, &m.cfg.hidden, m.cfg.layer_norm)
+                    millrace_core::dqn::network::build(
+                        m.cfg.network,
+                        &env,
+                        &m.cfg.hidden,
+                        m.cfg.layer_norm,
+                    )
                 })
                 .collect::<Result<Vec<_>, _>>()?
                 .into_iter()
@@ -428,7 +439,8 @@ fn train_group(
     } = run;
     let env = cfg.env_spec.clone();
     let first = &members[0].cfg;
-    let network = crate::network::build(first.network, &env, &first.hidden, first.layer_norm)?;
+    let network =
+        millrace_core::dqn::network::build(first.network, &env, &first.hidden, first.layer_norm)?;
     let batch_size = first.batch_size;
     let mut queue: VecDeque<Member> = members.into();
 

@@ -18,12 +18,12 @@ use super::population_resume::{self, Identity};
 use super::RunError;
 use crate::checkpoint::{self, CheckpointError, Layout, PolicyOwner, StateMeta, Which};
 use crate::config::RunConfig;
-use crate::dqn::DqnState;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
-use crate::population::AgentHparams;
 use crate::population_board::{self, AgentBoard};
 use crate::population_results::{AgentEnd, AgentResult, AgentSetup};
 use crate::sweep::{check_applied, Settings, Sweep, SweepAgent, SweepError};
+use millrace_core::dqn::agents::AgentHparams;
+use millrace_core::dqn::DqnState;
 use millrace_server::{AgentSpec, Route};
 
 /// An agent of the run: its place in the population, its sweep entry, and its

@@ -10,8 +10,8 @@ use millrace_proto::{EnvSpec, NetworkSpec};
 use super::population_agent::Agent;
 use super::RunError;
 use crate::config::{DeviceChoice, RunConfig};
-use crate::dqn::Dqn;
-use crate::memory::Footprint;
+use millrace_core::dqn::Dqn;
+use millrace_core::memory::Footprint;
 
 /// What a group of `agents` agents holds: the stacked networks with their optimizer
 /// state and gradient, one stacked batch (on the device, and its staging), and the

@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 use super::RunError;
 use crate::checkpoint::files::{read_json, write_json};
 use crate::checkpoint::{self, CheckpointError, StateMeta};
-use crate::dqn::DqnState;
-use crate::population::AgentHparams;
 use crate::population_results::{AgentResult, AgentSetup};
+use millrace_core::dqn::agents::AgentHparams;
+use millrace_core::dqn::DqnState;
 
 /// Who an agent is (`agent.json`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

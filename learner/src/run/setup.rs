@@ -14,10 +14,10 @@ use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 use super::RunError;
 use crate::checkpoint::{self, Layout, Which};
 use crate::config::{DeviceChoice, RunConfig};
-use crate::dqn::Dqn;
 use crate::evaluation::EvalRecord;
-use crate::memory::Footprint;
 use crate::metrics::Metrics;
+use millrace_core::dqn::Dqn;
+use millrace_core::memory::Footprint;
 
 /// The run's state before any thread starts.
 #[derive(Debug)]
@@ -123,14 +123,15 @@ pub fn prepare(
         return Err(RunError::CopyStreamNeedsCuda(cfg.device));
     }
     let env = cfg.env_spec.clone();
-    let network = crate::network::build(cfg.network, &env, &cfg.hidden, cfg.layer_norm)?;
+    let network =
+        millrace_core::dqn::network::build(cfg.network, &env, &cfg.hidden, cfg.layer_norm)?;
     tracing::info!(
         "{}: {:?} {:?} observations, {} actions; network: {}",
         env.id,
         env.obs.shape,
         env.obs.dtype,
         env.num_actions,
-        crate::network::describe(&network)
+        millrace_core::dqn::network::describe(&network)
     );
     let device = cfg.device.device();
 
@@ -218,11 +219,13 @@ pub fn prepare(
         .map_err(|e| RunError::Config(checkpoint::files::io(&layout.root)(e)))?;
     checkpoint::files::write_json(&layout.config(), cfg).map_err(RunError::Config)?;
     let metrics = Metrics::new(&cfg.logdir, bar, monitor, steps.get())?;
-    let staging_depth = cfg.replay.prefetch_depth(crate::prefetch::default_depth(
-        &env.obs,
-        cfg.batch_size,
-        cuda,
-    ));
+    let staging_depth = cfg
+        .replay
+        .prefetch_depth(millrace_core::prefetch::default_depth(
+            &env.obs,
+            cfg.batch_size,
+            cuda,
+        ));
     let footprint = Footprint::of(
         cfg.device,
         network.layout().len,

@@ -25,10 +25,10 @@ use super::RunError;
 use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter};
 use crate::config::{DeviceChoice, RunConfig};
 use crate::evaluation::Evaluator;
-use crate::prefetch::{Prefetcher, SamplerConfig};
-use crate::priority_feedback::PriorityFeedback;
-use crate::publisher::Publisher;
-use crate::update_loop::{self, Command, LearnerParts, LearnerReport};
+use millrace_core::prefetch::{Prefetcher, SamplerConfig};
+use millrace_core::priority_feedback::PriorityFeedback;
+use millrace_core::publisher::Publisher;
+use millrace_core::update_loop::{self, Command, LearnerParts, LearnerReport};
 use millrace_server::{Route, Routes, ServerContext};
 
 /// Actor output in the embedded mode: transitions go straight into replay (blocking
@@ -91,7 +91,9 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
     let cuda = cfg.device != DeviceChoice::Cpu && tch::Cuda::is_available();
     // `setup::prepare` refused a copy stream without CUDA.
     let copy_stream = match cfg.device {
-        DeviceChoice::Cuda(i) if cfg.learner.copy_stream => Some(crate::cuda::CopyStream::new(i)?),
+        DeviceChoice::Cuda(i) if cfg.learner.copy_stream => {
+            Some(millrace_core::cuda::CopyStream::new(i)?)
+        }
         _ => None,
     };
 
@@ -155,7 +157,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
     let learner = spawn("learner", move || {
         // The learner gets one intra-op thread: actors and the sampler need the rest.
         tch::set_num_threads(1);
-        update_loop::run(parts, &loop_cfg, &cmd_rx, &report_tx, &learner_writer)
+        update_loop::run(parts, &loop_cfg, &cmd_rx, &report_tx, &*learner_writer)
     })?;
     let (episode_tx, episode_rx) = crossbeam_channel::bounded::<EpisodeStats>(4096);
     let mut running = Running {

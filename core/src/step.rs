@@ -12,10 +12,10 @@
 
 use millrace_replay::ItemKey;
 
-use crate::config::{OomFault, OomSite};
 use crate::dqn::{Batch, Dqn, UpdateStats};
+use crate::faults::inject_oom;
+use crate::faults::{OomFault, OomSite};
 use crate::priority_feedback::PriorityFeedback;
-use crate::update_loop::inject_oom;
 
 /// What the step needs of the run's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,21 +9,42 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, Sender};
 use millrace_proto::StepCounter;
 
-use crate::checkpoint::writer::{CheckpointWriter, SaveJob};
-use crate::checkpoint::CheckpointError;
-use crate::config::{LoopConfig, OomFault, OomSite};
 use crate::cuda::Stopwatch;
 use crate::dqn::{Dqn, UpdateStats};
+use crate::faults::{inject_oom, OomFault, OomSite};
+use crate::handoff::{CheckpointSink, SaveJob};
 use crate::memory::Footprint;
 use crate::prefetch::{PrefetchError, Prefetcher, StagingBuffer};
 use crate::priority_feedback::PriorityFeedback;
 use crate::publisher::Publisher;
 use crate::step::{LearnerStep, StepConfig};
+use millrace_proto::durations::{opt_secs, secs};
+
+/// The learner thread's own settings.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LoopConfig {
+    /// Publish parameters to actors every this many updates.
+    pub publish_every: u64,
+    /// Read device statistics and report this often (each read is one host sync).
+    #[serde(serialize_with = "secs")]
+    pub report_every: Duration,
+    /// Also checkpoint this often (a final checkpoint is always written on stop).
+    #[serde(serialize_with = "opt_secs")]
+    pub checkpoint_every: Option<Duration>,
+    /// Stop the run after this many consecutive updates with a non-finite loss.
+    pub max_nonfinite: u64,
+    /// Copy batches to the GPU on a side stream (`--copy-stream`).
+    pub copy_stream: bool,
+}
+
+/// How often the learner thread reads its statistics and reports (each read is one
+/// host sync on a GPU).
+pub const REPORT_EVERY: Duration = Duration::from_millis(500);
 
 /// Requests to the learner thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,12 +128,12 @@ pub enum LearnerError {
     Publisher(String),
 }
 
-/// What the learner thread hands back.
+/// What the learner thread hands back (`E`: why a checkpoint was not written).
 #[derive(Debug)]
-pub struct LoopOutcome {
+pub struct LoopOutcome<E> {
     pub last: LearnerReport,
     /// Where the final checkpoint's result arrives, if one was submitted.
-    pub final_checkpoint: Option<Receiver<Result<PathBuf, CheckpointError>>>,
+    pub final_checkpoint: Option<Receiver<Result<PathBuf, E>>>,
     pub error: Option<LearnerError>,
     /// The prefetcher, when its sampler may still be waiting in replay: join it once
     /// replay is closed (the learner thread does not wait for that, so that a failure
@@ -157,15 +178,6 @@ pub fn is_out_of_memory(message: &str) -> bool {
         || m.contains("cudnn_status_alloc_failed")
         || m.contains("cudnn_status_not_enough_workspace")
         || m.contains("cusolver_status_alloc_failed")
-}
-
-/// An injected allocation failure at `site`, once `updates` reach its count.
-pub(crate) fn inject_oom(oom: Option<(OomFault, u64)>, updates: u64, site: OomSite) {
-    if let Some((fault, after)) = oom {
-        if updates >= after {
-            fault.strike(site);
-        }
-    }
 }
 
 /// What the copy timer needs of a stopwatch: a pair of CUDA events in the learner, a
@@ -299,13 +311,13 @@ impl<W: Watch> CopyTimer<W> {
 
 /// Runs the learner thread: updates back to back until [`Command::Stop`], the sampler
 /// ending, or a failure.
-pub fn run(
+pub fn run<W: CheckpointSink>(
     parts: LearnerParts,
     cfg: &LoopConfig,
     commands: &Receiver<Command>,
     reports: &Sender<LearnerReport>,
-    writer: &CheckpointWriter,
-) -> LoopOutcome {
+    writer: &W,
+) -> LoopOutcome<W::Error> {
     let LearnerParts {
         dqn,
         prefetcher,
@@ -340,7 +352,7 @@ pub fn run(
     if let Err(panic) = catch_unwind(AssertUnwindSafe(|| step.finish_priorities())) {
         tracing::warn!(
             "the last priorities were not applied: {}",
-            crate::panic_message(&*panic)
+            millrace_proto::panics::panic_message(&*panic)
         );
     }
     // Running out of device memory anywhere on the thread's path (the copy, the update,
@@ -350,7 +362,7 @@ pub fn run(
         Ok(Ok(end)) => (Some(end), None),
         Ok(Err(e)) => (None, Some(e)),
         Err(panic) => {
-            let msg = crate::panic_message(&*panic);
+            let msg = millrace_proto::panics::panic_message(&*panic);
             let e = if is_out_of_memory(&msg) {
                 LearnerError::OutOfMemory(footprint.explain(&msg))
             } else {
@@ -399,17 +411,12 @@ pub fn run(
         // Copying the state to the host can itself fail (the device being gone): that
         // is the checkpoint's result, as a failed write would be.
         let job = catch_unwind(AssertUnwindSafe(|| state.job(&step, &steps, run_finished)));
-        let rx = match job {
-            Ok(job) => writer.submit_final(job),
-            Err(panic) => {
-                let (tx, rx) = crossbeam_channel::bounded(1);
-                let _ = tx.send(Err(CheckpointError::Missing(format!(
-                    "copying the state off the device failed: {}",
-                    crate::panic_message(&*panic)
-                ))));
-                rx
-            }
-        };
+        let rx = writer.submit_final(job.map_err(|panic| {
+            format!(
+                "copying the state off the device failed: {}",
+                millrace_proto::panics::panic_message(&*panic)
+            )
+        }));
         state.t.checkpoint += c0.elapsed().as_secs_f64();
         rx
     });
@@ -468,13 +475,12 @@ impl LoopState {
             params_version: step.version(),
             env_steps: steps.get(),
             run_finished,
-            done: None,
         }
     }
 
     /// The loop proper; returns what ended it.
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    fn run<W: CheckpointSink>(
         &mut self,
         step: &mut LearnerStep,
         cfg: &LoopConfig,
@@ -482,7 +488,7 @@ impl LoopState {
         publisher: &mut Publisher,
         commands: &Receiver<Command>,
         reports: &Sender<LearnerReport>,
-        writer: &CheckpointWriter,
+        writer: &W,
         steps: &StepCounter,
         (panic_after, oom): (Option<u64>, Option<(OomFault, u64)>),
     ) -> Result<LoopEnd, LearnerError> {

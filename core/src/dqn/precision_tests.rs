@@ -7,8 +7,8 @@ use millrace_proto::{DType, NetworkSpec, ObsSpec};
 use tch::{Device, Kind, Tensor};
 
 use super::{Batch, Dqn, DqnConfig, Optimizer, TargetUpdate};
-use crate::population::AgentHparams;
-use crate::precision::Precision;
+use crate::dqn::agents::AgentHparams;
+use crate::dqn::precision::Precision;
 
 fn config() -> DqnConfig {
     DqnConfig {

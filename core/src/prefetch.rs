@@ -559,7 +559,9 @@ impl Prefetcher {
         drop(self.free);
         match self.handle.join() {
             Ok(result) => result,
-            Err(panic) => Err(PrefetchError::Panicked(crate::panic_message(&*panic))),
+            Err(panic) => Err(PrefetchError::Panicked(
+                millrace_proto::panics::panic_message(&*panic),
+            )),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! What a run's memory goes to, so that running out of it is explained in the run's
 //! own terms (networks, batches, staging buffers, replay) with what to change.
 
-use crate::config::DeviceChoice;
+use crate::device::DeviceChoice;
 
 /// Bytes the learner's main consumers take.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -115,7 +115,7 @@ impl Publisher {
         match self.handle.take().map(JoinHandle::join) {
             Some(Err(p)) => Err(format!(
                 "the publisher thread panicked: {}",
-                crate::panic_message(&*p)
+                millrace_proto::panics::panic_message(&*p)
             )),
             _ => Err("the publisher thread ended".into()),
         }

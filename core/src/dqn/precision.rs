@@ -27,7 +27,7 @@
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use crate::config::DeviceChoice;
+use crate::device::DeviceChoice;
 
 /// The arithmetic of the learner's forward and backward passes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

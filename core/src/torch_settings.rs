@@ -146,6 +146,13 @@ pub fn for_device(device: tch::Device, tf32: Tf32) -> Result<Option<GpuMath>, St
     }
 }
 
+/// libtorch's math settings a run asks for on CUDA devices (see `torch_settings`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct GpuMathConfig {
+    pub tf32: Tf32,
+    pub cudnn_benchmark: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@
 //! unchanged; the head's hand-written backward hands it the gradient at the features.
 //!
 //! Agents may differ in learning rate, gradient clip and target rule: those are `[K, 1]`
-//! tensors in the same element-wise steps ([`crate::population`]).
+//! tensors in the same element-wise steps ([`crate::dqn::agents`]).
 //!
 //! An update whose loss or gradient is not finite is skipped on the device (a mask on
 //! the optimizer step, no host sync) and counted; [`Dqn::take_stats`] reads the counts
@@ -29,83 +29,24 @@
 //! row. Each update returns its per-item TD errors, still on the device, for
 //! prioritized replay.
 
+pub mod agents;
+mod config;
+pub mod dueling;
+pub mod host_adam;
+pub mod network;
+pub mod precision;
+pub mod schedules;
+
 use millrace_proto::{NetworkSpec, ParamLayout, LAYER_NORM_EPS};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::dueling::DuelingHead;
-use crate::host_adam;
-use crate::lr_schedule::LrDecay;
-use crate::population::{AgentHparams, AgentTensors, Sync};
-use crate::precision::{HalfCopies, Precision};
+pub use config::{DqnConfig, Optimizer, TargetUpdate, RMSPROP_DECAY, RMSPROP_EPS};
 
-/// How the target network follows the online one.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TargetUpdate {
-    /// Copy every `period` updates (Mnih et al. 2015).
-    Hard { period: u64 },
-    /// `target ← (1 − tau)·target + tau·online` after every update.
-    Polyak { tau: f64 },
-}
-
-/// The optimizer of the online network.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum Optimizer {
-    /// Adam (`adam_betas`, `adam_eps`).
-    Adam,
-    /// Centred RMSProp without momentum, as Ape-X's learner (decay 0.95, ε 1.5e-7):
-    /// PyTorch's `RMSprop(centered=True)`, `p -= lr·g / (√(E[g²] − E[g]²) + ε)`.
-    Rmsprop,
-}
-
-/// Centred RMSProp's decay and ε (Ape-X's).
-pub const RMSPROP_DECAY: f64 = 0.95;
-pub const RMSPROP_EPS: f64 = 1.5e-7;
-
-/// DQN hyperparameters (the learner's own config; actors have theirs).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct DqnConfig {
-    /// Adam learning rate.
-    pub lr: f64,
-    pub adam_betas: (f64, f64),
-    pub adam_eps: f64,
-    /// Clip each agent's gradient to this global L2 norm.
-    pub max_grad_norm: f64,
-    /// Huber loss threshold between quadratic and linear.
-    pub huber_delta: f64,
-    pub target: TargetUpdate,
-    /// A dueling head (value and advantage streams, [`crate::dueling`]).
-    pub dueling: bool,
-    /// Adam, or centred RMSProp (whose running means live where Adam's moments do).
-    pub optimizer: Optimizer,
-    /// The forward and backward passes' arithmetic ([`crate::precision`]).
-    pub precision: Precision,
-    /// The learning rate's decay over env steps (`None`: constant).
-    pub lr_decay: Option<LrDecay>,
-}
-
-impl Default for DqnConfig {
-    /// Adam's usual settings at lr 1e-4, gradients clipped to norm 10, Huber δ = 1,
-    /// a hard target sync every 200 updates.
-    fn default() -> Self {
-        Self {
-            lr: 1e-4,
-            adam_betas: (0.9, 0.999),
-            adam_eps: 1e-8,
-            max_grad_norm: 10.0,
-            huber_delta: 1.0,
-            target: TargetUpdate::Hard { period: 200 },
-            dueling: false,
-            optimizer: Optimizer::Adam,
-            precision: Precision::Fp32,
-            lr_decay: None,
-        }
-    }
-}
+use crate::dqn::agents::{AgentHparams, AgentTensors, Sync};
+use crate::dqn::dueling::DuelingHead;
+use crate::dqn::precision::{HalfCopies, Precision};
 
 /// One sampled batch on the device, `[K, ...]` leading.
 ///

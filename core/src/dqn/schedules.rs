@@ -118,8 +118,8 @@ mod tests {
     /// steps as it would alone at those steps, on both optimizer paths.
     #[test]
     fn each_agent_of_a_population_decays_by_its_own_steps() {
+        use crate::dqn::agents::AgentHparams;
         use crate::dqn::{Batch, Dqn};
-        use crate::population::AgentHparams;
         use millrace_proto::{DType, NetworkSpec, ObsSpec};
         use tch::{Device, Kind, Tensor};
 

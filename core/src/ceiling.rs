@@ -30,7 +30,7 @@ impl Cadence {
             wait_every: (!copy_stream).then(|| {
                 prefetch::device_wait_every(prefetch::default_depth(obs, batch_size, cuda)) as u64
             }),
-            stats_every: crate::config::REPORT_EVERY,
+            stats_every: crate::update_loop::REPORT_EVERY,
         }
     }
 

@@ -11,8 +11,8 @@
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::dqn::{DqnConfig, TargetUpdate};
-use crate::host_adam::Bias;
+use crate::dqn::host_adam::Bias;
+use crate::dqn::config::{DqnConfig, TargetUpdate};
 
 /// What may differ between the agents of one population.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,7 +42,7 @@ impl AgentHparams {
             if i == 0 {
                 seed
             } else {
-                millrace_actor::derive_seed(seed, 1 << 40 | i)
+                millrace_proto::seeds::derive_seed(seed, 1 << 40 | i)
             }
         })
     }

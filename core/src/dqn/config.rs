@@ -1,0 +1,73 @@
+//! The DQN's settings: the learner's own configuration (actors have theirs), beside the
+//! networks that read it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dqn::precision::Precision;
+use crate::dqn::schedules::LrDecay;
+
+/// How the target network follows the online one.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetUpdate {
+    /// Copy every `period` updates (Mnih et al. 2015).
+    Hard { period: u64 },
+    /// `target ← (1 − tau)·target + tau·online` after every update.
+    Polyak { tau: f64 },
+}
+
+/// The optimizer of the online network.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// Adam (`adam_betas`, `adam_eps`).
+    Adam,
+    /// Centred RMSProp without momentum, as Ape-X's learner (decay 0.95, ε 1.5e-7):
+    /// PyTorch's `RMSprop(centered=True)`, `p -= lr·g / (√(E[g²] − E[g]²) + ε)`.
+    Rmsprop,
+}
+
+/// Centred RMSProp's decay and ε (Ape-X's).
+pub const RMSPROP_DECAY: f64 = 0.95;
+pub const RMSPROP_EPS: f64 = 1.5e-7;
+
+/// DQN hyperparameters (the learner's own config; actors have theirs).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DqnConfig {
+    /// Adam learning rate.
+    pub lr: f64,
+    pub adam_betas: (f64, f64),
+    pub adam_eps: f64,
+    /// Clip each agent's gradient to this global L2 norm.
+    pub max_grad_norm: f64,
+    /// Huber loss threshold between quadratic and linear.
+    pub huber_delta: f64,
+    pub target: TargetUpdate,
+    /// A dueling head (value and advantage streams, [`crate::dqn::dueling`]).
+    pub dueling: bool,
+    /// Adam, or centred RMSProp (whose running means live where Adam's moments do).
+    pub optimizer: Optimizer,
+    /// The forward and backward passes' arithmetic ([`crate::dqn::precision`]).
+    pub precision: Precision,
+    /// The learning rate's decay over env steps (`None`: constant).
+    pub lr_decay: Option<LrDecay>,
+}
+
+impl Default for DqnConfig {
+    /// Adam's usual settings at lr 1e-4, gradients clipped to norm 10, Huber δ = 1,
+    /// a hard target sync every 200 updates.
+    fn default() -> Self {
+        Self {
+            lr: 1e-4,
+            adam_betas: (0.9, 0.999),
+            adam_eps: 1e-8,
+            max_grad_norm: 10.0,
+            huber_delta: 1.0,
+            target: TargetUpdate::Hard { period: 200 },
+            dueling: false,
+            optimizer: Optimizer::Adam,
+            precision: Precision::Fp32,
+            lr_decay: None,
+        }
+    }
+}

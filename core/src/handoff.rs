@@ -1,0 +1,34 @@
+//! The learner thread's checkpoint hand-off: it copies its state to the host and hands
+//! it over; writing it (and replay beside it) is the application's checkpoint writer's
+//! job, on a thread of its own, behind [`CheckpointSink`].
+
+use std::path::PathBuf;
+
+use crossbeam_channel::Receiver;
+
+use crate::dqn::DqnState;
+
+/// One state to write.
+#[derive(Debug)]
+pub struct SaveJob {
+    pub state: DqnState,
+    pub params_version: u64,
+    /// The run's env steps when the state was copied.
+    pub env_steps: u64,
+    /// Set on the run's last checkpoint when the run is over for good.
+    pub run_finished: Option<String>,
+}
+
+/// Where the learner thread hands its checkpoints.
+pub trait CheckpointSink {
+    /// Why a checkpoint was not written.
+    type Error: std::fmt::Display + Send + 'static;
+
+    /// Hands over a periodic checkpoint without waiting; `false` (and it is skipped)
+    /// when the writer is still busy with the previous one.
+    fn try_submit(&self, job: SaveJob) -> bool;
+
+    /// Hands over the final checkpoint (or why the state could not be copied, `Err`),
+    /// waiting for room; its result arrives on the receiver.
+    fn submit_final(&self, job: Result<SaveJob, String>) -> Receiver<Result<PathBuf, Self::Error>>;
+}
