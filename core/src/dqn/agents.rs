@@ -11,8 +11,8 @@
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::dqn::host_adam::Bias;
 use crate::dqn::config::{DqnConfig, TargetUpdate};
+use crate::dqn::host_adam::Bias;
 
 /// What may differ between the agents of one population.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
