@@ -31,8 +31,10 @@ trap 'rm -f "$messages"' EXIT
 cargo build --release "${features[@]}" --bin learner --message-format=json-render-diagnostics >>"$messages"
 cargo bench "${features[@]}" --bench ceiling --bench overlap --bench population --no-run \
     --message-format=json-render-diagnostics >>"$messages"
-cargo test --release "${features[@]}" --lib --no-run --message-format=json-render-diagnostics >>"$messages"
-cargo test --release -p millrace-core --features cuda --locked --lib --no-run \
+# The core's lib tests with the learner's: one invocation, so that the features (and
+# with them every dependency already built above) are the same.
+cargo test --release -p millrace-learner -p millrace-core --no-default-features \
+    --features millrace-learner/cuda --locked --lib --no-run \
     --message-format=json-render-diagnostics >>"$messages"
 # name<TAB>executable for each binary built.
 executables='

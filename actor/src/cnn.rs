@@ -215,15 +215,7 @@ mod tests {
             .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.45) * 0.1)
             .collect();
         let mut policy = CnnPolicy::new(spec.clone()).unwrap();
-        policy
-            .load(&Params {
-                version: 1,
-                env_steps: 0,
-                updates: 0,
-                population: 1,
-                data: data.clone(),
-            })
-            .unwrap();
+        policy.load(&Params::of_one(1, data.clone())).unwrap();
         let image: Vec<u8> = (0..4 * 84 * 84).map(|i| (i * 31 % 251) as u8).collect();
         let mut q = [0.0f32; 6];
         let two: Vec<u8> = image.iter().chain(image.iter().rev()).copied().collect();
@@ -245,14 +237,7 @@ mod tests {
         }
         assert_eq!(x.len(), 3136);
         let mut head = MlpPolicy::new(spec, 0).unwrap();
-        head.load(&Params {
-            version: 1,
-            env_steps: 0,
-            updates: 0,
-            population: 1,
-            data,
-        })
-        .unwrap();
+        head.load(&Params::of_one(1, data)).unwrap();
         let mut want = [0.0f32; 3];
         head.q_values(&x, &mut want);
         for a in 0..3 {
@@ -287,15 +272,7 @@ mod tests {
                 .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.45) * 0.1)
                 .collect();
             let mut policy = CnnPolicy::new(spec).unwrap();
-            policy
-                .load(&Params {
-                    version: 1,
-                    env_steps: 0,
-                    updates: 0,
-                    population: 1,
-                    data,
-                })
-                .unwrap();
+            policy.load(&Params::of_one(1, data)).unwrap();
             let n = TORSO_CHUNK + 5;
             let d = obs.numel();
             let images: Vec<u8> = (0..n * d).map(|i| (i * 31 % 251) as u8).collect();

@@ -240,15 +240,7 @@ mod tests {
             0.0, 0.0,                                     // b1
         ];
         let mut policy = MlpPolicy::new(net, 0).unwrap();
-        policy
-            .load(&Params {
-                version: 1,
-                env_steps: 0,
-                updates: 0,
-                population: 1,
-                data,
-            })
-            .unwrap();
+        policy.load(&Params::of_one(1, data)).unwrap();
         policy
     }
 
@@ -268,15 +260,7 @@ mod tests {
         let mut policy = MlpPolicy::new(net.clone(), 0).unwrap();
         let mut data = vec![0.0; net.layout().len];
         *data.last_mut().unwrap() = 1.0; // Q(right) = 1 always
-        policy
-            .load(&Params {
-                version: 1,
-                env_steps: 0,
-                updates: 0,
-                population: 1,
-                data,
-            })
-            .unwrap();
+        policy.load(&Params::of_one(1, data)).unwrap();
         let result = evaluate(&spec, &mut policy, 10, 0).unwrap();
         assert!(result.mean() < 20.0, "mean {}", result.mean());
         assert!(result.min() >= 8.0);

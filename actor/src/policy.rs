@@ -263,15 +263,7 @@ mod tests {
         data[17..20].copy_from_slice(&gain);
         data[20..23].copy_from_slice(&bias);
         let mut policy = MlpPolicy::new(spec, 0).unwrap();
-        policy
-            .load(&Params {
-                version: 1,
-                env_steps: 0,
-                updates: 0,
-                population: 1,
-                data: data.clone(),
-            })
-            .unwrap();
+        policy.load(&Params::of_one(1, data.clone())).unwrap();
         let x = [0.5f32, -1.0];
         let mut q = [0.0f32; 2];
         policy.q_values(&x, &mut q);
@@ -293,13 +285,7 @@ mod tests {
     #[test]
     fn rejects_mismatched_parameters() {
         let mut policy = MlpPolicy::new(spec(1), 0).unwrap();
-        let bad = Params {
-            version: 1,
-            env_steps: 0,
-            updates: 0,
-            population: 1,
-            data: vec![0.0; 5],
-        };
+        let bad = Params::of_one(1, vec![0.0; 5]);
         assert_eq!(
             policy.load(&bad),
             Err(PolicyError::WrongSize {

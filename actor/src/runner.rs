@@ -602,15 +602,7 @@ mod tests {
         let data: Vec<f32> = (0..net.layout().len)
             .map(|i| ((i * 37 % 19) as f32 - 9.0) / 10.0)
             .collect();
-        policy
-            .load(&Params {
-                version: 1,
-                env_steps: 0,
-                updates: 0,
-                population: 1,
-                data,
-            })
-            .unwrap();
+        policy.load(&Params::of_one(1, data)).unwrap();
         // Rows 0..4; transitions 0 → 3 (bootstrapped), 1 → 2 (terminal: itself), 2 → 3.
         let mut b = TransitionBatch::with_capacity(16, 3, 4);
         let rows = [

@@ -5,8 +5,31 @@
 use std::path::PathBuf;
 
 use crossbeam_channel::Receiver;
+use serde::{Deserialize, Serialize};
 
 use crate::dqn::DqnState;
+
+/// How a run that is over for good ended, as its last checkpoint records it
+/// (`meta.json`'s `run_finished`: `"solved"` or `"max steps"`). A run that stopped
+/// (a signal, a failure) is not finished: it records none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Finished {
+    /// Its target return, confirmed on fresh episodes.
+    #[serde(rename = "solved")]
+    Solved,
+    /// Its step budget ran out first.
+    #[serde(rename = "max steps")]
+    MaxSteps,
+}
+
+impl std::fmt::Display for Finished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Finished::Solved => "solved",
+            Finished::MaxSteps => "max steps",
+        })
+    }
+}
 
 /// One state to write.
 #[derive(Debug)]
@@ -16,7 +39,7 @@ pub struct SaveJob {
     /// The run's env steps when the state was copied.
     pub env_steps: u64,
     /// Set on the run's last checkpoint when the run is over for good.
-    pub run_finished: Option<String>,
+    pub run_finished: Option<Finished>,
 }
 
 /// Where the learner thread hands its checkpoints.

@@ -174,13 +174,7 @@ mod tests {
         };
         let spec = NetworkSpec::mlp(&obs, &[8], 2, 1).unwrap();
         let dqn = Dqn::new(spec, DqnConfig::default(), tch::Device::Cpu, 0);
-        let cell = Arc::new(ParamsCell::new(Params {
-            version: 0,
-            env_steps: 0,
-            updates: 0,
-            population: 1,
-            data: Vec::new(),
-        }));
+        let cell = Arc::new(ParamsCell::new(Params::of_one(0, Vec::new())));
         let publisher = Publisher::spawn_with(Arc::clone(&cell), true).unwrap();
         for v in 1..=200 {
             publisher.offer(v, v * 10, &dqn);

@@ -17,7 +17,7 @@ use millrace_proto::StepCounter;
 use crate::cuda::Stopwatch;
 use crate::dqn::{Dqn, UpdateStats};
 use crate::faults::{inject_oom, OomFault, OomSite};
-use crate::handoff::{CheckpointSink, SaveJob};
+use crate::handoff::{CheckpointSink, Finished, SaveJob};
 use crate::memory::Footprint;
 use crate::prefetch::{PrefetchError, Prefetcher, StagingBuffer};
 use crate::priority_feedback::PriorityFeedback;
@@ -53,7 +53,7 @@ pub enum Command {
     /// when the run is over for good.
     Stop {
         checkpoint: bool,
-        run_finished: Option<String>,
+        run_finished: Option<Finished>,
     },
 }
 
@@ -468,7 +468,7 @@ impl LoopState {
         &self,
         step: &LearnerStep,
         steps: &StepCounter,
-        run_finished: Option<String>,
+        run_finished: Option<Finished>,
     ) -> SaveJob {
         SaveJob {
             state: step.dqn().state(),

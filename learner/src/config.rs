@@ -139,6 +139,49 @@ impl Faults {
     }
 }
 
+/// How a run drives its components (a server for remote actors, `--listen`, is
+/// `RunConfig::server` in the threaded and population modes).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Mode {
+    /// Actors, the sampler, the learner, the publisher and the checkpoint writer on
+    /// threads of their own (the default).
+    Threaded,
+    /// `--deterministic`: actors, replay and learner advance in one thread at the
+    /// exact replay ratio, so the same seed and flags give bit-identical results.
+    LockStep,
+    /// `--population K` or `--sweep FILE`: agents trained together by stacked updates,
+    /// each group lock-step on a thread of its own.
+    Population(PopulationMode),
+}
+
+/// A population's own settings.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PopulationMode {
+    pub agents: Agents,
+    /// Threads (groups of agents) a CPU population trains on; default: one per core.
+    /// Results depend on it (an agent's batches wait for its group's).
+    pub threads: Option<usize>,
+    /// Most agents training at once (`None`: as many as memory holds); the rest queue
+    /// and take finished agents' places.
+    pub max_concurrent: Option<usize>,
+    /// The devices it trains on, one learner thread each (`--gpu 0,1`; the first is
+    /// the run's `device`).
+    pub devices: Vec<DeviceChoice>,
+}
+
+/// Which agents a population has.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Agents {
+    /// `--population K`: K agents of the flags' configuration, seeds derived from the
+    /// run's (agent 0's is the run's own).
+    Count(usize),
+    /// `--sweep FILE`: grids and draws of per-agent settings times seeds (see
+    /// `sweeps/README.md`).
+    Sweep(PathBuf),
+}
+
 /// Everything a training run needs, checked once (see `cli`).
 #[derive(Clone, Debug, Serialize)]
 pub struct RunConfig {
@@ -153,25 +196,9 @@ pub struct RunConfig {
     /// The Q-network's architecture (`auto`: from the observations).
     pub network: NetworkChoice,
     pub seed: u64,
-    /// Population mode (`--population K`): K agents trained together by one stacked
-    /// update, seeds derived from `seed` (agent 0's is `seed`).
-    pub population: Option<usize>,
-    /// Threads (groups of agents) a CPU population trains on; default: one per core.
-    /// Results depend on it (an agent's batches wait for its group's).
-    pub population_threads: Option<usize>,
-    /// A sweep file (`--sweep`): the population's agents as grids and draws of
-    /// per-agent hyperparameters times seeds (see `sweeps/README.md`).
-    pub sweep: Option<PathBuf>,
-    /// Most agents of a population training at once (`None`: as many as memory holds);
-    /// the rest queue and take finished agents' places.
-    pub max_concurrent_agents: Option<usize>,
-    /// The devices a population trains on, one learner thread each (`--gpu 0,1`; the
-    /// first is `device`).
-    pub population_devices: Vec<DeviceChoice>,
+    /// How the run drives its components: threaded, lock-step or a population.
+    pub mode: Mode,
     pub device: DeviceChoice,
-    /// Lock-step mode: actors, replay and learner advance in one thread at the exact
-    /// replay ratio, so the same seed and flags give bit-identical results.
-    pub deterministic: bool,
     /// TF32 and cuDNN's benchmark mode on CUDA devices (`--tf32`, `--cudnn-benchmark`).
     pub gpu_math: GpuMathConfig,
     /// Hidden layer sizes of the Q-network's MLP.
@@ -197,6 +224,14 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The population's settings, in population mode.
+    pub fn population(&self) -> Option<&PopulationMode> {
+        match &self.mode {
+            Mode::Population(p) => Some(p),
+            Mode::Threaded | Mode::LockStep => None,
+        }
+    }
+
     /// The checkpoint root: `latest/`, `best/`, `solved/` and `config.json`.
     pub fn checkpoint_dir(&self) -> PathBuf {
         self.logdir.join("checkpoint")

@@ -7,7 +7,6 @@
 //! The defaults become command-line arguments placed before the user's, for the flags
 //! the user did not give, so that they are parsed and checked exactly as typed ones.
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 
 use clap::parser::ValueSource;
@@ -18,8 +17,7 @@ use crate::cli::Args;
 /// The file, compiled in: a binary's defaults are the ones it was built with.
 pub const HYPERPARAMS: &str = include_str!("../hyperparams.toml");
 
-/// Flags and values, by flag name without dashes.
-pub type Flags = BTreeMap<String, String>;
+pub use crate::presets::Flags;
 
 /// The defaults `HYPERPARAMS` gives `env` (empty when it has no table).
 pub fn for_env(env: &str) -> Result<Flags, String> {

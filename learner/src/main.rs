@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use millrace_core::handoff::Finished;
 use millrace_learner::cli::{Command, TrainArgs, Which};
+use millrace_learner::config::Mode;
 use millrace_learner::{checkpoint, cli, evaluation, export};
 
 /// Log output that shares the terminal with the progress bar.
@@ -111,7 +113,11 @@ fn train(
         cfg.device,
         tch::Cuda::is_available(),
         tch::Cuda::device_count(),
-        if cfg.deterministic { ", lock-step" } else { "" },
+        if cfg.mode == Mode::LockStep {
+            ", lock-step"
+        } else {
+            ""
+        },
         cfg.actors.count,
         cfg.actors.envs_per_actor,
         cfg.network,
@@ -120,7 +126,7 @@ fn train(
     // What fp32 means on this run's GPUs, as libtorch reads it back (a mismatch is an
     // error: the figures would not mean what the configuration says).
     let cuda = std::iter::once(&cfg.device)
-        .chain(&cfg.population_devices)
+        .chain(cfg.population().map_or(&[][..], |p| &p.devices))
         .any(|d| matches!(d, millrace_learner::config::DeviceChoice::Cuda(_)));
     if cuda {
         let math =
@@ -128,7 +134,7 @@ fn train(
                 .map_err(|e| anyhow::anyhow!("--tf32 {}: {e}", cfg.gpu_math.tf32))?;
         tracing::info!("GPU math: {math} (--tf32 {})", cfg.gpu_math.tf32);
     }
-    let population = cfg.population.is_some() || cfg.sweep.is_some();
+    let population = cfg.population().is_some();
     let saved_as = if population {
         // Each agent's, with its sweep settings applied.
         cfg.logdir.join("agents/agent-NNN/checkpoint/config.json")
@@ -159,7 +165,7 @@ fn already_finished(cfg: &millrace_learner::RunConfig) -> anyhow::Result<Option<
     let Some(path) = &cfg.resume else {
         return Ok(None);
     };
-    if cfg.population.is_some() || cfg.sweep.is_some() {
+    if cfg.population().is_some() {
         return Ok(None);
     }
     let meta = checkpoint::load_state_meta(path)?;
@@ -167,15 +173,17 @@ fn already_finished(cfg: &millrace_learner::RunConfig) -> anyhow::Result<Option<
         // Not this run's state: resuming refuses it, saying so (checkpoint::check_fits).
         return Ok(None);
     }
-    let done = match meta.run_finished.as_deref() {
-        Some("solved") => true,
-        Some(_) => meta.env_steps >= cfg.max_steps,
+    let done = match meta.run_finished {
+        Some(Finished::Solved) => true,
+        Some(Finished::MaxSteps) => meta.env_steps >= cfg.max_steps,
         None => false,
     };
     if !done {
         return Ok(None);
     }
-    let how = meta.run_finished.unwrap_or_default();
+    let how = meta
+        .run_finished
+        .map_or_else(String::new, |f| f.to_string());
     tracing::info!(
         "the run in {} is already finished ({how} at {} env steps, parameters v{}): nothing to do",
         path.display(),

@@ -3,7 +3,8 @@
 //! (`learner/hyperparams.toml`); the effective settings are printed and saved as
 //! every run's are.
 
-use crate::env_defaults::Flags;
+/// Flags and values, by flag name without dashes.
+pub type Flags = std::collections::BTreeMap<String, String>;
 
 /// A published configuration.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

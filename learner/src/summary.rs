@@ -1,6 +1,7 @@
 //! The end-of-run summary: what the run did and what it kept, printed by the binary and
 //! written to TensorBoard.
 
+use millrace_core::handoff::Finished;
 use std::path::PathBuf;
 
 use millrace_replay::ReplayStats;
@@ -17,6 +18,9 @@ pub enum StopReason {
     MaxSteps,
     /// SIGINT or SIGTERM (a checkpoint was written).
     Interrupted,
+    /// A component failed (or could not start): the run's error says which; a
+    /// summary never has this reason.
+    Failed,
 }
 
 impl StopReason {
@@ -26,6 +30,16 @@ impl StopReason {
             StopReason::Solved => 0,
             StopReason::MaxSteps => 2,
             StopReason::Interrupted => 130,
+            StopReason::Failed => 1,
+        }
+    }
+
+    /// What the run's last checkpoint records: finished for good, or not.
+    pub fn finished(self) -> Option<Finished> {
+        match self {
+            StopReason::Solved => Some(Finished::Solved),
+            StopReason::MaxSteps => Some(Finished::MaxSteps),
+            StopReason::Interrupted | StopReason::Failed => None,
         }
     }
 }
@@ -115,6 +129,7 @@ impl std::fmt::Display for RunSummary {
             (StopReason::Interrupted, _) => {
                 writeln!(f, "  result:          interrupted (checkpoint written)")?
             }
+            (StopReason::Failed, _) => writeln!(f, "  result:          failed")?,
         }
         let per_s = |n: u64| n as f64 / self.wall_s.max(1e-9);
         writeln!(f, "  wall time:       {:.2} s", self.wall_s)?;

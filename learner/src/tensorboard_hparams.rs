@@ -7,47 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::tensorboard::{Summary, SummaryValue};
-
-/// `tensorflow.SummaryMetadata`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct SummaryMetadata {
-    #[prost(message, optional, tag = "1")]
-    pub plugin_data: Option<PluginData>,
-}
-
-/// `tensorflow.SummaryMetadata.PluginData`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PluginData {
-    #[prost(string, tag = "1")]
-    pub plugin_name: String,
-    #[prost(bytes = "vec", tag = "2")]
-    pub content: Vec<u8>,
-}
-
-/// `tensorflow.TensorProto`: the plugin's null tensor is a float scalar with no value.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct TensorProto {
-    /// `DT_FLOAT` is 1.
-    #[prost(int32, tag = "1")]
-    pub dtype: i32,
-    #[prost(message, optional, tag = "2")]
-    pub tensor_shape: Option<TensorShape>,
-}
-
-/// `tensorflow.TensorShapeProto`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct TensorShape {
-    #[prost(message, repeated, tag = "2")]
-    pub dim: Vec<Dim>,
-}
-
-/// `tensorflow.TensorShapeProto.Dim`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Dim {
-    #[prost(int64, tag = "1")]
-    pub size: i64,
-}
+use crate::tensorboard::{
+    Dim, PluginData, Summary, SummaryMetadata, SummaryValue, TensorProto, TensorShape,
+};
 
 /// `tensorboard.hparams.HParamsPluginData`.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -130,30 +130,17 @@ fn json_line(out: &Output) -> serde_json::Value {
 
 #[test]
 fn the_solved_policy_replays_at_the_target_in_gymnasium() {
-    let dir = tempfile::tempdir().unwrap();
-    // Lock-step: this seed solves the same way on every run, no luck involved.
-    let out = learner(
-        &["--deterministic", "--seed", "1", "--max-steps", "100000"],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
-    let ckpt = dir.path().join("checkpoint");
-    let gym = play_in_gymnasium(&ckpt, "solved", dir.path());
-    let description = read_json(&dir.path().join("solved.json"));
+    let run = solves(&Solves {
+        flags: &[],
+        seed: "1",
+        max_steps: "100000",
+        config: &[("/env/id", "\"CartPole-v1\"")],
+    });
+    let description = read_json(&run.dir.path().join("solved.json"));
     assert_eq!(description["env_id"], "CartPole-v1");
     assert_eq!(description["source"]["which"], "solved");
-    let (gym_mean, gym_se) = (
-        gym["mean"].as_f64().unwrap(),
-        gym["stderr"].as_f64().unwrap(),
-    );
-    assert_eq!(gym["episodes"], 100);
-    assert!(
-        gym_mean >= 475.0,
-        "Gymnasium {} plays the saved solving policy at {gym_mean:.1} ± {gym_se:.1}",
-        gym["gymnasium"]
-    );
-    let ours = eval_json(&ckpt, "solved");
-    assert_agree(&gym, &ours);
+    let ours = eval_json(&run.ckpt(), "solved");
+    assert_agree(&run.gym, &ours);
 }
 
 /// `learner eval --json` of a saved policy, 100 episodes.
@@ -205,6 +192,72 @@ fn play_in_gymnasium(ckpt: &Path, which: &str, out: &Path) -> serde_json::Value 
     millrace_tests::play_in_gymnasium(learner, ckpt, None, which, out)
 }
 
+/// A lock-step CartPole run that must solve: its flags (beyond `--deterministic` and
+/// the seed), and what its saved configuration must say (JSON pointer, value as JSON).
+struct Solves {
+    flags: &'static [&'static str],
+    seed: &'static str,
+    max_steps: &'static str,
+    config: &'static [(&'static str, &'static str)],
+}
+
+/// What a [`Solves`] case kept, for the case's own checks.
+struct Solved {
+    dir: tempfile::TempDir,
+    out: Output,
+    /// `solved/` as Gymnasium played it.
+    gym: serde_json::Value,
+}
+
+impl Solved {
+    fn ckpt(&self) -> PathBuf {
+        self.dir.path().join("checkpoint")
+    }
+}
+
+/// Runs the case (lock-step: the seed solves the same way on every run, no luck
+/// involved), checks its exit status and saved configuration, and plays its saved
+/// `solved/` policy in Gymnasium: at least 475 over 100 episodes.
+fn solves(case: &Solves) -> Solved {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "--deterministic",
+        "--seed",
+        case.seed,
+        "--max-steps",
+        case.max_steps,
+    ];
+    args.extend_from_slice(case.flags);
+    let out = learner(&args, dir.path());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{:?} not solved:\n{}",
+        case.flags,
+        text(&out)
+    );
+    let config = read_json(&dir.path().join("checkpoint/config.json"));
+    for (pointer, want) in case.config {
+        let want: serde_json::Value = serde_json::from_str(want).unwrap();
+        assert_eq!(
+            config.pointer(pointer),
+            Some(&want),
+            "{pointer} in {config}"
+        );
+    }
+    let gym = play_in_gymnasium(&dir.path().join("checkpoint"), "solved", dir.path());
+    assert_eq!(gym["episodes"], 100);
+    let mean = gym["mean"].as_f64().unwrap();
+    assert!(
+        mean >= 475.0,
+        "{:?}: Gymnasium {} plays the saved solving policy at {mean:.1} ± {:.1}",
+        case.flags,
+        gym["gymnasium"],
+        gym["stderr"].as_f64().unwrap()
+    );
+    Solved { dir, out, gym }
+}
+
 #[test]
 fn eval_agrees_with_gymnasium_on_a_policy_with_spread() {
     // A policy half-way through training (lock-step: the same policy every run), whose
@@ -235,21 +288,14 @@ fn eval_agrees_with_gymnasium_on_a_policy_with_spread() {
 
 #[test]
 fn prioritized_replay_solves_cartpole_and_the_saved_policy_replays_in_gymnasium() {
-    let dir = tempfile::tempdir().unwrap();
     // Lock-step: priorities are applied in order, so this run is the same every time.
-    let out = learner(
-        &[
-            "--deterministic",
-            "--replay",
-            "prioritized",
-            "--seed",
-            "1",
-            "--max-steps",
-            "100000",
-        ],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
+    let run = solves(&Solves {
+        flags: &["--replay", "prioritized"],
+        seed: "1",
+        max_steps: "100000",
+        config: &[("/replay/priority/alpha", "0.6")],
+    });
+    let out = &run.out;
     let summary = String::from_utf8_lossy(&out.stdout);
     let line = summary
         .lines()
@@ -258,10 +304,6 @@ fn prioritized_replay_solves_cartpole_and_the_saved_policy_replays_in_gymnasium(
     let updated: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(updated > 10_000, "priorities were fed back: {line}");
     assert!(line.contains(" 0 invalid"), "{line}");
-    let config = read_json(&dir.path().join("checkpoint/config.json"));
-    assert_eq!(config["replay"]["priority"]["alpha"], 0.6, "{config}");
-    let gym = play_in_gymnasium(&dir.path().join("checkpoint"), "solved", dir.path());
-    assert!(gym["mean"].as_f64().unwrap() >= 475.0, "Gymnasium: {gym}");
 }
 
 #[test]
@@ -293,36 +335,21 @@ fn deterministic_prioritized_runs_are_bit_identical() {
 
 #[test]
 fn a_dueling_network_solves_and_its_saved_policies_are_plain_mlps_in_gymnasium() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = learner(
-        &[
-            "--deterministic",
-            "--dueling",
-            "--seed",
-            "1",
-            "--max-steps",
-            "60000",
-        ],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
-    let config = read_json(&dir.path().join("checkpoint/config.json"));
-    assert_eq!(config["dqn"]["dueling"], true);
-    let latest = read_json(&dir.path().join("checkpoint/latest/meta.json"));
+    // The solved policy (in `solves`) and the latest state, folded, play in Gymnasium
+    // as plain MLPs of the published network.
+    let run = solves(&Solves {
+        flags: &["--dueling"],
+        seed: "1",
+        max_steps: "60000",
+        config: &[("/dqn/dueling", "true")],
+    });
+    let latest = read_json(&run.ckpt().join("latest/meta.json"));
     assert_eq!(
         latest["dueling"], true,
         "the learner's state holds the streams"
     );
-    // The solved policy and the latest state, folded, play in Gymnasium as plain
-    // MLPs of the published network.
-    let ckpt = dir.path().join("checkpoint");
-    let solved = play_in_gymnasium(&ckpt, "solved", dir.path());
-    assert!(
-        solved["mean"].as_f64().unwrap() >= 475.0,
-        "Gymnasium: {solved}"
-    );
-    let last = play_in_gymnasium(&ckpt, "latest", dir.path());
-    assert_agree(&last, &eval_json(&ckpt, "latest"));
+    let last = play_in_gymnasium(&run.ckpt(), "latest", run.dir.path());
+    assert_agree(&last, &eval_json(&run.ckpt(), "latest"));
 }
 
 /// `--layer-norm` end to end: the run solves, its configuration and saved network say
@@ -330,24 +357,13 @@ fn a_dueling_network_solves_and_its_saved_policies_are_plain_mlps_in_gymnasium()
 /// Gymnasium, agreeing with millrace's own evaluation of the latest state.
 #[test]
 fn a_layer_norm_network_solves_and_its_saved_policy_replays_in_gymnasium() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = learner(
-        &[
-            "--deterministic",
-            "--layer-norm",
-            "--seed",
-            "1",
-            "--max-steps",
-            "60000",
-        ],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
-    let config = read_json(&dir.path().join("checkpoint/config.json"));
-    assert_eq!(config["layer_norm"], true);
-    let ckpt = dir.path().join("checkpoint");
-    let solved = play_in_gymnasium(&ckpt, "solved", dir.path());
-    let description = read_json(&dir.path().join("solved.json"));
+    let run = solves(&Solves {
+        flags: &["--layer-norm"],
+        seed: "1",
+        max_steps: "60000",
+        config: &[("/layer_norm", "true")],
+    });
+    let description = read_json(&run.dir.path().join("solved.json"));
     let layers: Vec<&str> = description["layers"]
         .as_array()
         .unwrap()
@@ -366,12 +382,8 @@ fn a_layer_norm_network_solves_and_its_saved_policy_replays_in_gymnasium() {
             "linear"
         ]
     );
-    assert!(
-        solved["mean"].as_f64().unwrap() >= 475.0,
-        "Gymnasium: {solved}"
-    );
-    let last = play_in_gymnasium(&ckpt, "latest", dir.path());
-    assert_agree(&last, &eval_json(&ckpt, "latest"));
+    let last = play_in_gymnasium(&run.ckpt(), "latest", run.dir.path());
+    assert_agree(&last, &eval_json(&run.ckpt(), "latest"));
 }
 
 /// Mixed precision end to end on the CPU (PyTorch computes bf16 there too): the run
@@ -379,29 +391,15 @@ fn a_layer_norm_network_solves_and_its_saved_policy_replays_in_gymnasium() {
 /// that plays at the target in Gymnasium.
 #[test]
 fn a_bf16_learner_solves_cartpole_and_saves_an_fp32_policy_that_replays_in_gymnasium() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = learner(
-        &[
-            "--deterministic",
-            "--precision",
-            "bf16",
-            "--seed",
-            "1",
-            // Solved at 14,000 here (CPU bf16 kernels, and so the run, differ between
-            // CPUs with and without bf16 instructions): room to spare.
-            "--max-steps",
-            "100000",
-        ],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(0), "not solved:\n{}", text(&out));
-    let config = read_json(&dir.path().join("checkpoint/config.json"));
-    assert_eq!(config["dqn"]["precision"], "bf16");
-    let solved = play_in_gymnasium(&dir.path().join("checkpoint"), "solved", dir.path());
-    assert!(
-        solved["mean"].as_f64().unwrap() >= 475.0,
-        "Gymnasium: {solved}"
-    );
+    let run = solves(&Solves {
+        flags: &["--precision", "bf16"],
+        seed: "1",
+        // Solved at 14,000 here (CPU bf16 kernels, and so the run, differ between CPUs
+        // with and without bf16 instructions): room to spare.
+        max_steps: "100000",
+        config: &[("/dqn/precision", "\"bf16\"")],
+    });
+    let dir = &run.dir;
     // The exported tensors are fp32: the safetensors header names every dtype.
     let bytes = std::fs::read(dir.path().join("solved.safetensors")).unwrap();
     let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;

@@ -25,6 +25,18 @@ pub struct Params {
 }
 
 impl Params {
+    /// One agent's parameters as `version`, before any env step or update (a run's
+    /// first parameters; tests' fixtures).
+    pub fn of_one(version: u64, data: Vec<f32>) -> Self {
+        Self {
+            version,
+            env_steps: 0,
+            updates: 0,
+            population: 1,
+            data,
+        }
+    }
+
     /// The flat parameters of agent `k`.
     ///
     /// # Panics

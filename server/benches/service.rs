@@ -219,13 +219,7 @@ fn throughput(shape: Shape, seconds: f64, connections: usize, rows: usize) {
 
     // Over loopback: N connections to the real server.
     let t = table(shape);
-    let params = Arc::new(ParamsCell::new(Params {
-        version: 0,
-        env_steps: 0,
-        updates: 0,
-        population: 1,
-        data: vec![0.0; 4610],
-    }));
+    let params = Arc::new(ParamsCell::new(Params::of_one(0, vec![0.0; 4610])));
     let srv = server(shape, Arc::clone(&t), params);
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
@@ -280,13 +274,7 @@ fn throughput(shape: Shape, seconds: f64, connections: usize, rows: usize) {
 
 fn broadcast(actors: usize, repeats: usize) {
     let t = table(Shape::CartPole);
-    let params = Arc::new(ParamsCell::new(Params {
-        version: 0,
-        env_steps: 0,
-        updates: 0,
-        population: 1,
-        data: vec![0.0; 16],
-    }));
+    let params = Arc::new(ParamsCell::new(Params::of_one(0, vec![0.0; 16])));
     let srv = server(Shape::CartPole, Arc::clone(&t), Arc::clone(&params));
     let received: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
     let ready = Arc::new(Barrier::new(actors + 1));

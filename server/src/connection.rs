@@ -33,7 +33,7 @@ pub(super) struct Connection {
 }
 
 /// Marks, when a connection ends, that its actor may be reconnecting (the server's last
-/// call, [`super::LAST_CALL`]): when it ends while the server is not stopping, and
+/// call, [`super::ServerConfig::last_call`]): when it ends while the server is not stopping, and
 /// whenever its actor was told to come back (a goodbye for now, a temporary refusal),
 /// even if the server stopped meanwhile: a population's agent that ended a moment
 /// before the run did sends its actors on, and they must find someone to tell them the

@@ -88,6 +88,10 @@ pub struct ServerConfig {
     pub epsilon_decay: Option<millrace_proto::wire::EpsilonDecay>,
     /// Connections open at once; more are refused (temporarily) at accept.
     pub max_connections: usize,
+    /// How long the listener stays open for actors coming back once the run is
+    /// finished (see [`DEFAULT_LAST_CALL`]).
+    #[serde(serialize_with = "secs")]
+    pub last_call: Duration,
 }
 
 impl ServerConfig {
@@ -110,6 +114,7 @@ impl ServerConfig {
             apex_epsilon: false,
             epsilon_decay: None,
             max_connections: 256,
+            last_call: DEFAULT_LAST_CALL,
         }
     }
 }
@@ -233,7 +238,7 @@ struct Shared {
 }
 
 impl Shared {
-    /// Notes that an actor may be on its way back (see [`LAST_CALL`]).
+    /// Notes that an actor may be on its way back (see [`ServerConfig::last_call`]).
     fn mark_away(&self) {
         *self.away.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
     }
@@ -251,7 +256,7 @@ impl Shared {
 /// and an actor refused several times in a row may come back after this). Without it,
 /// an actor sent on by a population's agent just before the last agent ended would
 /// retry an address nobody answers, for ever.
-const LAST_CALL: Duration = Duration::from_secs(2);
+pub const DEFAULT_LAST_CALL: Duration = Duration::from_secs(2);
 
 /// The id a remote session's batches carry into replay (`actor_id`): replay keys frame
 /// streams by it, so it must differ from every other stream's while the session's
@@ -346,7 +351,7 @@ async fn serve(
 }
 
 /// When the run is finished, keeps accepting until every connection has closed and
-/// [`LAST_CALL`] has passed since one last ended mid-run or sent its actor on (its
+/// [`ServerConfig::last_call`] has passed since one last ended mid-run or sent its actor on (its
 /// actor may be reconnecting), telling each newcomer that the run is finished, so that
 /// it exits instead of retrying for ever. The deadline is read once the connections
 /// have closed: one that was sending its actor on as the run stopped marks it on its
@@ -364,11 +369,11 @@ async fn last_call(
     }
     loop {
         // No deadline before the connections have closed (`closed` wakes this loop);
-        // then 2 s after the last one away, or none if nobody is.
+        // then `last_call` after the last one away, or none if nobody is.
         let all_closed = *closed.borrow_and_update();
         let until = match (all_closed, shared.last_away()) {
             (false, _) => None,
-            (true, Some(away)) => Some(tokio::time::Instant::from_std(away + LAST_CALL)),
+            (true, Some(away)) => Some(tokio::time::Instant::from_std(away + shared.cfg.last_call)),
             (true, None) => return,
         };
         let deadline = async {

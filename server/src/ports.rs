@@ -197,13 +197,7 @@ mod tests {
         AgentSpec {
             route: Route {
                 table: Arc::new(table),
-                params: Arc::new(ParamsCell::new(Params {
-                    version: 0,
-                    env_steps: 0,
-                    updates: 0,
-                    population: 1,
-                    data: Vec::new(),
-                })),
+                params: Arc::new(ParamsCell::new(Params::of_one(0, Vec::new()))),
                 steps: Arc::new(StepCounter::new(0)),
             },
             network: NetworkSpec::mlp(&obs, &[8], 2, 1).unwrap(),

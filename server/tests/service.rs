@@ -73,13 +73,10 @@ fn fixture_routed(
         })
         .unwrap(),
     );
-    let params = Arc::new(ParamsCell::new(Params {
-        version: 0,
-        env_steps: 0,
-        updates: 0,
-        population: 1,
-        data: vec![0.0; network.layout().len],
-    }));
+    let params = Arc::new(ParamsCell::new(Params::of_one(
+        0,
+        vec![0.0; network.layout().len],
+    )));
     let (tx, episodes) = crossbeam_channel::bounded(1024);
     let board = Arc::new(ActorBoard::default());
     let steps = Arc::new(StepCounter::default());
@@ -512,7 +509,9 @@ fn the_end_of_a_run_is_a_typed_goodbye() {
 /// after a connection last ended mid-run) is told the run is finished.
 #[test]
 fn an_actor_that_comes_back_just_after_the_run_finished_is_told_so() {
-    let mut f = fixture(None);
+    // A last call shorter than the default 2 s, still longer than an actor's
+    // shortest backoff (0.1–0.3 s) and the wait below.
+    let mut f = fixture_with(|cfg| cfg.last_call = Duration::from_millis(800));
     let addr = f.addr;
     let mut c = WireClient::connect(addr);
     let _ = c.join("");
@@ -541,7 +540,7 @@ fn an_actor_that_comes_back_just_after_the_run_finished_is_told_so() {
     }
     let took = stopping.join().unwrap();
     assert!(
-        took < Duration::from_secs(4),
+        took < Duration::from_secs(2),
         "the last call ends: {took:?}"
     );
 

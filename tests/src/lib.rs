@@ -449,13 +449,10 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
     send(&mut stream, &LearnerMsg::Welcome(Box::new(welcome)));
     send_limited(
         &mut stream,
-        &LearnerMsg::Params(Params {
-            version: 1,
-            env_steps: 0,
-            updates: 0,
-            population: 1,
-            data: vec![0.0; network.layout().len + usize::from(bad_params)],
-        }),
+        &LearnerMsg::Params(Params::of_one(
+            1,
+            vec![0.0; network.layout().len + usize::from(bad_params)],
+        )),
         max_frame,
     );
     let mut batches = 0;

@@ -155,7 +155,7 @@ fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<Job>, stats: &Mutex<Write
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
-            run_finished: job.run_finished.clone(),
+            run_finished: job.run_finished,
             ..StateMeta::new(
                 ctx.env.clone(),
                 ctx.network.clone(),

@@ -15,8 +15,7 @@ use millrace_proto::Params;
 use millrace_replay::Table;
 
 use super::setup::Setup;
-use super::wiring::Links;
-use super::RunError;
+use super::{Component, Failure, RunError};
 use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter, WriterStats};
 use crate::checkpoint::{self, CheckpointError, Which};
 use crate::config::RunConfig;
@@ -28,14 +27,11 @@ use millrace_server::ServerHandle;
 /// How often the coordinator looks at everything.
 const TICK: Duration = Duration::from_millis(20);
 
-/// Why the run is ending.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum End {
-    Solved,
-    MaxSteps,
-    Interrupted,
-    /// A component failed (or could not start); shutdown collects why.
-    Failed,
+/// What the coordinator reads from the running components.
+#[derive(Debug)]
+pub struct Links {
+    pub episodes: crossbeam_channel::Receiver<millrace_actor::EpisodeStats>,
+    pub reports: crossbeam_channel::Receiver<LearnerReport>,
 }
 
 /// Handles to everything the threaded mode started.
@@ -59,7 +55,7 @@ pub struct Ended {
     /// The final checkpoint: written (where), failed, or not attempted (`Ok(None)`).
     pub checkpoint: Result<Option<PathBuf>, CheckpointError>,
     /// Components that failed, with why, in the order found.
-    pub failures: Vec<(String, String)>,
+    pub failures: Vec<Failure>,
     /// The checkpoint writer's statistics, once it finished.
     pub writer: Option<WriterStats>,
 }
@@ -75,15 +71,11 @@ pub fn checkpoint_note(checkpoint: &Result<Option<PathBuf>, CheckpointError>) ->
 }
 
 impl Ended {
-    /// The run's error: the first component failure, or `component` with `message` when
-    /// none was found (a failure outside the components, e.g. during set-up).
-    pub fn into_error(self, component: &str, message: &str) -> RunError {
+    /// The run's error: the first component failure, or `otherwise` when none was
+    /// found (a failure outside the components, e.g. during set-up).
+    pub fn into_error(self, otherwise: Failure) -> RunError {
         let note = checkpoint_note(&self.checkpoint);
-        let (component, message) = self
-            .failures
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| (component.to_string(), message.to_string()));
+        let Failure { component, message } = self.failures.into_iter().next().unwrap_or(otherwise);
         RunError::Failed {
             component,
             message,
@@ -105,22 +97,18 @@ impl Running {
     /// The one shutdown path: stop actors, stop the learner (final checkpoint), close
     /// replay (wakes anything blocked in it), say goodbye to remote actors, join every
     /// thread and collect every failure.
-    pub fn shutdown(mut self, end: End) -> Ended {
+    pub fn shutdown(mut self, end: StopReason) -> Ended {
         self.stop_actors.store(true, Ordering::Relaxed);
-        let run_finished = match end {
-            End::Solved => Some("solved".to_string()),
-            End::MaxSteps => Some("max steps".to_string()),
-            End::Interrupted | End::Failed => None,
-        };
+        let run_finished = end.finished();
         let _ = self.commands.try_send(Command::Stop {
             checkpoint: true,
-            run_finished: run_finished.clone(),
+            run_finished,
         });
         let message = match end {
-            End::Solved => "the run is solved",
-            End::MaxSteps => "the run reached its step budget",
-            End::Interrupted => "the learner was stopped by a signal",
-            End::Failed => "the learner failed",
+            StopReason::Solved => "the run is solved",
+            StopReason::MaxSteps => "the run reached its step budget",
+            StopReason::Interrupted => "the learner was stopped by a signal",
+            StopReason::Failed => "the learner failed",
         };
         let goodbye = millrace_server::goodbye_for(run_finished.is_some(), message);
         if let Some(server) = &self.server {
@@ -130,7 +118,7 @@ impl Running {
         let mut failures = Vec::new();
         if let Some(server) = self.server.take() {
             if let Err(e) = server.shutdown(goodbye) {
-                failures.push(("server".to_string(), e));
+                failures.push(Failure::new(Component::Server, e));
             }
         }
         let mut last = LearnerReport::default();
@@ -140,14 +128,14 @@ impl Running {
                 Ok(outcome) => {
                     last = outcome.last;
                     if let Some(e) = outcome.error {
-                        failures.push(("learner".to_string(), e.to_string()));
+                        failures.push(Failure::new(Component::Learner, e.to_string()));
                     }
                     // Replay is closed: a sampler still waiting in it has ended.
                     if let Some(Err(e)) = outcome
                         .prefetcher
                         .map(millrace_core::prefetch::Prefetcher::join)
                     {
-                        failures.push(("sampler".to_string(), e.to_string()));
+                        failures.push(Failure::new(Component::Sampler, e.to_string()));
                     }
                     if let Some(rx) = outcome.final_checkpoint {
                         checkpoint = match rx.recv() {
@@ -159,25 +147,25 @@ impl Running {
                         };
                     }
                 }
-                Err(e) => failures.push(("learner".to_string(), e)),
+                Err(e) => failures.push(Failure::new(Component::Learner, e)),
             }
         }
         for (id, actor) in self.actors.drain(..) {
             match crate::joined(actor) {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) | Err(e) => failures.push((format!("actor {id}"), e)),
+                Ok(Err(e)) | Err(e) => failures.push(Failure::new(Component::Actor(Some(id)), e)),
             }
         }
         if let Some(evaluator) = self.evaluator.take() {
             if let Err(e) = evaluator.join() {
-                failures.push(("evaluator".to_string(), e));
+                failures.push(Failure::new(Component::Evaluator, e));
             }
         }
         // The learner thread held the other handle: the writer is ours alone now.
         let writer = match Arc::try_unwrap(self.writer).map(CheckpointWriter::finish) {
             Ok(Ok(stats)) => Some(stats),
             Ok(Err(e)) => {
-                failures.push(("checkpoint writer".to_string(), e));
+                failures.push(Failure::new(Component::CheckpointWriter, e));
                 None
             }
             Err(_) => None,
@@ -368,10 +356,10 @@ pub fn run(
                 .unwrap_or_else(|e| e.into_inner()) = progress.tracker.last.clone();
         }
         if failure.is_some() {
-            break End::Failed;
+            break StopReason::Failed;
         }
         if progress.tracker.solved.is_some() {
-            break End::Solved;
+            break StopReason::Solved;
         }
         if let Some(params) = confirm {
             let seed = eval_seed(cfg.seed, Purpose::Confirm, params.version);
@@ -405,13 +393,13 @@ pub fn run(
             remote,
         );
         if interrupt.load(Ordering::Relaxed) {
-            break End::Interrupted;
+            break StopReason::Interrupted;
         }
         if steps >= cfg.max_steps && !eval_in_flight && !progress.tracker.confirming() {
-            break End::MaxSteps;
+            break StopReason::MaxSteps;
         }
         if running.ended_by_itself() {
-            break End::Failed;
+            break StopReason::Failed;
         }
     };
     setup.metrics.not_ready("the run is ending");
@@ -424,24 +412,24 @@ fn finish(
     cfg: &RunConfig,
     mut setup: Setup,
     progress: Progress,
-    end: End,
+    end: StopReason,
     mut ended: Ended,
     failure: Option<RunError>,
 ) -> Result<RunSummary, RunError> {
     // Saving an evaluated policy failed: that ended the run, whatever followed.
     if let Some(e) = failure {
-        ended
-            .failures
-            .insert(0, ("evaluation".to_string(), e.to_string()));
+        ended.failures.insert(
+            0,
+            Failure::new(Component::Evaluation { agent: None }, e.to_string()),
+        );
     }
-    if end == End::Failed || !ended.failures.is_empty() {
-        return Err(ended.into_error("run", "a component ended unexpectedly"));
+    if end == StopReason::Failed || !ended.failures.is_empty() {
+        return Err(ended.into_error(Failure::new(
+            Component::Run,
+            "a component ended unexpectedly",
+        )));
     }
-    let reason = match end {
-        End::Solved => StopReason::Solved,
-        End::MaxSteps => StopReason::MaxSteps,
-        End::Interrupted | End::Failed => StopReason::Interrupted,
-    };
+    let reason = end;
     match ended.checkpoint {
         Ok(Some(path)) => tracing::info!("checkpoint written to {}", path.display()),
         Ok(None) => {}

@@ -22,12 +22,13 @@ use tch::Device;
 
 use super::coordinator::Progress;
 use super::setup::Setup;
-use super::RunError;
+use super::{Component, Failure, RunError};
 use crate::checkpoint::{self, StateMeta};
 use crate::config::RunConfig;
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, Purpose};
 use crate::summary::{RunSummary, StopReason};
 use millrace_core::dqn::Dqn;
+use millrace_core::handoff::Finished;
 use millrace_core::prefetch::StagingBuffer;
 use millrace_core::step::{LearnerStep, StepConfig};
 use millrace_core::update_loop::{LearnerReport, StallTimes};
@@ -73,7 +74,7 @@ fn save(
     dqn: &Dqn,
     version: u64,
     last_eval: Option<EvalRecord>,
-    run_finished: Option<String>,
+    run_finished: Option<Finished>,
 ) -> Result<PathBuf, checkpoint::CheckpointError> {
     let state = dqn.state();
     let meta = StateMeta {
@@ -128,7 +129,7 @@ pub fn run(
     let mut report = LearnerReport::default();
     let started = Instant::now();
     let mut last_ckpt = Instant::now();
-    let mut failure: Option<(String, String)> = None;
+    let mut failure: Option<Failure> = None;
     let mut diverged = false;
     let reason = 'run: loop {
         if interrupt.load(Ordering::Relaxed) {
@@ -140,13 +141,13 @@ pub fn run(
             }) {
                 Ok(b) => b,
                 Err(e) => {
-                    failure = Some(("actor".into(), e.to_string()));
+                    failure = Some(Failure::new(Component::Actor(None), e.to_string()));
                     break 'run StopReason::Interrupted;
                 }
             };
             if let Some(batch) = batch {
                 if let Err(e) = setup.table.insert_unlimited(&batch) {
-                    failure = Some(("replay".into(), e.to_string()));
+                    failure = Some(Failure::new(Component::Replay, e.to_string()));
                     break 'run StopReason::Interrupted;
                 }
             }
@@ -173,8 +174,8 @@ pub fn run(
                 report.nonfinite_total = health.nonfinite_total;
                 if !health.diverged.is_empty() {
                     diverged = true;
-                    failure = Some((
-                        "learner".into(),
+                    failure = Some(Failure::new(
+                        Component::Learner,
                         millrace_core::update_loop::LearnerError::Diverged {
                             streak: health.stats.nonfinite_streak,
                             skipped: health.nonfinite_total,
@@ -194,7 +195,7 @@ pub fn run(
                 Ok(true) => break StopReason::Solved,
                 Ok(false) => {}
                 Err(e) => {
-                    failure = Some(("evaluation".into(), e));
+                    failure = Some(Failure::new(Component::Evaluation { agent: None }, e));
                     break StopReason::Interrupted;
                 }
             }
@@ -239,11 +240,7 @@ pub fn run(
     step.finish_priorities();
     setup.table.close();
     // The final checkpoint: not after divergence (the last good one stays).
-    let run_finished = match reason {
-        StopReason::Solved if failure.is_none() => Some("solved".to_string()),
-        StopReason::MaxSteps if failure.is_none() => Some("max steps".to_string()),
-        _ => None,
-    };
+    let run_finished = reason.finished().filter(|_| failure.is_none());
     let k0 = Instant::now();
     let saved = (!diverged).then(|| {
         save(
@@ -258,7 +255,7 @@ pub fn run(
     stalls.checkpoint += k0.elapsed().as_secs_f64();
     stalls.total = started.elapsed().as_secs_f64();
     let saved = saved.transpose();
-    if let Some((component, message)) = failure {
+    if let Some(Failure { component, message }) = failure {
         return Err(RunError::Failed {
             component,
             message,

@@ -4,12 +4,9 @@
 //! trained by one stacked update run in [`population`], lock-step too.
 
 mod coordinator;
+mod failure;
 mod lockstep;
 mod population;
-mod population_agent;
-mod population_metrics;
-mod population_oom;
-mod population_resume;
 mod setup;
 mod wiring;
 
@@ -21,6 +18,7 @@ use indicatif::ProgressBar;
 use crate::checkpoint::CheckpointError;
 use crate::config::RunConfig;
 use crate::summary::RunSummary;
+pub use failure::{Component, Failure};
 
 /// Why a run failed (exit status 1). Outcomes that are not failures (solved, out of
 /// steps, interrupted) are a [`RunSummary`]'s `reason`.
@@ -61,7 +59,7 @@ pub enum RunError {
     /// A component failed after threads had started; the run went through its shutdown.
     #[error("the {component} failed: {message}; {checkpoint}")]
     Failed {
-        component: String,
+        component: Component,
         message: String,
         /// What became of the checkpoint.
         checkpoint: String,
@@ -82,10 +80,8 @@ fn gib(bytes: u64) -> f64 {
 /// The agents of a population run (`--population K` or `--sweep`), each with its
 /// configuration as it trains, and each agent's env step budget; a sweep whose
 /// settings do not hold together with the flags is refused, naming the agent.
-pub fn population_agents(
-    cfg: &RunConfig,
-) -> Result<(Vec<population_agent::Member>, u64), RunError> {
-    population_agent::agents(cfg)
+pub fn population_agents(cfg: &RunConfig) -> Result<(Vec<population::Member>, u64), RunError> {
+    population::agents(cfg)
 }
 
 /// Trains a population (`--population K`) until every agent reached its target
@@ -97,7 +93,7 @@ pub fn run_population(
     interrupt: Arc<AtomicBool>,
     monitor: Option<Arc<millrace_telemetry::Endpoint>>,
 ) -> Result<crate::population_results::PopulationSummary, RunError> {
-    let metrics = monitor.map(population_metrics::PopulationMetrics::new);
+    let metrics = monitor.map(population::PopulationMetrics::new);
     population::run(cfg, &interrupt, metrics.as_ref())
 }
 
@@ -111,7 +107,7 @@ pub fn run(
     monitor: Option<Arc<millrace_telemetry::Endpoint>>,
 ) -> Result<RunSummary, RunError> {
     let mut setup = setup::prepare(cfg, bar, monitor)?;
-    if cfg.deterministic {
+    if cfg.mode == crate::config::Mode::LockStep {
         setup.metrics.ready();
         lockstep::run(cfg, setup, &interrupt)
     } else {

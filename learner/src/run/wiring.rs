@@ -13,18 +13,20 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Sender, TrySendError};
 use millrace_actor::runner::SinkClosed;
 use millrace_actor::{run_actor, ActorSink, EpisodeStats};
 use millrace_proto::TransitionBatch;
 use millrace_replay::{ReplayError, Table};
 
-use super::coordinator::{End, Running};
+use super::coordinator::{Links, Running};
 use super::setup::Setup;
 use super::RunError;
+use super::{Component, Failure};
 use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter};
 use crate::config::{DeviceChoice, RunConfig};
 use crate::evaluation::Evaluator;
+use crate::summary::StopReason;
 use millrace_core::prefetch::{Prefetcher, SamplerConfig};
 use millrace_core::priority_feedback::PriorityFeedback;
 use millrace_core::publisher::Publisher;
@@ -67,13 +69,6 @@ impl ActorSink for ReplaySink {
             tracing::trace!("episode stats dropped");
         }
     }
-}
-
-/// What the coordinator reads from the running components.
-#[derive(Debug)]
-pub struct Links {
-    pub episodes: Receiver<EpisodeStats>,
-    pub reports: Receiver<LearnerReport>,
 }
 
 fn spawn<T: Send + 'static>(
@@ -230,8 +225,8 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         Ok(())
     })();
     if let Err(e) = rest {
-        let ended = running.shutdown(End::Failed);
-        return Err(ended.into_error("set-up", &e.to_string()));
+        let ended = running.shutdown(StopReason::Failed);
+        return Err(ended.into_error(Failure::new(Component::SetUp, e.to_string())));
     }
     Ok((running, links))
 }

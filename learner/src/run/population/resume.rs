@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use millrace_proto::{EnvSpec, NetworkSpec};
 use serde::{Deserialize, Serialize};
 
-use super::RunError;
 use crate::checkpoint::files::{read_json, write_json};
 use crate::checkpoint::{self, CheckpointError, StateMeta};
 use crate::population_results::{AgentResult, AgentSetup};
+use crate::run::RunError;
 use millrace_core::dqn::agents::AgentHparams;
 use millrace_core::dqn::DqnState;
 

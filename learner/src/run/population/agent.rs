@@ -14,13 +14,13 @@ use millrace_replay::Table;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-use super::population_resume::{self, Identity};
-use super::RunError;
+use super::resume::{self, Identity};
 use crate::checkpoint::{self, CheckpointError, Layout, PolicyOwner, StateMeta, Which};
-use crate::config::RunConfig;
+use crate::config::{Agents, RunConfig};
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
 use crate::population_board::{self, AgentBoard};
 use crate::population_results::{AgentEnd, AgentResult, AgentSetup};
+use crate::run::RunError;
 use crate::sweep::{check_applied, Settings, Sweep, SweepAgent, SweepError};
 use millrace_core::dqn::agents::AgentHparams;
 use millrace_core::dqn::DqnState;
@@ -117,11 +117,11 @@ impl Agent {
         let layout = Layout::new(dir.join("checkpoint"));
         std::fs::create_dir_all(&layout.root)?;
         let saved = if m.resumed {
-            let (meta, state, latest) = population_resume::load_state(&dir)?;
+            let (meta, state, latest) = resume::load_state(&dir)?;
             checkpoint::check_fits(&meta, &cfg.env_spec, network).map_err(RunError::Resume)?;
             Some((meta, state, latest))
         } else {
-            population_resume::write_identity(&dir, &m.identity()).map_err(RunError::Config)?;
+            resume::write_identity(&dir, &m.identity()).map_err(RunError::Config)?;
             None
         };
         checkpoint::files::write_json(&layout.config(), cfg).map_err(RunError::Config)?;
@@ -130,7 +130,7 @@ impl Agent {
         let actors = (0..cfg.actors.count)
             .map(|id| AnyActor::new(&cfg.actor(id as u32, start_steps), network))
             .collect::<Result<Vec<_>, _>>()?;
-        let replay = super::setup::replay_config(cfg, &cfg.env_spec)?;
+        let replay = crate::run::setup::replay_config(cfg, &cfg.env_spec)?;
         let table = Arc::new(Table::new(&replay)?);
         let hp = m.sweep.hparams;
         let setup = AgentSetup::of(cfg);
@@ -167,13 +167,7 @@ impl Agent {
             setup,
             live: Some(Live {
                 actors,
-                params: Arc::new(ParamsCell::new(Params {
-                    version: 0,
-                    env_steps: 0,
-                    updates: 0,
-                    population: 1,
-                    data: Vec::new(),
-                })),
+                params: Arc::new(ParamsCell::new(Params::of_one(0, Vec::new()))),
                 table,
                 rng: SmallRng::seed_from_u64(hp.seed.wrapping_add(start_steps) ^ 0x5eed),
             }),
@@ -274,20 +268,27 @@ impl Agent {
 /// configuration (agent 0 has the run's own seed). An agent whose settings do not hold
 /// together with the flags' is refused, named.
 pub fn agents(cfg: &RunConfig) -> Result<(Vec<Member>, u64), RunError> {
-    let (sweep, budget) = match &cfg.sweep {
-        Some(path) => {
+    let agents = cfg.population().map(|p| &p.agents);
+    let (sweep, budget) = match agents {
+        Some(Agents::Sweep(path)) => {
             let sweep = Sweep::read(path, &cfg.dqn, cfg.seed)?;
             (sweep.agents, sweep.max_steps.unwrap_or(cfg.max_steps))
         }
-        None => (
-            AgentHparams::seeds(cfg.seed, cfg.population.unwrap_or(1))
-                .map(|s| SweepAgent {
-                    config: 0,
-                    hparams: AgentHparams::from_config(&cfg.dqn, s),
-                    settings: Settings::default(),
-                    label: String::new(),
-                })
-                .collect(),
+        Some(Agents::Count(_)) | None => (
+            AgentHparams::seeds(
+                cfg.seed,
+                agents.map_or(1, |a| match a {
+                    Agents::Count(k) => *k,
+                    Agents::Sweep(_) => 1,
+                }),
+            )
+            .map(|s| SweepAgent {
+                config: 0,
+                hparams: AgentHparams::from_config(&cfg.dqn, s),
+                settings: Settings::default(),
+                label: String::new(),
+            })
+            .collect(),
             cfg.max_steps,
         ),
     };
@@ -306,10 +307,10 @@ pub fn agents(cfg: &RunConfig) -> Result<(Vec<Member>, u64), RunError> {
         };
         if let Err(why) = verdict {
             return Err(SweepError::Settings {
-                file: cfg
-                    .sweep
-                    .as_ref()
-                    .map_or_else(String::new, |p| p.display().to_string()),
+                file: match agents {
+                    Some(Agents::Sweep(p)) => p.display().to_string(),
+                    _ => String::new(),
+                },
                 agent: index,
                 config: agent.config,
                 seed: agent.hparams.seed,
@@ -344,7 +345,9 @@ pub(super) fn evaluate_agent(
         let result =
             evaluate(&cfg.env, network, &params, cfg.eval.episodes, seed).map_err(|message| {
                 RunError::Failed {
-                    component: format!("evaluation of agent {}", agent.index),
+                    component: crate::run::Component::Evaluation {
+                        agent: Some(agent.index),
+                    },
                     message,
                     checkpoint: "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's".into(),
                 }

@@ -7,9 +7,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use millrace_proto::{EnvSpec, NetworkSpec};
 
-use super::population_agent::Agent;
-use super::RunError;
+use super::agent::Agent;
 use crate::config::{DeviceChoice, RunConfig};
+use crate::run::RunError;
 use millrace_core::dqn::Dqn;
 use millrace_core::memory::Footprint;
 
@@ -82,7 +82,7 @@ pub(super) fn ended(
         )
     };
     RunError::Failed {
-        component: "population group".into(),
+        component: crate::run::Component::PopulationGroup,
         message: footprint.explain(message),
         checkpoint,
     }

@@ -1,53 +1,32 @@
-//! Population mode (`--population K`, `--sweep FILE`): agents each with their own
-//! seed, settings, parameters, target network, optimizer state, replay, actors,
-//! exploration and evaluation ([`super::population_agent`]), trained by stacked updates
-//! ([`millrace_core::dqn`]).
-//!
-//! Agents that share the update's shapes and pace form a group; each thread (one per
-//! core, or per `--gpu` device) takes its share of every group, group after group, and
-//! trains it as one population, at most its share of `--max-concurrent-agents` at once:
-//! queued agents take the places of agents that end. Within a group one thread drives
-//! everything in a fixed order, like the lock-step mode. Each round, every running
-//! agent's actors step their environments (while its replay takes inserts at its
-//! ratio) and hand full batches to the agent's own replay; then the stacked update runs
-//! as long as every running agent's replay ratio allows a batch (a batch an agent drew
-//! while another could not waits for the next update); evaluations, confirmations and
-//! budgets are per agent. So the same seed, flags, sweep, thread count and number of
-//! agents at once give bit-identical results on the same machine (remote actors,
-//! `--listen`, feed replay as they come, and do not). An agent that reaches its target
-//! (confirmed on fresh episodes), spends its step budget, or whose loss diverges ends:
-//! its actors stop, and the population is rebuilt without it, so ended agents stop
-//! costing compute. Each agent keeps its `best/` and `solved/` policies under
-//! `agents/agent-NNN/checkpoint` in the log directory (`learner eval --agent` and
-//! `export --agent` read them), its state in `checkpoint/latest/` when the run stops
-//! ([`super::population_resume`]), and the results table is printed and written as
-//! `population.csv`.
+//! One group of a population: agents that share the update's shapes and pace, trained
+//! on one thread as one stacked population. Each round every running agent's actors
+//! step (while its replay takes inserts at its ratio), then the learner step runs as
+//! long as every running agent has a batch; evaluations, confirmations and budgets are
+//! per agent; agents that end leave the stacked update and queued ones take their
+//! places.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use millrace_proto::Params;
 
-use super::population_agent::{agents, evaluate_agent, Agent, Live, Member};
-use super::population_metrics::{AgentSeries, PopulationMetrics};
-use super::population_oom;
-use super::population_resume::{self, Saved};
-use super::RunError;
+use super::agent::{evaluate_agent, Agent, Live, Member};
+use super::metrics::{AgentSeries, PopulationMetrics};
+
+use super::{oom, resume};
 use crate::config::{OomSite, RunConfig};
-use crate::population_board;
-use crate::population_results::{AgentEnd, AgentResult, AgentSetup, PopulationSummary};
-use crate::sweep::{GroupKey, Settings};
+use crate::population_results::{AgentEnd, AgentResult};
+use crate::run::RunError;
 use millrace_core::dqn::Dqn;
 use millrace_core::faults::inject_oom;
 use millrace_core::population_staging::PopulationStaging;
 use millrace_core::priority_feedback::PriorityFeedback;
 use millrace_core::step::{LearnerStep, StepConfig};
 use millrace_core::update_loop::is_out_of_memory;
-use millrace_server::{AgentPorts, Routes, ServerContext, ServerHandle};
+use millrace_server::{AgentPorts, ServerHandle};
 
 /// Statistics (and each agent's non-finite check) every this many stacked updates: a
 /// fixed point of the sequence, as in lock-step mode.
@@ -80,312 +59,6 @@ fn publish(
     }
 }
 
-pub fn run(
-    cfg: &RunConfig,
-    interrupt: &AtomicBool,
-    metrics: Option<&PopulationMetrics>,
-) -> Result<PopulationSummary, RunError> {
-    let started = Instant::now();
-    let env = cfg.env_spec.clone();
-    let (members, budget) = agents(cfg)?;
-    let total = members.len();
-    // A resumed sweep: agents that ended keep their results, stopped ones go on from
-    // their state, the rest start.
-    let mut ended = Vec::new();
-    let members: Vec<Member> = if cfg.resume.is_some() {
-        let mut left = Vec::with_capacity(members.len());
-        for mut m in members {
-            match population_resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
-                Saved::Ended(result) => ended.push(result),
-                Saved::Stopped => {
-                    let network = millrace_core::dqn::network::build(
-                        m.cfg.network,
-                        &env,
-                        &m.cfg.hidden,
-                        m.cfg.layer_norm,
-                    )?;
-                    population_resume::check_stopped(&m.dir(&cfg.logdir), &env, &network)?;
-                    m.resumed = true;
-                    left.push(m);
-                }
-                Saved::Fresh => left.push(m),
-            }
-        }
-        tracing::info!(
-            "resuming the population in {}: {} agent(s) ended before, {} go on from their state, {} start",
-            cfg.logdir.display(),
-            ended.len(),
-            left.iter().filter(|m| m.resumed).count(),
-            left.iter().filter(|m| !m.resumed).count()
-        );
-        left
-    } else {
-        members
-    };
-    let k = members.len();
-    if k == 0 {
-        tracing::info!("every agent of this population has ended: nothing to train");
-        let summary = PopulationSummary {
-            env: env.id.clone(),
-            agents: ended,
-            wall_s: started.elapsed().as_secs_f64(),
-            updates: 0,
-            target: cfg.eval.target_return,
-            split: [0.0; 3],
-            groups: 0,
-            threads: 0,
-            concurrent: 0,
-        };
-        write_results(&summary, &cfg.logdir)?;
-        return Ok(summary);
-    }
-    // What one agent costs (its replay; online, target, gradient and Adam's two
-    // moments in f32), said up front; as many agents train at once as memory holds
-    // (or --max-concurrent-agents says), the rest queue.
-    let mut per_agent = 0;
-    let mut seen: Vec<&Settings> = Vec::new();
-    for m in &members {
-        if seen.contains(&&m.sweep.settings) {
-            continue;
-        }
-        let replay = super::setup::replay_config(&m.cfg, &env)?.bytes();
-        let network = millrace_core::dqn::network::build(
-            m.cfg.network,
-            &env,
-            &m.cfg.hidden,
-            m.cfg.layer_norm,
-        )?;
-        let networks = network.layout().len * 5 * 4;
-        per_agent = per_agent.max(replay + networks);
-        seen.push(&m.sweep.settings);
-    }
-    let fits = super::setup::available_memory()
-        .map_or(k, |bytes| (bytes / per_agent.max(1) as u64) as usize);
-    if fits == 0 {
-        super::setup::check_memory(cfg, per_agent as u64)?;
-    }
-    let concurrent = k
-        .min(fits.max(1))
-        .min(cfg.max_concurrent_agents.unwrap_or(k));
-    tracing::info!(
-        "memory per agent: up to {:.1} MiB; {k} agents, {concurrent} at once: {:.2} GiB{}",
-        per_agent as f64 / f64::from(1 << 20),
-        (per_agent * concurrent) as f64 / f64::from(1 << 30),
-        if concurrent < k {
-            " (the rest queue and take finished agents' places)"
-        } else {
-            ""
-        }
-    );
-    if fits < k.min(cfg.max_concurrent_agents.unwrap_or(k)) {
-        // Which agents train together decides each one's batches: the free memory
-        // should not.
-        tracing::warn!(
-            "memory limits this run to {concurrent} agents at once; to reproduce its results, pass --max-concurrent-agents {concurrent}"
-        );
-    }
-    // Threads, each a stacked update of its own: one per core on the CPU unless
-    // `--population-threads` says (more intra-op threads on one update cost more in
-    // synchronisation than they save at these sizes), one per GPU (`--gpu 0,1`).
-    let devices: Vec<tch::Device> = cfg.population_devices.iter().map(|d| d.device()).collect();
-    let threads = if cfg.device.device() == tch::Device::Cpu {
-        cfg.population_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-    } else {
-        devices.len()
-    }
-    .clamp(1, concurrent);
-    tch::set_num_threads(1);
-    // Groups: agents that share the update's shapes and pace, in the order the sweep
-    // first names them. Each thread takes its share of every group, group after group,
-    // so the plan (and with it every result) depends only on the sweep and the thread
-    // count.
-    let mut groups: Vec<(GroupKey, Vec<Member>)> = Vec::new();
-    for m in members {
-        let key = GroupKey::of(&m.cfg);
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, g)) => g.push(m),
-            None => groups.push((key, vec![m])),
-        }
-    }
-    let n_groups = groups.len();
-    if let Some((_, group)) = groups.first() {
-        let m = &group[0];
-        let example =
-            population_board::settings(m.sweep.config, &m.sweep.hparams, &AgentSetup::of(&m.cfg));
-        if let Err(e) = population_board::experiment(&cfg.logdir, &env.id, &example) {
-            tracing::warn!("no TensorBoard HParams experiment: {e}");
-        }
-    }
-    let mut plans: Vec<Vec<Vec<Member>>> = vec![Vec::new(); threads];
-    for (key, group) in groups {
-        let per = group.len().div_ceil(threads);
-        tracing::info!("group: {} agents, {key}", group.len());
-        let mut chunks = group.chunks(per).map(<[_]>::to_vec);
-        for plan in &mut plans {
-            plan.push(chunks.next().unwrap_or_default());
-        }
-    }
-    tracing::info!(
-        "population of {k} on {}: {} actor(s) x {} envs each; {n_groups} group(s) on {threads} thread(s), up to {concurrent} agents at once",
-        env.id,
-        cfg.actors.count,
-        cfg.actors.envs_per_actor
-    );
-    // Remote actors (`--listen`): each serves an agent that trains, assigned at its
-    // handshake.
-    let ports = Arc::new(AgentPorts::new(k, total));
-    let server = match &cfg.server {
-        Some(scfg) => {
-            let largest = plans
-                .iter()
-                .flatten()
-                .flatten()
-                .map(|m| {
-                    millrace_core::dqn::network::build(
-                        m.cfg.network,
-                        &env,
-                        &m.cfg.hidden,
-                        m.cfg.layer_norm,
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()?
-                .into_iter()
-                .max_by_key(|n| n.layout().len)
-                .expect("a population has agents");
-            let ctx = ServerContext {
-                env: env.clone(),
-                env_config: cfg.env.clone(),
-                clip_rewards: cfg.clip_rewards,
-                network: largest,
-                run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
-                routes: Routes::Agents(Arc::clone(&ports)),
-                // Remote episode returns are not kept per agent (evaluations are).
-                episodes: crossbeam_channel::bounded(1).0,
-                board: Arc::default(),
-            };
-            Some(millrace_server::spawn(scfg.clone(), ctx)?)
-        }
-        None => None,
-    };
-    if let Some(m) = metrics {
-        m.record([], true);
-        m.ready();
-    }
-    // A thread that fails stops the others (as an interrupt would).
-    let failed = AtomicBool::new(false);
-    let outcomes: Vec<Result<Vec<Group>, RunError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = plans
-            .into_iter()
-            .enumerate()
-            .map(|(t, plan)| {
-                // This thread's share of the agents that train at once.
-                let slots = concurrent / threads + usize::from(t < concurrent % threads);
-                let device = devices.get(t).copied().unwrap_or(tch::Device::Cpu);
-                let failed = &failed;
-                let run = RunShared {
-                    cfg,
-                    budget,
-                    started,
-                    stop: [interrupt, failed],
-                    ports: server.as_ref().map(|_| &*ports),
-                    server: server.as_ref(),
-                    metrics,
-                };
-                scope.spawn(move || {
-                    let mut done = Vec::new();
-                    for members in plan.into_iter().filter(|m| !m.is_empty()) {
-                        if run.stop.iter().any(|s| s.load(Ordering::Relaxed)) {
-                            // Stopped before this group started: its agents wait for
-                            // `--resume`.
-                            done.push(Group {
-                                results: members.iter().map(Member::not_started).collect(),
-                                updates: 0,
-                                split: [0.0; 3],
-                            });
-                            continue;
-                        }
-                        let outcome = train_group(run, members, device, slots);
-                        match outcome {
-                            Ok(g) => done.push(g),
-                            Err(e) => {
-                                failed.store(true, Ordering::Relaxed);
-                                return Err(e);
-                            }
-                        }
-                    }
-                    Ok(done)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|p| {
-                    Err(RunError::Failed {
-                        component: "population thread".into(),
-                        message: crate::panic_message(&*p),
-                        checkpoint: "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's".into(),
-                    })
-                })
-            })
-            .collect()
-    });
-    if let Some(server) = server {
-        let finished = outcomes.iter().all(|o| {
-            o.as_ref().is_ok_and(|groups| {
-                groups
-                    .iter()
-                    .all(|g| g.results.iter().all(|r| r.end != AgentEnd::Interrupted))
-            })
-        });
-        let goodbye = millrace_server::goodbye_for(
-            finished,
-            if finished {
-                "the population finished"
-            } else {
-                "the learner is stopping"
-            },
-        );
-        if let Err(e) = server.shutdown(goodbye) {
-            tracing::warn!("server: {e}");
-        }
-    }
-    let mut results = Vec::with_capacity(k);
-    let (mut updates, mut split) = (0, [0.0; 3]);
-    for outcome in outcomes {
-        for g in outcome? {
-            results.extend(g.results);
-            updates += g.updates;
-            for (total, part) in split.iter_mut().zip(g.split) {
-                *total += part;
-            }
-        }
-    }
-    results.extend(ended);
-    results.sort_by_key(|r| r.agent);
-    debug_assert_eq!(results.len(), total);
-    if results.iter().any(|r| r.end == AgentEnd::Interrupted) {
-        tracing::warn!(
-            "stopped: each training agent's state is saved; continue the sweep with --resume {} and the same flags",
-            cfg.logdir.display()
-        );
-    }
-    let summary = PopulationSummary {
-        env: env.id.clone(),
-        agents: results,
-        wall_s: started.elapsed().as_secs_f64(),
-        updates,
-        target: cfg.eval.target_return,
-        split,
-        groups: n_groups,
-        threads,
-        concurrent,
-    };
-    write_results(&summary, &cfg.logdir)?;
-    Ok(summary)
-}
-
 /// The longest a round of updates runs while remote actors fill replay (embedded
 /// actors only act between rounds, so their rounds end when replay's ratio says).
 const REMOTE_ROUND: std::time::Duration = std::time::Duration::from_millis(20);
@@ -394,10 +67,10 @@ const REMOTE_ROUND: std::time::Duration = std::time::Duration::from_millis(20);
 const IDLE_WARNING: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What one group of agents did.
-struct Group {
-    results: Vec<AgentResult>,
-    updates: u64,
-    split: [f64; 3],
+pub(super) struct Group {
+    pub(super) results: Vec<AgentResult>,
+    pub(super) updates: u64,
+    pub(super) split: [f64; 3],
 }
 
 /// What every group of a run shares.
@@ -405,24 +78,24 @@ struct Group {
 const OOM_AFTER: u64 = 50;
 
 #[derive(Clone, Copy)]
-struct RunShared<'a> {
-    cfg: &'a RunConfig,
+pub(super) struct RunShared<'a> {
+    pub(super) cfg: &'a RunConfig,
     /// Each agent's env step budget.
-    budget: u64,
-    started: Instant,
+    pub(super) budget: u64,
+    pub(super) started: Instant,
     /// An interrupt, and another thread's failure.
-    stop: [&'a AtomicBool; 2],
+    pub(super) stop: [&'a AtomicBool; 2],
     /// Remote actors' agents, and the server (`--listen`).
-    ports: Option<&'a AgentPorts>,
-    server: Option<&'a ServerHandle>,
+    pub(super) ports: Option<&'a AgentPorts>,
+    pub(super) server: Option<&'a ServerHandle>,
     /// The `--metrics-addr` page's per-agent series.
-    metrics: Option<&'a PopulationMetrics>,
+    pub(super) metrics: Option<&'a PopulationMetrics>,
 }
 
 /// Trains the agents `members` of one group (same update shapes and pace) as one
 /// stacked population on this thread and `device`, at most `slots` at once: queued
 /// agents take the places of agents that end, until every one has ended.
-fn train_group(
+pub(super) fn train_group(
     run: RunShared<'_>,
     members: Vec<Member>,
     device: tch::Device,
@@ -672,15 +345,9 @@ fn train_group(
                     }
                     let per_agent = agents[running[0]].live().table.bytes_per_item() as usize
                         * cfg.replay.capacity;
-                    let footprint = population_oom::footprint(
-                        cfg,
-                        &env,
-                        &network,
-                        running.len(),
-                        per_agent,
-                        device,
-                    );
-                    let error = population_oom::ended(
+                    let footprint =
+                        oom::footprint(cfg, &env, &network, running.len(), per_agent, device);
+                    let error = oom::ended(
                         &msg,
                         &footprint,
                         s.dqn(),
@@ -779,7 +446,7 @@ fn train_group(
                 closing.push(a);
                 let result = agent.result(wall);
                 agent.board(|b| b.end(&result));
-                population_resume::write_result(&agent.dir, &result).map_err(RunError::Config)?;
+                resume::write_result(&agent.dir, &result).map_err(RunError::Config)?;
             }
         }
         running = keep.iter().map(|&r| running[r]).collect();
@@ -834,11 +501,4 @@ fn series(agent: &Agent, dqn: &Dqn, row: usize) -> (usize, AgentSeries) {
             training: agent.end.is_none(),
         },
     )
-}
-
-fn write_results(summary: &PopulationSummary, logdir: &Path) -> Result<(), RunError> {
-    let path = logdir.join("population.csv");
-    summary.write_csv(&path)?;
-    tracing::info!("results written to {}", path.display());
-    Ok(())
 }

@@ -1,0 +1,373 @@
+//! The network's passes: parameter views of the flat `[K, P]` tensors, the MLP and
+//! convolutional torso forward passes, the written-out backward pass of the double-DQN
+//! Huber loss, and Q-values.
+
+use super::*;
+
+pub(crate) fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
+    layout
+        .entries
+        .iter()
+        .map(|e| {
+            let t = flat.narrow(1, e.offset as i64, e.len as i64);
+            match e.shape.as_slice() {
+                [fan_in, fan_out] => t.view([population, *fan_in as i64, *fan_out as i64]),
+                [fan_out] => t.view([population, 1, *fan_out as i64]),
+                other => unreachable!("layout entry of rank {}", other.len()),
+            }
+        })
+        .collect()
+}
+
+/// Views of the LayerNorms' gains and biases, alternating, each `[K, 1, width]` (empty
+/// for a network without LayerNorm).
+pub(crate) fn norm_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
+    layout
+        .norm
+        .iter()
+        .map(|e| {
+            flat.narrow(1, e.offset as i64, e.len as i64)
+                .view([population, 1, e.len as i64])
+        })
+        .collect()
+}
+
+/// LayerNorm over the last dimension of `z` `[K, N, H]`, in fp32 whatever `z`'s type:
+/// returns the output `x̂ · gain + bias`, `x̂` and `1 / √(var + ε)` `[K, N, 1]` (the
+/// last two for the backward pass).
+pub(super) fn layer_norm(z: &Tensor, gain: &Tensor, bias: &Tensor) -> (Tensor, Tensor, Tensor) {
+    let width = *z
+        .size()
+        .last()
+        .expect("a LayerNorm input has a last dimension");
+    let (xhat, _mean, rstd) = Tensor::native_layer_norm(
+        &z.to_kind(Kind::Float),
+        [width].as_slice(),
+        None::<Tensor>,
+        None::<Tensor>,
+        LAYER_NORM_EPS,
+    );
+    (&xhat * gain + bias, xhat, rstd)
+}
+
+/// Views of the torso's filters and biases in PyTorch's shapes behind the population:
+/// `[K, out, in, kh, kw]` and `[K, out]`.
+pub(crate) fn conv_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
+    layout
+        .conv
+        .iter()
+        .map(|e| {
+            let mut shape = vec![population];
+            shape.extend(e.shape.iter().map(|d| *d as i64));
+            flat.narrow(1, e.offset as i64, e.len as i64)
+                .view(shape.as_slice())
+        })
+        .collect()
+}
+
+/// The weights one update's passes read (see [`Dqn::pass_views`]).
+pub(super) struct PassViews<'a> {
+    pub(super) online: &'a [Tensor],
+    pub(super) online_wt: &'a [Tensor],
+    pub(super) target: &'a [Tensor],
+    /// The torso's filters and biases (empty without a torso).
+    pub(super) torso_online: &'a [Tensor],
+    pub(super) torso_target: &'a [Tensor],
+}
+
+/// The convolutional torso's parameters, as views of the flat online and target tensors.
+pub(super) struct Torso {
+    /// Leaves that share the online tensor's storage, for autograd.
+    pub(super) online: Vec<Tensor>,
+    pub(super) target: Vec<Tensor>,
+    pub(super) grad: Vec<Tensor>,
+    pub(super) strides: Vec<i64>,
+    pub(super) image: Vec<i64>,
+}
+
+impl Torso {
+    pub(super) fn new(
+        spec: &NetworkSpec,
+        online: &Tensor,
+        target: &Tensor,
+        grad: &Tensor,
+    ) -> Option<Self> {
+        if spec.conv.is_empty() {
+            return None;
+        }
+        let layout = spec.layout();
+        let k = spec.population as i64;
+        Some(Self {
+            online: conv_views(online, &layout, k)
+                .into_iter()
+                .map(|v| v.detach().set_requires_grad(true))
+                .collect(),
+            target: conv_views(target, &layout, k),
+            grad: conv_views(grad, &layout, k),
+            strides: spec.conv.iter().map(|c| c.stride as i64).collect(),
+            image: spec.image.iter().map(|d| *d as i64).collect(),
+        })
+    }
+}
+
+/// The torso of K agents at once: `x` is `[K, N, C, H, W]` `u8` (or `[K, N, C·H·W]`),
+/// `views` alternate filters `[K, out, in, kh, kw]` and biases `[K, out]`; returns
+/// features `[K, N, F]` (ReLU'd, each agent's flattened in `C, H, W` order), computed
+/// in the filters' element type.
+///
+/// The agents' images go side by side along the channels, `[N, K·C, H, W]`, and each
+/// layer is one grouped convolution with K groups: agent k's filters see only agent k's
+/// channels, so K small torsos are one large convolution.
+pub fn torso_forward(views: &[Tensor], strides: &[i64], image: &[i64], x: &Tensor) -> Tensor {
+    let (k, n) = (views[0].size()[0], x.size()[1]);
+    let mut shape = vec![k, n];
+    shape.extend_from_slice(image);
+    let mut side_by_side = vec![n, k * image[0]];
+    side_by_side.extend_from_slice(&image[1..]);
+    let mut h = x
+        .reshape(shape.as_slice())
+        .permute([1, 0, 2, 3, 4])
+        .reshape(side_by_side.as_slice())
+        .to_kind(views[0].kind())
+        * (1.0 / 255.0);
+    for (l, s) in strides.iter().enumerate() {
+        let w = views[2 * l].size();
+        let filters = views[2 * l].reshape([k * w[1], w[2], w[3], w[4]]);
+        let bias = views[2 * l + 1].reshape([k * w[1]]);
+        h = h
+            .conv2d(&filters, Some(&bias), [*s, *s], [0, 0], [1, 1], k)
+            .relu();
+    }
+    h.reshape([n, k, -1]).permute([1, 0, 2])
+}
+
+/// The MLP forward pass: `x` is `[K, N, in]`, `views` alternate weight `[K, in, out]`
+/// and bias `[K, 1, out]`; ReLU between layers, after a LayerNorm where `norms` (see
+/// [`norm_views`]) has one. Each layer computes in its weights' element type, each
+/// LayerNorm in fp32. Returns `[K, N, num_actions]`.
+pub fn forward(views: &[Tensor], norms: &[Tensor], x: &Tensor) -> Tensor {
+    let layers = views.len() / 2;
+    let mut h = x.shallow_clone();
+    for l in 0..layers {
+        h = views[2 * l + 1].baddbmm(&h.to_kind(views[2 * l].kind()), &views[2 * l], 1.0, 1.0);
+        if l + 1 < layers {
+            if let [gain, bias] = norms.get(2 * l..2 * l + 2).unwrap_or_default() {
+                h = layer_norm(&h, gain, bias).0;
+            }
+            h = h.relu();
+        }
+    }
+    h
+}
+
+/// Double-DQN regression targets `r + discount · Q_target(s', argmax_a Q_online(s', a))`.
+///
+/// `q_next_online` and `q_next_target` are `[K, B, A]`; `rewards`, `discounts` `[K, B, 1]`.
+/// The discount already folds in γ^n and termination (0 on terminal transitions), so
+/// truncated transitions bootstrap and terminated ones do not.
+pub fn double_dqn_targets(
+    q_next_online: &Tensor,
+    q_next_target: &Tensor,
+    rewards: &Tensor,
+    discounts: &Tensor,
+) -> Tensor {
+    let best = q_next_online.argmax(-1, true);
+    let bootstrap = q_next_target.gather(2, &best, false);
+    rewards.addcmul(discounts, &bootstrap)
+}
+
+impl Dqn {
+    /// The views the forward and backward passes read: the bf16 copies' under
+    /// `--precision bf16`, else the fp32 parameters' own.
+    pub(super) fn pass_views(&self) -> PassViews<'_> {
+        let torso = self.torso.as_ref();
+        match &self.half {
+            Some(h) => PassViews {
+                online: &h.online_views,
+                online_wt: &h.online_wt,
+                target: &h.target_views,
+                torso_online: &h.torso_online,
+                torso_target: &h.torso_target,
+            },
+            None => PassViews {
+                online: &self.online_views,
+                online_wt: &self.online_wt,
+                target: &self.target_views,
+                torso_online: torso.map_or(&[], |t| &t.online),
+                torso_target: torso.map_or(&[], |t| &t.target),
+            },
+        }
+    }
+
+    /// Writes the gradient of the double-DQN Huber loss (each agent's batch mean, each
+    /// item's loss scaled by its importance weight where the batch has them) into
+    /// the flat gradient buffer; returns `Q(s, a)` and the targets, both `[K, B, 1]`.
+    ///
+    /// Each layer computes in its weights' element type, its input cast to it: under
+    /// `--precision bf16` the torso and the hidden layers read the bf16 copies and the
+    /// last layer the fp32 parameters, so Q-values, targets and the Huber derivative are
+    /// fp32; every layer's gradient lands in the fp32 buffer.
+    pub fn gradient(&mut self, batch: &Batch) -> (Tensor, Tensor) {
+        let b = batch.batch_size();
+        let views = self.pass_views();
+        let layers = views.online.len() / 2;
+        // The torso (autograd on the first B rows only: next observations are not
+        // differentiated) turns images into features; the head starts from those.
+        let (features, head_input) = match &self.torso {
+            Some(t) => {
+                let on = views.torso_online;
+                let f = torso_forward(on, &t.strides, &t.image, &batch.obs2.narrow(1, 0, b));
+                let f_next = tch::no_grad(|| {
+                    torso_forward(on, &t.strides, &t.image, &batch.obs2.narrow(1, b, b))
+                });
+                let input = Tensor::cat(&[f.detach(), f_next], 1);
+                (Some(f), input)
+            }
+            None => (None, batch.obs2.shallow_clone()),
+        };
+        // Forward over obs and next_obs together, keeping each layer's input (in the
+        // layer's element type).
+        let mut inputs = Vec::with_capacity(layers);
+        // Per hidden layer with a LayerNorm: x̂ and 1/σ of the first B rows.
+        let mut normed = Vec::with_capacity(self.online_norm.len() / 2);
+        let mut h = head_input;
+        for l in 0..layers {
+            let (w, bias) = (&views.online[2 * l], &views.online[2 * l + 1]);
+            let x = h.to_kind(w.kind());
+            let mut z = bias.baddbmm(&x, w, 1.0, 1.0);
+            inputs.push(x);
+            if l + 1 < layers {
+                if let [gain, beta] = self.online_norm.get(2 * l..2 * l + 2).unwrap_or_default() {
+                    let (y, xhat, rstd) = layer_norm(&z, gain, beta);
+                    normed.push((xhat.narrow(1, 0, b), rstd.narrow(1, 0, b)));
+                    z = y;
+                }
+            }
+            h = if l + 1 < layers { z.relu() } else { z };
+        }
+        let q_all = match &self.dueling {
+            Some(head) => head.q(&h),
+            None => h,
+        };
+        let q_next_target = self.target_q(&batch.obs2.narrow(1, b, b));
+        let targets = double_dqn_targets(
+            &q_all.narrow(1, b, b),
+            &q_next_target,
+            &batch.rewards,
+            &batch.discounts,
+        );
+        let q = q_all.narrow(1, 0, b);
+        let q_taken = q.gather(2, &batch.actions, false);
+
+        // dLoss/dQ(s, a): Huber's derivative, clamp(q − y, ±δ), over the batch mean;
+        // zero for the actions not taken.
+        let delta = self.config.huber_delta;
+        let mut g = (&q_taken - &targets).clamp(-delta, delta);
+        if let Some(w) = &batch.weights {
+            g *= w;
+        }
+        let _ = g.g_mul_scalar_(1.0 / b as f64);
+        let mut d = q.zeros_like();
+        let _ = d.scatter_(2, &batch.actions, &g);
+        if let Some(head) = &self.dueling {
+            d = head.dz(&d);
+        }
+        // Backward through the layers, on the first B rows only (next_obs is not
+        // differentiated); ReLU's derivative is read off its output.
+        for l in (0..layers).rev() {
+            let x = inputs[l].narrow(1, 0, b);
+            d = d.to_kind(x.kind());
+            let (gw, gb) = (&self.grad_views[2 * l], &self.grad_views[2 * l + 1]);
+            if x.kind() == Kind::Float {
+                let _ = x.transpose(1, 2).bmm_out(gw, &d);
+                let _ = d.sum_intlist_out(gb, [1i64].as_slice(), true, None);
+            } else {
+                // bf16 products into the fp32 buffer; the bias sums accumulate in fp32.
+                gw.detach().copy_(&x.transpose(1, 2).bmm(&d));
+                let _ = d.sum_intlist_out(gb, [1i64].as_slice(), true, Kind::Float);
+            }
+            if l > 0 {
+                d = x.threshold_backward(&d.bmm(&views.online_wt[l]), 0.0);
+                if let Some((xhat, rstd)) = normed.get(l - 1) {
+                    d = self.layer_norm_backward(l - 1, xhat, rstd, &d);
+                }
+            } else if let (Some(torso), Some(features)) = (&self.torso, &features) {
+                // dLoss/dfeatures, then autograd through the convolutions.
+                let d_features = d.bmm(&views.online_wt[0]).to_kind(features.kind());
+                let surrogate = (features * d_features).sum(Kind::Float);
+                let grads = Tensor::run_backward(&[&surrogate], views.torso_online, false, false);
+                for (g, out) in grads.iter().zip(&torso.grad) {
+                    out.detach().copy_(g);
+                }
+            }
+        }
+        if let Some(head) = &self.dueling {
+            head.mask(&self.grad_views[2 * (layers - 1)]);
+        }
+        (q_taken, targets)
+    }
+
+    /// LayerNorm `n`'s backward: writes its gain's and bias's gradients from `dy`, the
+    /// gradient at its output `[K, B, H]`, and returns the gradient at its input (fp32):
+    /// `dz = (dx̂ − mean(dx̂) − x̂ · mean(dx̂ · x̂)) / σ` with `dx̂ = dy · gain`.
+    pub(super) fn layer_norm_backward(
+        &self,
+        n: usize,
+        xhat: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+    ) -> Tensor {
+        let dy = dy.to_kind(Kind::Float);
+        let dims = [1i64].as_slice();
+        let _ = (&dy * xhat).sum_intlist_out(&self.grad_norm[2 * n], dims, true, None);
+        let _ = dy.sum_intlist_out(&self.grad_norm[2 * n + 1], dims, true, None);
+        let dxhat = dy * &self.online_norm[2 * n];
+        let last = [-1i64].as_slice();
+        let mean = dxhat.mean_dim(last, true, Kind::Float);
+        let mean_dot = (&dxhat * xhat).mean_dim(last, true, Kind::Float);
+        (dxhat - mean - xhat * mean_dot) * rstd
+    }
+
+    /// The dueling head's Q-values from the last layer's outputs (the outputs as they
+    /// are without one).
+    pub(super) fn head(&self, z: Tensor) -> Tensor {
+        match &self.dueling {
+            Some(head) => head.q(&z),
+            None => z,
+        }
+    }
+
+    /// Q-values of the target network for next observations `[K, B, ...]` (no graph);
+    /// fp32, the last layer's type.
+    pub(super) fn target_q(&self, next_obs: &Tensor) -> Tensor {
+        let views = self.pass_views();
+        tch::no_grad(|| {
+            let norms = &self.target_norm;
+            let z = match &self.torso {
+                Some(t) => forward(
+                    views.target,
+                    norms,
+                    &torso_forward(views.torso_target, &t.strides, &t.image, next_obs),
+                ),
+                None => forward(views.target, norms, next_obs),
+            };
+            self.head(z)
+        })
+    }
+
+    /// Q-values of the online network for `obs` `[K, N, ...]` (tests, export).
+    pub fn q_values(&self, obs: &Tensor) -> Tensor {
+        tch::no_grad(|| {
+            let obs = obs.to_device(self.device);
+            let norms = &self.online_norm;
+            self.head(match &self.torso {
+                Some(t) => forward(
+                    &self.online_views,
+                    norms,
+                    &torso_forward(&t.online, &t.strides, &t.image, &obs),
+                ),
+                None => forward(&self.online_views, norms, &obs),
+            })
+        })
+    }
+}

@@ -1,0 +1,361 @@
+//! Population mode (`--population K`, `--sweep FILE`): agents each with their own
+//! seed, settings, parameters, target network, optimizer state, replay, actors,
+//! exploration and evaluation ([`agent`]), trained by stacked updates
+//! ([`millrace_core::dqn`]).
+//!
+//! Agents that share the update's shapes and pace form a group; each thread (one per
+//! core, or per `--gpu` device) takes its share of every group, group after group, and
+//! trains it as one population, at most its share of `--max-concurrent-agents` at once:
+//! queued agents take the places of agents that end. Within a group one thread drives
+//! everything in a fixed order, like the lock-step mode. Each round, every running
+//! agent's actors step their environments (while its replay takes inserts at its
+//! ratio) and hand full batches to the agent's own replay; then the stacked update runs
+//! as long as every running agent's replay ratio allows a batch (a batch an agent drew
+//! while another could not waits for the next update); evaluations, confirmations and
+//! budgets are per agent. So the same seed, flags, sweep, thread count and number of
+//! agents at once give bit-identical results on the same machine (remote actors,
+//! `--listen`, feed replay as they come, and do not). An agent that reaches its target
+//! (confirmed on fresh episodes), spends its step budget, or whose loss diverges ends:
+//! its actors stop, and the population is rebuilt without it, so ended agents stop
+//! costing compute. Each agent keeps its `best/` and `solved/` policies under
+//! `agents/agent-NNN/checkpoint` in the log directory (`learner eval --agent` and
+//! `export --agent` read them), its state in `checkpoint/latest/` when the run stops
+//! ([`resume`]), and the results table is printed and written as
+//! `population.csv`.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+mod agent;
+mod group;
+mod metrics;
+mod oom;
+mod resume;
+
+pub(super) use agent::{agents, Member};
+use group::{train_group, Group, RunShared};
+pub(super) use metrics::PopulationMetrics;
+
+use super::RunError;
+use crate::config::RunConfig;
+use crate::population_board;
+use crate::population_results::{AgentEnd, AgentSetup, PopulationSummary};
+use crate::sweep::{GroupKey, Settings};
+use millrace_server::{AgentPorts, Routes, ServerContext};
+use resume::Saved;
+
+pub fn run(
+    cfg: &RunConfig,
+    interrupt: &AtomicBool,
+    metrics: Option<&PopulationMetrics>,
+) -> Result<PopulationSummary, RunError> {
+    let started = Instant::now();
+    let mode = cfg
+        .population()
+        .expect("population mode runs a population's configuration");
+    let env = cfg.env_spec.clone();
+    let (members, budget) = agents(cfg)?;
+    let total = members.len();
+    // A resumed sweep: agents that ended keep their results, stopped ones go on from
+    // their state, the rest start.
+    let mut ended = Vec::new();
+    let members: Vec<Member> = if cfg.resume.is_some() {
+        let mut left = Vec::with_capacity(members.len());
+        for mut m in members {
+            match resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
+                Saved::Ended(result) => ended.push(result),
+                Saved::Stopped => {
+                    let network = millrace_core::dqn::network::build(
+                        m.cfg.network,
+                        &env,
+                        &m.cfg.hidden,
+                        m.cfg.layer_norm,
+                    )?;
+                    resume::check_stopped(&m.dir(&cfg.logdir), &env, &network)?;
+                    m.resumed = true;
+                    left.push(m);
+                }
+                Saved::Fresh => left.push(m),
+            }
+        }
+        tracing::info!(
+            "resuming the population in {}: {} agent(s) ended before, {} go on from their state, {} start",
+            cfg.logdir.display(),
+            ended.len(),
+            left.iter().filter(|m| m.resumed).count(),
+            left.iter().filter(|m| !m.resumed).count()
+        );
+        left
+    } else {
+        members
+    };
+    let k = members.len();
+    if k == 0 {
+        tracing::info!("every agent of this population has ended: nothing to train");
+        let summary = PopulationSummary {
+            env: env.id.clone(),
+            agents: ended,
+            wall_s: started.elapsed().as_secs_f64(),
+            updates: 0,
+            target: cfg.eval.target_return,
+            split: [0.0; 3],
+            groups: 0,
+            threads: 0,
+            concurrent: 0,
+        };
+        write_results(&summary, &cfg.logdir)?;
+        return Ok(summary);
+    }
+    // What one agent costs (its replay; online, target, gradient and Adam's two
+    // moments in f32), said up front; as many agents train at once as memory holds
+    // (or --max-concurrent-agents says), the rest queue.
+    let mut per_agent = 0;
+    let mut seen: Vec<&Settings> = Vec::new();
+    for m in &members {
+        if seen.contains(&&m.sweep.settings) {
+            continue;
+        }
+        let replay = super::setup::replay_config(&m.cfg, &env)?.bytes();
+        let network = millrace_core::dqn::network::build(
+            m.cfg.network,
+            &env,
+            &m.cfg.hidden,
+            m.cfg.layer_norm,
+        )?;
+        let networks = network.layout().len * 5 * 4;
+        per_agent = per_agent.max(replay + networks);
+        seen.push(&m.sweep.settings);
+    }
+    let fits = super::setup::available_memory()
+        .map_or(k, |bytes| (bytes / per_agent.max(1) as u64) as usize);
+    if fits == 0 {
+        super::setup::check_memory(cfg, per_agent as u64)?;
+    }
+    let concurrent = k.min(fits.max(1)).min(mode.max_concurrent.unwrap_or(k));
+    tracing::info!(
+        "memory per agent: up to {:.1} MiB; {k} agents, {concurrent} at once: {:.2} GiB{}",
+        per_agent as f64 / f64::from(1 << 20),
+        (per_agent * concurrent) as f64 / f64::from(1 << 30),
+        if concurrent < k {
+            " (the rest queue and take finished agents' places)"
+        } else {
+            ""
+        }
+    );
+    if fits < k.min(mode.max_concurrent.unwrap_or(k)) {
+        // Which agents train together decides each one's batches: the free memory
+        // should not.
+        tracing::warn!(
+            "memory limits this run to {concurrent} agents at once; to reproduce its results, pass --max-concurrent-agents {concurrent}"
+        );
+    }
+    // Threads, each a stacked update of its own: one per core on the CPU unless
+    // `--population-threads` says (more intra-op threads on one update cost more in
+    // synchronisation than they save at these sizes), one per GPU (`--gpu 0,1`).
+    let devices: Vec<tch::Device> = mode.devices.iter().map(|d| d.device()).collect();
+    let threads = if cfg.device.device() == tch::Device::Cpu {
+        mode.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    } else {
+        devices.len()
+    }
+    .clamp(1, concurrent);
+    tch::set_num_threads(1);
+    // Groups: agents that share the update's shapes and pace, in the order the sweep
+    // first names them. Each thread takes its share of every group, group after group,
+    // so the plan (and with it every result) depends only on the sweep and the thread
+    // count.
+    let mut groups: Vec<(GroupKey, Vec<Member>)> = Vec::new();
+    for m in members {
+        let key = GroupKey::of(&m.cfg);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(m),
+            None => groups.push((key, vec![m])),
+        }
+    }
+    let n_groups = groups.len();
+    if let Some((_, group)) = groups.first() {
+        let m = &group[0];
+        let example =
+            population_board::settings(m.sweep.config, &m.sweep.hparams, &AgentSetup::of(&m.cfg));
+        if let Err(e) = population_board::experiment(&cfg.logdir, &env.id, &example) {
+            tracing::warn!("no TensorBoard HParams experiment: {e}");
+        }
+    }
+    let mut plans: Vec<Vec<Vec<Member>>> = vec![Vec::new(); threads];
+    for (key, group) in groups {
+        let per = group.len().div_ceil(threads);
+        tracing::info!("group: {} agents, {key}", group.len());
+        let mut chunks = group.chunks(per).map(<[_]>::to_vec);
+        for plan in &mut plans {
+            plan.push(chunks.next().unwrap_or_default());
+        }
+    }
+    tracing::info!(
+        "population of {k} on {}: {} actor(s) x {} envs each; {n_groups} group(s) on {threads} thread(s), up to {concurrent} agents at once",
+        env.id,
+        cfg.actors.count,
+        cfg.actors.envs_per_actor
+    );
+    // Remote actors (`--listen`): each serves an agent that trains, assigned at its
+    // handshake.
+    let ports = Arc::new(AgentPorts::new(k, total));
+    let server = match &cfg.server {
+        Some(scfg) => {
+            let largest = plans
+                .iter()
+                .flatten()
+                .flatten()
+                .map(|m| {
+                    millrace_core::dqn::network::build(
+                        m.cfg.network,
+                        &env,
+                        &m.cfg.hidden,
+                        m.cfg.layer_norm,
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .max_by_key(|n| n.layout().len)
+                .expect("a population has agents");
+            let ctx = ServerContext {
+                env: env.clone(),
+                env_config: cfg.env.clone(),
+                clip_rewards: cfg.clip_rewards,
+                network: largest,
+                run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
+                routes: Routes::Agents(Arc::clone(&ports)),
+                // Remote episode returns are not kept per agent (evaluations are).
+                episodes: crossbeam_channel::bounded(1).0,
+                board: Arc::default(),
+            };
+            Some(millrace_server::spawn(scfg.clone(), ctx)?)
+        }
+        None => None,
+    };
+    if let Some(m) = metrics {
+        m.record([], true);
+        m.ready();
+    }
+    // A thread that fails stops the others (as an interrupt would).
+    let failed = AtomicBool::new(false);
+    let outcomes: Vec<Result<Vec<Group>, RunError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = plans
+            .into_iter()
+            .enumerate()
+            .map(|(t, plan)| {
+                // This thread's share of the agents that train at once.
+                let slots = concurrent / threads + usize::from(t < concurrent % threads);
+                let device = devices.get(t).copied().unwrap_or(tch::Device::Cpu);
+                let failed = &failed;
+                let run = RunShared {
+                    cfg,
+                    budget,
+                    started,
+                    stop: [interrupt, failed],
+                    ports: server.as_ref().map(|_| &*ports),
+                    server: server.as_ref(),
+                    metrics,
+                };
+                scope.spawn(move || {
+                    let mut done = Vec::new();
+                    for members in plan.into_iter().filter(|m| !m.is_empty()) {
+                        if run.stop.iter().any(|s| s.load(Ordering::Relaxed)) {
+                            // Stopped before this group started: its agents wait for
+                            // `--resume`.
+                            done.push(Group {
+                                results: members.iter().map(Member::not_started).collect(),
+                                updates: 0,
+                                split: [0.0; 3],
+                            });
+                            continue;
+                        }
+                        let outcome = train_group(run, members, device, slots);
+                        match outcome {
+                            Ok(g) => done.push(g),
+                            Err(e) => {
+                                failed.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                    Ok(done)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|p| {
+                    Err(RunError::Failed {
+                        component: super::Component::PopulationThread,
+                        message: crate::panic_message(&*p),
+                        checkpoint: "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    if let Some(server) = server {
+        let finished = outcomes.iter().all(|o| {
+            o.as_ref().is_ok_and(|groups| {
+                groups
+                    .iter()
+                    .all(|g| g.results.iter().all(|r| r.end != AgentEnd::Interrupted))
+            })
+        });
+        let goodbye = millrace_server::goodbye_for(
+            finished,
+            if finished {
+                "the population finished"
+            } else {
+                "the learner is stopping"
+            },
+        );
+        if let Err(e) = server.shutdown(goodbye) {
+            tracing::warn!("server: {e}");
+        }
+    }
+    let mut results = Vec::with_capacity(k);
+    let (mut updates, mut split) = (0, [0.0; 3]);
+    for outcome in outcomes {
+        for g in outcome? {
+            results.extend(g.results);
+            updates += g.updates;
+            for (total, part) in split.iter_mut().zip(g.split) {
+                *total += part;
+            }
+        }
+    }
+    results.extend(ended);
+    results.sort_by_key(|r| r.agent);
+    debug_assert_eq!(results.len(), total);
+    if results.iter().any(|r| r.end == AgentEnd::Interrupted) {
+        tracing::warn!(
+            "stopped: each training agent's state is saved; continue the sweep with --resume {} and the same flags",
+            cfg.logdir.display()
+        );
+    }
+    let summary = PopulationSummary {
+        env: env.id.clone(),
+        agents: results,
+        wall_s: started.elapsed().as_secs_f64(),
+        updates,
+        target: cfg.eval.target_return,
+        split,
+        groups: n_groups,
+        threads,
+        concurrent,
+    };
+    write_results(&summary, &cfg.logdir)?;
+    Ok(summary)
+}
+
+fn write_results(summary: &PopulationSummary, logdir: &Path) -> Result<(), RunError> {
+    let path = logdir.join("population.csv");
+    summary.write_csv(&path)?;
+    tracing::info!("results written to {}", path.display());
+    Ok(())
+}
