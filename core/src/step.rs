@@ -5,10 +5,10 @@
 //!
 //! The drivers differ only in what surrounds it: the learner thread
 //! ([`crate::update_loop`]) waits on the sampler's ring and on commands, times copies
-//! and hands checkpoints to the writer; lock-step mode (`run/lockstep.rs`) and
-//! population mode (`run/population.rs`) act inline on one thread. A one-agent run is
-//! a population of one: row `k` of the stacked update is agent `k`, with its own
-//! replay, feedback and env step count.
+//! and hands checkpoints to the writer; lock-step mode (`learner/src/run/lockstep.rs`)
+//! and population mode (`learner/src/run/population/group.rs`) act inline on one
+//! thread. A one-agent run is a population of one: row `k` of the stacked update is
+//! agent `k`, with its own replay, feedback and env step count.
 
 use millrace_replay::ItemKey;
 

@@ -398,7 +398,7 @@ pub(super) fn train_group(
                 }
             }
             evaluating += t2.elapsed().as_secs_f64();
-            if let Some(m) = metrics {
+            if let Some(m) = metrics.filter(|m| m.due()) {
                 m.record(
                     running
                         .iter()

@@ -59,6 +59,13 @@ impl PopulationMetrics {
         self.endpoint.set_ready();
     }
 
+    /// Whether the page is due for a render: the group threads compute their agents'
+    /// numbers (which read each replay's counters) only then.
+    pub fn due(&self) -> bool {
+        let page = self.page.lock().unwrap_or_else(|p| p.into_inner());
+        page.rendered.is_none_or(|t| t.elapsed() >= RENDER_EVERY)
+    }
+
     /// Records `agents`' numbers; renders the page if it is due (or `now`).
     pub fn record(&self, agents: impl IntoIterator<Item = (usize, AgentSeries)>, now: bool) {
         let mut page = self.page.lock().unwrap_or_else(|p| p.into_inner());
