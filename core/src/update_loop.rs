@@ -42,6 +42,16 @@ pub struct LoopConfig {
     pub copy_stream: bool,
 }
 
+impl LoopConfig {
+    /// What the learner step needs of these settings (every driver's).
+    pub fn step(&self) -> StepConfig {
+        StepConfig {
+            publish_every: self.publish_every,
+            max_nonfinite: self.max_nonfinite,
+        }
+    }
+}
+
 /// How often the learner thread reads its statistics and reports (each read is one
 /// host sync on a GPU).
 pub const REPORT_EVERY: Duration = Duration::from_millis(500);
@@ -328,11 +338,7 @@ pub fn run<W: CheckpointSink>(
         panic_after,
         oom,
     } = parts;
-    let step_cfg = StepConfig {
-        publish_every: cfg.publish_every,
-        max_nonfinite: cfg.max_nonfinite,
-    };
-    let mut step = LearnerStep::new(dqn, publisher.version(), step_cfg, vec![feedback], oom);
+    let mut step = LearnerStep::new(dqn, publisher.version(), cfg.step(), vec![feedback], oom);
     let mut state = LoopState::new();
     let ended = catch_unwind(AssertUnwindSafe(|| {
         state.run(

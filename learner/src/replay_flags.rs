@@ -63,6 +63,25 @@ pub struct PriorityOptions {
     pub feedback_every: usize,
 }
 
+impl PriorityOptions {
+    /// The learner's feedback of TD errors into `table` as priorities, for updates on
+    /// `device`, β set for `env_steps` (a resumed run's or agent's).
+    pub fn feedback(
+        &self,
+        table: &std::sync::Arc<millrace_replay::Table>,
+        device: tch::Device,
+        env_steps: u64,
+    ) -> millrace_core::priority_feedback::PriorityFeedback {
+        millrace_core::priority_feedback::PriorityFeedback::new(
+            std::sync::Arc::clone(table),
+            self.beta,
+            self.feedback_every,
+            device,
+            env_steps,
+        )
+    }
+}
+
 /// Staging buffers with priorities on, unless `--prefetch-depth` says otherwise: each
 /// is a batch drawn from priorities that many updates old.
 pub const PRIORITIZED_PREFETCH_DEPTH: usize = 8;

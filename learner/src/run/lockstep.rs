@@ -30,7 +30,7 @@ use crate::summary::{RunSummary, StopReason};
 use millrace_core::dqn::Dqn;
 use millrace_core::handoff::Finished;
 use millrace_core::prefetch::StagingBuffer;
-use millrace_core::step::{LearnerStep, StepConfig};
+use millrace_core::step::LearnerStep;
 use millrace_core::update_loop::{LearnerReport, StallTimes};
 
 /// Statistics (and the non-finite check) every this many updates: a fixed point of the
@@ -110,20 +110,17 @@ pub fn run(
     let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 0x5eed);
     // Priorities are applied as soon as a round is complete (on the CPU, in order):
     // lock-step runs stay reproducible with prioritized replay too.
-    let feedback = cfg.replay.priority.map(|p| {
-        millrace_core::priority_feedback::PriorityFeedback::new(
-            std::sync::Arc::clone(&setup.table),
-            p.beta,
-            p.feedback_every,
-            Device::Cpu,
-            setup.steps.get(),
-        )
-    });
-    let step_cfg = StepConfig {
-        publish_every: cfg.learner.publish_every,
-        max_nonfinite: cfg.learner.max_nonfinite,
-    };
-    let mut step = LearnerStep::new(dqn, setup.params.version(), step_cfg, vec![feedback], None);
+    let feedback = cfg
+        .replay
+        .priority
+        .map(|p| p.feedback(&setup.table, Device::Cpu, setup.steps.get()));
+    let mut step = LearnerStep::new(
+        dqn,
+        setup.params.version(),
+        cfg.learner.step(),
+        vec![feedback],
+        None,
+    );
     let mut source = Arc::clone(&setup.params);
     let mut stalls = StallTimes::default();
     let mut report = LearnerReport::default();

@@ -28,7 +28,6 @@ use crate::config::{DeviceChoice, RunConfig};
 use crate::evaluation::Evaluator;
 use crate::summary::StopReason;
 use millrace_core::prefetch::{Prefetcher, SamplerConfig};
-use millrace_core::priority_feedback::PriorityFeedback;
 use millrace_core::publisher::Publisher;
 use millrace_core::update_loop::{self, Command, LearnerParts, LearnerReport};
 use millrace_server::{Route, Routes, ServerContext};
@@ -135,15 +134,10 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         publisher,
         steps: Arc::clone(&setup.steps),
         footprint: setup.footprint,
-        feedback: cfg.replay.priority.map(|p| {
-            PriorityFeedback::new(
-                Arc::clone(&setup.table),
-                p.beta,
-                p.feedback_every,
-                device,
-                setup.steps.get(),
-            )
-        }),
+        feedback: cfg
+            .replay
+            .priority
+            .map(|p| p.feedback(&setup.table, device, setup.steps.get())),
         panic_after: cfg.faults.learner_panic.then_some(50),
         oom: cfg.faults.oom.map(|f| (f, 50)),
     };

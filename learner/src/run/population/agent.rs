@@ -268,19 +268,18 @@ impl Agent {
 /// configuration (agent 0 has the run's own seed). An agent whose settings do not hold
 /// together with the flags' is refused, named.
 pub fn agents(cfg: &RunConfig) -> Result<(Vec<Member>, u64), RunError> {
-    let agents = cfg.population().map(|p| &p.agents);
-    let (sweep, budget) = match agents {
+    let (sweep, budget) = match cfg.population().map(|p| &p.agents) {
         Some(Agents::Sweep(path)) => {
             let sweep = Sweep::read(path, &cfg.dqn, cfg.seed)?;
             (sweep.agents, sweep.max_steps.unwrap_or(cfg.max_steps))
         }
-        Some(Agents::Count(_)) | None => (
+        count => (
             AgentHparams::seeds(
                 cfg.seed,
-                agents.map_or(1, |a| match a {
-                    Agents::Count(k) => *k,
-                    Agents::Sweep(_) => 1,
-                }),
+                match count {
+                    Some(&Agents::Count(k)) => k,
+                    _ => 1,
+                },
             )
             .map(|s| SweepAgent {
                 config: 0,
@@ -307,7 +306,7 @@ pub fn agents(cfg: &RunConfig) -> Result<(Vec<Member>, u64), RunError> {
         };
         if let Err(why) = verdict {
             return Err(SweepError::Settings {
-                file: match agents {
+                file: match cfg.population().map(|p| &p.agents) {
                     Some(Agents::Sweep(p)) => p.display().to_string(),
                     _ => String::new(),
                 },

@@ -8,7 +8,6 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use millrace_proto::Params;
@@ -23,8 +22,7 @@ use crate::run::RunError;
 use millrace_core::dqn::Dqn;
 use millrace_core::faults::inject_oom;
 use millrace_core::population_staging::PopulationStaging;
-use millrace_core::priority_feedback::PriorityFeedback;
-use millrace_core::step::{LearnerStep, StepConfig};
+use millrace_core::step::LearnerStep;
 use millrace_core::update_loop::is_out_of_memory;
 use millrace_server::{AgentPorts, ServerHandle};
 
@@ -120,10 +118,7 @@ pub(super) fn train_group(
     let mut agents: Vec<Agent> = Vec::with_capacity(queue.len());
     let mut running: Vec<usize> = Vec::new();
     let mut step: Option<LearnerStep> = None;
-    let step_cfg = StepConfig {
-        publish_every: cfg.learner.publish_every,
-        max_nonfinite: cfg.learner.max_nonfinite,
-    };
+    let step_cfg = cfg.learner.step();
     let oom = cfg.faults.oom.map(|f| (f, OOM_AFTER));
     let (mut acting, mut updating, mut evaluating) = (0.0, 0.0, 0.0);
     let mut population_updates = 0;
@@ -149,15 +144,13 @@ pub(super) fn train_group(
                 let (agent, state) = Agent::new(&m, &network, &cfg.logdir)?;
                 states.push((agent.hp, state));
                 // Prioritized replay: the agent's TD errors back into its own replay.
-                feedback.push(m.cfg.replay.priority.map(|p| {
-                    PriorityFeedback::new(
-                        Arc::clone(&agent.live.as_ref().expect("a new agent trains").table),
-                        p.beta,
-                        p.feedback_every,
-                        device,
-                        agent.steps.get(),
-                    )
-                }));
+                let table = &agent.live.as_ref().expect("a new agent trains").table;
+                feedback.push(
+                    m.cfg
+                        .replay
+                        .priority
+                        .map(|p| p.feedback(table, device, agent.steps.get())),
+                );
                 agents.push(agent);
             }
             match &mut step {
