@@ -12,7 +12,8 @@
 # deadline, most valuable first: the set-up (doctor, nvidia-smi, driver, glibc), the
 # device core's and the learner's lib tests with the GPU-only ones, the learner's
 # ceiling, the overlap
-# benchmark, short runs, out of memory (injected and real), populations. Every step
+# benchmark, short runs, out of memory (injected and real), populations (with and
+# without --copy-stream). Every step
 # names its device (--gpu 0): nothing falls back to the CPU. It writes, under $OUT,
 # summary.txt (one short table, also printed last) and logs.tar.gz (every step's log).
 #
@@ -218,6 +219,17 @@ run_step population-bench 60 0 "$bin/population" "${dev[@]}" --k "$pop_k" --seco
 add_row population-bench "$(figures '^ *[0-9]+ ' 6)"
 run_step population-run 90 ran "$bin/learner" "${dev[@]}" --population "$pop_agents" --hidden 64,64 --batch-size 32 --max-steps "$pop_steps" --no-progress --logdir "$runs/pop"
 add_row population-run "$(figures 'population of .* solved|solved at|per agent' 3)"
+# The same population with its batches copied on a side stream (on the CPU: refused in
+# one line; --cpu itself does not combine with the flag, so no device flag is given).
+if [[ "$dry" == 1 ]]; then
+    run_step population-copy-stream 30 fail "$bin/learner" --population "$pop_agents" --hidden 64,64 --batch-size 32 --max-steps "$pop_steps" --no-progress --logdir "$runs/pop-cs" --copy-stream
+    [[ $rc == skipped ]] || grep -q 'copy-stream needs a CUDA device' "$log" \
+        || status="**not refused as meant (exit $rc)**"
+    add_row population-copy-stream "$(figures 'copy-stream' 1)"
+else
+    run_step population-copy-stream 90 ran "$bin/learner" "${dev[@]}" --population "$pop_agents" --hidden 64,64 --batch-size 32 --max-steps "$pop_steps" --no-progress --logdir "$runs/pop-cs" --copy-stream
+    add_row population-copy-stream "$(figures 'population of .* solved|solved at|per agent' 3)"
+fi
 
 # With as many actors as the cores keep busy, where that differs from 64 (last: the
 # least new).

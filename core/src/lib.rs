@@ -9,7 +9,8 @@
 //!   statistics, divergence); [`update_loop`]: the learner thread, with stall
 //!   accounting, handing checkpoints over behind [`handoff`].
 //! - [`prefetch`]: staging buffers filled from replay by a sampler thread, and
-//!   [`population_staging`] a population's stacked batches;
+//!   [`population_staging`] a population's stacked batches (both copy to the device
+//!   on a side stream with `--copy-stream`, through `device_copy`);
 //!   [`priority_feedback`]: TD errors back into replay; [`publisher`]: parameters out
 //!   to actors.
 //! - [`cuda`]: what tch does not expose of the CUDA runtime; [`torch_settings`]:
@@ -20,6 +21,7 @@
 pub mod ceiling;
 pub mod cuda;
 pub mod device;
+mod device_copy;
 pub mod dqn;
 pub mod faults;
 pub mod handoff;

@@ -7,29 +7,41 @@
 //! the set is refilled only once that copy is done (an event recorded after it), so the
 //! host fills one set while the device still reads the other instead of waiting for
 //! every stacked update. On the CPU one set is enough: the update reads it in place.
+//!
+//! With a side copy stream (`--copy-stream`) each set also has a device twin
+//! ([`DeviceCopy`]) that its batch is copied into on that stream, so the copy of the
+//! next batch overlaps the update reading this one instead of queueing behind it.
 
 use millrace_proto::ObsSpec;
 use millrace_replay::{Closed, ItemKey, SampleBuffers, Table};
 use rand::rngs::SmallRng;
 use tch::{Device, Kind, Tensor};
 
-use crate::cuda::Marker;
+use std::sync::Arc;
+
+use crate::cuda::{CopyStream, CopyStreamError, Marker};
+use crate::device_copy::{DeviceCopy, HostTensors};
 use crate::dqn::Batch;
 use crate::prefetch::{bytemuck_mut, bytes_mut, host_zeros, kind};
 
 /// `[K, 2B, obs]`, `[K, B, 1]` ×4: agent k's rows are slice k of each.
 #[derive(Debug)]
 struct Set {
+    /// With a side copy stream: the device buffers this set's batches are copied into.
+    /// First, so that it is dropped first: its drop waits for a pending copy, which
+    /// reads the pinned tensors below.
+    twin: Option<DeviceCopy>,
     obs2: Tensor,
     actions: Tensor,
     rewards: Tensor,
     discounts: Tensor,
     /// Prioritized replay's importance-sampling weights.
     weights: Tensor,
-    /// On a GPU: recorded after this set's last copy was queued; `None` before the
-    /// first (or where CUDA events are not available: then copies block).
+    /// On a GPU without a copy stream: recorded after this set's last copy was queued
+    /// (where CUDA events are not available, `None`: then copies block).
     copied: Option<Marker>,
-    /// Whether `copied` marks a copy that may still be running.
+    /// Whether this set's last copy (marked by `copied`, or the twin's) may still be
+    /// running.
     in_flight: bool,
     /// The device its batches go to, where that is a GPU.
     gpu: Option<usize>,
@@ -48,6 +60,7 @@ impl Set {
             _ => None,
         };
         Self {
+            twin: None,
             obs2: make(&obs_shape, kind(obs.dtype)),
             actions: make(&[k, b, 1], Kind::Int64),
             rewards: make(&[k, b, 1], Kind::Float),
@@ -62,17 +75,31 @@ impl Set {
         }
     }
 
+    /// The host tensors, in [`Batch`]'s order.
+    fn host(&self) -> HostTensors<'_> {
+        [
+            &self.obs2,
+            &self.actions,
+            &self.rewards,
+            &self.discounts,
+            &self.weights,
+        ]
+    }
+
     /// Waits until the device has read this set's last batch (at once if it has).
     fn wait_for_copy(&mut self) {
         if !self.in_flight {
             return;
         }
-        if let Some(m) = &self.copied {
-            if let Err(e) = m.wait() {
-                tracing::error!("population staging: {e}; waiting for the device instead");
-                if let Some(i) = self.gpu {
-                    tch::Cuda::synchronize(i as i64);
-                }
+        let waited = match (&self.twin, &self.copied) {
+            (Some(twin), _) => twin.wait_copied(),
+            (None, Some(m)) => m.wait(),
+            (None, None) => Ok(()),
+        };
+        if let Err(e) = waited {
+            tracing::error!("population staging: {e}; waiting for the device instead");
+            if let Some(i) = self.gpu {
+                tch::Cuda::synchronize(i as i64);
             }
         }
         self.in_flight = false;
@@ -84,8 +111,9 @@ impl Set {
 /// Invariant behind the `unsafe` views: the tensors never leave this struct except as
 /// [`PopulationStaging::take`]'s shallow clones on the CPU, which the update reads and
 /// drops before the next fill (on the CPU the update is synchronous), or as device
-/// copies elsewhere, which read a set only until its `copied` event, and the set is
-/// not written before that event has passed.
+/// copies elsewhere (on the compute stream, or on the side copy stream into the set's
+/// twin), which read a set only until its copy's event, and the set is not written
+/// before that event has passed.
 #[derive(Debug)]
 pub struct PopulationStaging {
     sets: Vec<Set>,
@@ -116,6 +144,24 @@ impl PopulationStaging {
             ready: vec![false; agents],
             batch,
         }
+    }
+
+    /// As [`PopulationStaging::new`] on `device` (a GPU, the stream's), with each set's
+    /// batches copied into a device twin on the side copy `stream`.
+    pub fn with_copy_stream(
+        obs: &ObsSpec,
+        agents: usize,
+        batch: usize,
+        device: Device,
+        stream: &Arc<CopyStream>,
+    ) -> Result<Self, CopyStreamError> {
+        let mut staging = Self::new(obs, agents, batch, device);
+        for set in &mut staging.sets {
+            set.twin = Some(DeviceCopy::new(set.host(), device, stream)?);
+            // The twin's events mark its copies.
+            set.copied = None;
+        }
+        Ok(staging)
     }
 
     /// Samples agent `row`'s batch from `table` into its slice unless it holds one
@@ -164,11 +210,17 @@ impl PopulationStaging {
     }
 
     /// The stacked batch on `device` (shallow on the CPU: read it before the next fill;
-    /// queued without blocking from pinned memory on a GPU), and every slice free again,
-    /// in the other set where there are two.
-    pub fn take(&mut self, device: Device) -> Batch {
+    /// queued without blocking from pinned memory on a GPU, on the side stream where
+    /// there is one), and every slice free again, in the other set where there are two.
+    /// Fails only where a copy on the side stream cannot be queued.
+    pub fn take(&mut self, device: Device) -> Result<Batch, CopyStreamError> {
         self.ready.iter_mut().for_each(|r| *r = false);
-        let set = &mut self.sets[self.current];
+        let current = self.current;
+        self.current = (current + 1) % self.sets.len();
+        if self.sets[current].twin.is_some() {
+            return self.take_on_copy_stream(current);
+        }
+        let set = &mut self.sets[current];
         let pinned = set.copied.is_some();
         let mv = |t: &Tensor| {
             if device == Device::Cpu {
@@ -195,8 +247,34 @@ impl PopulationStaging {
                 }
             }
         }
-        self.current = (self.current + 1) % self.sets.len();
-        batch
+        Ok(batch)
+    }
+
+    /// Set `current`'s batch through its twin: copied on the side stream while the
+    /// update before it (which reads the other set's twin) may still run.
+    fn take_on_copy_stream(&mut self, current: usize) -> Result<Batch, CopyStreamError> {
+        // The update that read the other set's twin is queued by now: that set's next
+        // copy waits for it on the device, and for nothing queued after it.
+        for (i, set) in self.sets.iter().enumerate() {
+            if let (true, Some(twin)) = (i != current, &set.twin) {
+                if let Err(e) = twin.mark_used() {
+                    tracing::error!("population staging: {e}; waiting for the device instead");
+                    if let Some(d) = set.gpu {
+                        tch::Cuda::synchronize(d as i64);
+                    }
+                }
+            }
+        }
+        let set = &mut self.sets[current];
+        let twin = set
+            .twin
+            .as_ref()
+            .expect("a set taken on the copy stream has a twin");
+        // SAFETY: the twin was made from this set's pinned tensors, and `fill` waits for
+        // this copy (`wait_for_copy`) before it writes them again.
+        unsafe { twin.upload(set.host())? };
+        set.in_flight = true;
+        Ok(twin.batch(self.weighted))
     }
 
     /// The items of the batch [`PopulationStaging::take`] returned last, row after row
@@ -225,7 +303,7 @@ mod tests {
         };
         let mut s = PopulationStaging::new(&obs, 3, 8, Device::Cpu);
         assert_eq!(s.sets(), 1);
-        let b = s.take(Device::Cpu);
+        let b = s.take(Device::Cpu).unwrap();
         assert_eq!(b.obs2.size(), [3, 16, 4]);
         // Shallow: the update reads the host tensors themselves.
         assert_eq!(b.obs2.data_ptr(), s.sets[0].obs2.data_ptr());
@@ -244,14 +322,85 @@ mod tests {
         for set in &s.sets {
             assert!(set.obs2.is_pinned(gpu) && set.copied.is_some());
         }
-        let first = s.take(gpu);
+        let first = s.take(gpu).unwrap();
         assert_eq!((s.current, s.sets[0].in_flight), (1, true));
-        let second = s.take(gpu);
+        let second = s.take(gpu).unwrap();
         assert_eq!(s.current, 0);
         // Filling set 0 again waits for its copy first.
         s.sets[0].wait_for_copy();
         assert!(!s.sets[0].in_flight);
         assert_eq!(first.obs2.device(), gpu);
         assert_eq!(second.actions.size(), [3, 8, 1]);
+    }
+
+    /// Each agent's slice reaches the device as replay sampled it, through the twins
+    /// on the side stream, set after set (each set's copy waits for the update that
+    /// read its twin before; here the "update" reads the batch back).
+    #[test]
+    #[ignore = "needs a CUDA device: run with --ignored on a GPU host"]
+    fn copy_stream_batches_match_what_replay_sampled() {
+        use millrace_proto::TransitionBatch;
+        use millrace_replay::{RateLimiterConfig, ReplayConfig};
+        use rand::SeedableRng;
+        assert!(tch::Cuda::is_available(), "this test needs a CUDA device");
+        let gpu = Device::Cuda(0);
+        let obs = ObsSpec {
+            shape: vec![4, 10, 10],
+            dtype: DType::U8,
+        };
+        let row = obs.row_bytes();
+        let (agents, b) = (3, 16);
+        let tables: Vec<Table> = (0..agents)
+            .map(|a| {
+                let t = Table::new(&ReplayConfig {
+                    capacity: 500,
+                    shards: 1,
+                    obs_row_bytes: row,
+                    stack: 1,
+                    obs_rows_per_item: 2.0,
+                    limiter: RateLimiterConfig::sample_to_insert_ratio(1e-9, 1, 1e18, 1).unwrap(),
+                    priority: None,
+                })
+                .unwrap();
+                let mut batch = TransitionBatch::with_capacity(row, 50, 51);
+                for r in 0..51u64 {
+                    batch.push_obs_bytes(&vec![((a as u64 * 51 + r) % 251) as u8; row]);
+                }
+                for i in 0..50u32 {
+                    batch.push_transition(i, i64::from(i % 3), a as f32 + i as f32, 0.99, i + 1);
+                }
+                t.insert(&batch).unwrap();
+                t
+            })
+            .collect();
+        let stream = CopyStream::new(0).unwrap();
+        let mut side = PopulationStaging::with_copy_stream(&obs, agents, b, gpu, &stream).unwrap();
+        // The same draws staged on the host only, as the reference.
+        let mut host = PopulationStaging::new(&obs, agents, b, Device::Cpu);
+        let mut rngs: Vec<SmallRng> = (0..agents)
+            .map(|a| SmallRng::seed_from_u64(a as u64))
+            .collect();
+        let mut again: Vec<SmallRng> = rngs.clone();
+        for round in 0..20 {
+            for a in 0..agents {
+                assert!(side.fill(a, &tables[a], &mut rngs[a]).unwrap());
+                assert!(host.fill(a, &tables[a], &mut again[a]).unwrap());
+            }
+            let on_device = side.take(gpu).unwrap();
+            let expected = host.take(Device::Cpu).unwrap();
+            assert_eq!(on_device.obs2.device(), gpu);
+            for (name, got, want) in [
+                ("obs2", &on_device.obs2, &expected.obs2),
+                ("actions", &on_device.actions, &expected.actions),
+                ("rewards", &on_device.rewards, &expected.rewards),
+                ("discounts", &on_device.discounts, &expected.discounts),
+            ] {
+                assert!(
+                    got.to_device(Device::Cpu).equal(want),
+                    "round {round}: {name}"
+                );
+            }
+            assert_eq!(side.keys(), host.keys(), "round {round}: keys");
+        }
     }
 }

@@ -20,7 +20,8 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tch::{Device, Kind, Tensor};
 
-use crate::cuda::{CopyStream, CopyStreamError, CudaEvent};
+use crate::cuda::{CopyStream, CopyStreamError};
+use crate::device_copy::{DeviceCopy, HostTensors};
 use crate::dqn::Batch;
 
 /// One staging buffer: host tensors shaped as a [`Batch`] for one agent, plus the keys
@@ -50,33 +51,6 @@ pub struct StagingBuffer {
     pub oldest_version: u64,
     /// Page-locked memory: copies to the device may run without blocking the host.
     pinned: bool,
-}
-
-/// A staging buffer's device-side twin, filled on a [`CopyStream`] (see `cuda`).
-///
-/// Dropping it waits for its copy: neither PyTorch's pinned-host allocator nor its
-/// device allocator knows about copies on the side stream, so the memory must not go
-/// back to them while one is in flight.
-#[derive(Debug)]
-struct DeviceCopy {
-    /// Recorded on the copy stream after the copies: the batch is on the device.
-    copied: CudaEvent,
-    /// Recorded on the compute stream after the update: the device buffers are free.
-    used: CudaEvent,
-    stream: Arc<CopyStream>,
-    obs2: Tensor,
-    actions: Tensor,
-    rewards: Tensor,
-    discounts: Tensor,
-    weights: Tensor,
-}
-
-impl Drop for DeviceCopy {
-    fn drop(&mut self) {
-        if let Err(e) = self.copied.synchronize() {
-            tracing::error!("copy stream: {e}");
-        }
-    }
 }
 
 pub(crate) fn kind(dtype: DType) -> Kind {
@@ -166,22 +140,19 @@ impl StagingBuffer {
         stream: &Arc<CopyStream>,
     ) -> Result<Self, CopyStreamError> {
         let mut buf = Self::new(obs, batch_size, Some(device));
-        let on_device = |t: &Tensor| Tensor::empty(t.size(), (t.kind(), device));
-        let twin = DeviceCopy {
-            copied: stream.event()?,
-            used: stream.event()?,
-            stream: Arc::clone(stream),
-            obs2: on_device(&buf.obs2),
-            actions: on_device(&buf.actions),
-            rewards: on_device(&buf.rewards),
-            discounts: on_device(&buf.discounts),
-            weights: on_device(&buf.weights),
-        };
-        // The buffers may be cached blocks that work already queued on the compute
-        // stream still uses: the first copy into them waits for that work too.
-        twin.used.record_on_compute_stream()?;
-        buf.device = Some(twin);
+        buf.device = Some(DeviceCopy::new(buf.host(), device, stream)?);
         Ok(buf)
+    }
+
+    /// The host tensors, in [`Batch`]'s order.
+    fn host(&self) -> HostTensors<'_> {
+        [
+            &self.obs2,
+            &self.actions,
+            &self.rewards,
+            &self.discounts,
+            &self.weights,
+        ]
     }
 
     /// The keys of the items in the last batch sampled into this buffer.
@@ -193,7 +164,7 @@ impl StagingBuffer {
     /// memory, so that it may be refilled. Called by the sampler thread.
     fn wait_copied(&self) -> Result<(), CopyStreamError> {
         match &self.device {
-            Some(d) => d.copied.synchronize(),
+            Some(d) => d.wait_copied(),
             None => Ok(()),
         }
     }
@@ -201,25 +172,12 @@ impl StagingBuffer {
     /// With a copy stream: queues the copies of the freshly filled buffer on the copy
     /// stream, behind the learner's last use of the device buffers.
     fn upload(&self) -> Result<(), CopyStreamError> {
-        let Some(d) = &self.device else {
-            return Ok(());
-        };
-        d.used.copy_stream_waits()?;
-        for (dst, src) in [
-            (&d.obs2, &self.obs2),
-            (&d.actions, &self.actions),
-            (&d.rewards, &self.rewards),
-            (&d.discounts, &self.discounts),
-            (&d.weights, &self.weights),
-        ] {
-            let bytes = src.numel() * src.kind().elt_size_in_bytes();
-            // SAFETY: `src` is pinned host memory of `bytes` bytes and `dst` a device
-            // tensor of the same shape and kind on the stream's device. Neither is
-            // touched until the copy completes: the sampler waits for `copied` before
-            // refilling, and the learner's compute stream waits for it before reading.
-            unsafe { d.stream.copy(dst.data_ptr(), src.data_ptr(), bytes)? };
+        match &self.device {
+            // SAFETY: the twin was made from these pinned tensors, and the sampler
+            // waits for the copy (`wait_copied`) before refilling them.
+            Some(d) => unsafe { d.upload(self.host()) },
+            None => Ok(()),
         }
-        d.copied.record_on_copy_stream()
     }
 
     /// Views of the buffer's memory as replay's sample destination.
@@ -284,19 +242,7 @@ impl StagingBuffer {
     /// first. With a copy stream, the batch is already (being) copied on the side.
     pub fn to_device(&self, device: Device) -> Batch {
         if let Some(d) = &self.device {
-            // Compute waits for the side-stream copy on the device. Should that fail,
-            // waiting on the host is slower but correct.
-            if let Err(e) = d.copied.compute_stream_waits() {
-                tracing::error!("copy stream: {e}; waiting on the host instead");
-                let _ = d.copied.synchronize();
-            }
-            return Batch {
-                obs2: d.obs2.shallow_clone(),
-                actions: d.actions.shallow_clone(),
-                rewards: d.rewards.shallow_clone(),
-                discounts: d.discounts.shallow_clone(),
-                weights: self.weighted.then(|| d.weights.shallow_clone()),
-            };
+            return d.batch(self.weighted);
         }
         let mv = |t: &Tensor| {
             if device == Device::Cpu {
@@ -523,7 +469,7 @@ impl Prefetcher {
         if let Some(d) = &buf.device {
             // The update that read this buffer's device twin is queued: mark when it
             // ends, so the next copy into it waits for it (on the device).
-            if let Err(e) = d.used.record_on_compute_stream() {
+            if let Err(e) = d.mark_used() {
                 tracing::error!("copy stream: {e}; waiting for the device instead");
                 waited += self.wait_for_device();
             }

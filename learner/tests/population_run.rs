@@ -207,20 +207,41 @@ fn twice(extra: &[&str]) {
 }
 
 #[test]
-fn flags_that_do_not_combine_with_a_population_are_refused() {
-    for (args, needle) in [
-        (vec!["--population", "0"], "--population must be at least 1"),
-        (
-            vec!["--population", "2", "--copy-stream"],
-            "--copy-stream does not combine with a population",
-        ),
-    ] {
-        let out = learner(&args);
-        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(needle), "{err}");
-        assert!(!err.contains("panicked"), "{err}");
+fn a_population_of_no_agents_is_refused() {
+    let out = learner(&["--population", "0"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--population must be at least 1"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// The side stream is GPU-only: on a host without CUDA the flag is refused in one
+/// line before any agent starts (`bench/gpu_check.sh` runs a population with it on a
+/// GPU, and the core's GPU tests check its batches).
+#[test]
+fn a_population_copies_on_a_side_stream_only_on_a_gpu() {
+    if tch::Cuda::is_available() {
+        eprintln!("skipped: CUDA is available (bench/gpu_check.sh covers --copy-stream there)");
+        return;
     }
+    let dir = tempfile::tempdir().unwrap();
+    let logdir = dir.path().join("run");
+    let out = learner(&[
+        "--env",
+        "CartPole-v1",
+        "--population",
+        "2",
+        "--copy-stream",
+        "--max-steps",
+        "200",
+        "--logdir",
+        logdir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--copy-stream needs a CUDA device"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!logdir.join("agents").exists(), "no agent started");
 }
 
 #[test]

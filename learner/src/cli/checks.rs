@@ -100,9 +100,6 @@ fn population_flags(args: &TrainArgs) -> anyhow::Result<bool> {
         // Read now, so a bad file is one clear line before anything starts.
         crate::sweep::Sweep::read(path, &DqnConfig::default(), args.seed)?;
     }
-    if population && args.copy_stream {
-        bail!("--copy-stream does not combine with a population yet (its batches are staged per agent)");
-    }
     Ok(population)
 }
 

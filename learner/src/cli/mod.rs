@@ -215,7 +215,8 @@ pub struct TrainArgs {
     pub cpu: bool,
 
     /// Copy batches to the GPU on a side CUDA stream, overlapping the next copy with
-    /// the current update. Experimental: not yet run on a GPU (without it, copies are
+    /// the current update (a population: each group's stacked batches, on a stream of
+    /// its own). Experimental: not yet run on a GPU (without it, copies are
     /// non-blocking but queued behind the update on the default stream).
     #[arg(long, conflicts_with = "cpu")]
     pub copy_stream: bool,

@@ -112,16 +112,23 @@ pub(super) fn available_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// `--copy-stream` copies on a CUDA stream: refused, in one line, without a device.
+pub(super) fn check_copy_stream(cfg: &RunConfig) -> Result<(), RunError> {
+    let cuda = matches!(cfg.device, DeviceChoice::Cuda(_)) && tch::Cuda::is_available();
+    if cfg.learner.copy_stream && !cuda {
+        return Err(RunError::CopyStreamNeedsCuda(cfg.device));
+    }
+    Ok(())
+}
+
 pub fn prepare(
     cfg: &RunConfig,
     bar: Option<ProgressBar>,
     monitor: Option<Arc<millrace_telemetry::Endpoint>>,
 ) -> Result<Setup, RunError> {
     let started = Instant::now();
+    check_copy_stream(cfg)?;
     let cuda = matches!(cfg.device, DeviceChoice::Cuda(_)) && tch::Cuda::is_available();
-    if cfg.learner.copy_stream && !cuda {
-        return Err(RunError::CopyStreamNeedsCuda(cfg.device));
-    }
     let env = cfg.env_spec.clone();
     let network =
         millrace_core::dqn::network::build(cfg.network, &env, &cfg.hidden, cfg.layer_norm)?;

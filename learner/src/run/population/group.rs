@@ -113,6 +113,13 @@ pub(super) fn train_group(
     let network =
         millrace_core::dqn::network::build(first.network, &env, &first.hidden, first.layer_norm)?;
     let batch_size = first.batch_size;
+    // `--copy-stream`: this group's batches go to its GPU on a side stream of its own.
+    let copy_stream = match device {
+        tch::Device::Cuda(i) if cfg.learner.copy_stream => {
+            Some(millrace_core::cuda::CopyStream::new(i)?)
+        }
+        _ => None,
+    };
     let mut queue: VecDeque<Member> = members.into();
 
     let mut agents: Vec<Agent> = Vec::with_capacity(queue.len());
@@ -217,7 +224,16 @@ pub(super) fn train_group(
         }
         // Batches drawn for an update that did not happen are dropped with the old
         // shape (the replay ratio absorbs one batch per agent).
-        let mut staging = PopulationStaging::new(&env.obs, running.len(), batch_size, device);
+        let mut staging = match &copy_stream {
+            Some(stream) => PopulationStaging::with_copy_stream(
+                &env.obs,
+                running.len(),
+                batch_size,
+                device,
+                stream,
+            )?,
+            None => PopulationStaging::new(&env.obs, running.len(), batch_size, device),
+        };
         // Rounds until an agent ends.
         loop {
             let stopping = stop.iter().any(|s| s.load(Ordering::Relaxed));
@@ -305,7 +321,7 @@ pub(super) fn train_group(
                 // update, publishing, statistics) ends the group with its agents saved.
                 let round = catch_unwind(AssertUnwindSafe(|| {
                     inject_oom(oom, s.updates(), OomSite::Copy);
-                    let batch = staging.take(device);
+                    let batch = staging.take(device)?;
                     let env_steps: Vec<u64> =
                         running.iter().map(|&a| agents[a].steps.get()).collect();
                     s.update(&batch, staging.keys(), &env_steps, &mut |version, d| {
@@ -330,7 +346,11 @@ pub(super) fn train_group(
                             }
                         }
                     }
+                    Ok::<_, millrace_core::cuda::CopyStreamError>(())
                 }));
+                if let Ok(Err(e)) = round {
+                    return Err(e.into());
+                }
                 if let Err(panic) = round {
                     let msg = crate::panic_message(&*panic);
                     if !is_out_of_memory(&msg) {

@@ -52,6 +52,7 @@ pub fn run(
     metrics: Option<&PopulationMetrics>,
 ) -> Result<PopulationSummary, RunError> {
     let started = Instant::now();
+    super::setup::check_copy_stream(cfg)?;
     let mode = cfg
         .population()
         .expect("population mode runs a population's configuration");
