@@ -178,7 +178,7 @@ pub enum Agents {
     /// run's (agent 0's is the run's own).
     Count(usize),
     /// `--sweep FILE`: grids and draws of per-agent settings times seeds (see
-    /// `sweeps/README.md`).
+    /// `docs/guide/sweep-file.md`).
     Sweep(PathBuf),
 }
 

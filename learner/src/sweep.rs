@@ -1,6 +1,6 @@
 //! Sweep files (`learner --sweep sweep.toml`): the agents of a population as grids and
 //! random draws of per-agent settings, times seeds, with a per-agent step budget. The
-//! format, with an example, is `sweeps/README.md`.
+//! format, with an example, is `docs/guide/sweep-file.md`.
 //!
 //! A configuration is one point of the grid combined with one random draw; every
 //! configuration runs once per seed. Three kinds of setting may differ per agent:

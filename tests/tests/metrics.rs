@@ -13,6 +13,7 @@ use millrace_tests::{binary, wait_until};
 
 mod common;
 use common::prometheus::{kind, metrics_addr, page, parsed, value};
+use common::reference::{assert_documented, sample_names, tensorboard_tags};
 use common::{finish, learner_on};
 
 fn health(bin: &str, addr: &str, live: bool) -> (bool, String) {
@@ -131,6 +132,13 @@ fn learner_and_actor_pages_parse_as_prometheus_and_health_follows_the_run() {
         assert!((0.0..=1.0).contains(&x), "{part}: {x}");
     }
     assert!(value(&f, "millrace_actor_version_lag", &[("actor", "probe")]) >= 0.0);
+    // The reference lists what the page serves (a listening learner, uniform replay,
+    // before its first evaluation).
+    assert_documented(
+        "Prometheus: the learner",
+        &sample_names(&f),
+        &["always", "`--listen`"],
+    );
 
     let (ok, said) = health("actor", &am, false);
     assert!(
@@ -141,6 +149,7 @@ fn learner_and_actor_pages_parse_as_prometheus_and_health_follows_the_run() {
     assert_eq!(value(&a, "millrace_actor_connected", &[]), 1.0);
     assert_eq!(value(&a, "millrace_actor_info", &[("actor", "probe")]), 8.0);
     assert!(value(&a, "millrace_actor_env_steps_total", &[]) > 0.0);
+    assert_documented("Prometheus: an actor", &sample_names(&a), &["always"]);
 
     // The run ends (solved, or out of steps); the actor is told and exits 0.
     let (code, out, _) = finish(l, Duration::from_secs(240));
@@ -151,6 +160,18 @@ fn learner_and_actor_pages_parse_as_prometheus_and_health_follows_the_run() {
         "the actor exits 0 when the run is finished: {status}"
     );
     reader.join().unwrap();
+    // What the run wrote for TensorBoard, as its own reader reads it, is what the
+    // reference lists (an evaluation has run by the end: 20k steps came first).
+    assert_documented(
+        "TensorBoard: a run",
+        &tensorboard_tags(dir.path()),
+        &[
+            "always",
+            "`--listen`",
+            "`--listen`, per connected actor",
+            "at the end of the run",
+        ],
+    );
     // Nothing answers any more: health says so (exit 1), for learner and actor alike.
     let (ok, said) = health("learner", &lm, true);
     assert!(!ok && said.contains("cannot reach"), "{said}");

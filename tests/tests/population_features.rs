@@ -13,6 +13,7 @@ use millrace_tests::{binary, play_in_gymnasium, wait_until};
 
 mod common;
 use common::prometheus::{kind, metrics_addr, page, parsed, value};
+use common::reference::{assert_documented, sample_names};
 
 const AGENTS: usize = 4;
 
@@ -93,6 +94,7 @@ fn a_prioritized_dueling_population_with_decay_solves_and_serves_metrics_per_age
         assert!(lr > 1e-4 && lr <= 2.3e-3 + 1e-9, "agent {k}: rate {lr}");
         assert!(value(&f, "millrace_agent_replay_size", &[("agent", &a)]) > 0.0);
     }
+    assert_documented("Prometheus: a population", &sample_names(&f), &["always"]);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;

@@ -187,7 +187,7 @@ pub struct TrainArgs {
     /// draws of per-agent settings (learning rate, gradient clip, target period or τ,
     /// γ, n-step, ε schedule; batch size, hidden layers and replay ratio, which put
     /// agents in separate groups) times seeds, with a per-agent step budget; every
-    /// other setting from the flags. The format: sweeps/README.md; an example:
+    /// other setting from the flags. The format: docs/guide/sweep-file.md; an example:
     /// sweeps/cartpole.toml.
     #[arg(long, conflicts_with = "population")]
     pub sweep: Option<PathBuf>,

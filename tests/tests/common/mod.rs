@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use millrace_tests::binary;
 
 pub mod prometheus;
+pub mod reference;
 
 pub struct Learner {
     pub child: Child,
