@@ -8,7 +8,7 @@
 #   2. scaling: environments per actor, and two actors as two threads of one process
 #      (sharing one Python interpreter and its lock) or as two processes.
 # Usage: bench/atari_actor.sh [seconds per row, default 10]. Results: a table on stdout
-# and JSON lines in bench/results/atari_actor.jsonl.
+# and JSON lines in docs/results/data/atari_actor.jsonl.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$here/../scripts/setup.sh"
@@ -19,7 +19,7 @@ pip install --quiet --disable-pip-version-check -r bench/atari_requirements.txt
 secs="${1:-10}"
 cargo bench -p millrace-actor --bench throughput --no-run --locked 2>/dev/null
 bench="$(ls -t "$CARGO_TARGET_DIR"/release/deps/throughput-* | grep -v '\.d$' | head -1)"
-out=bench/results/atari_actor.jsonl
+out=docs/results/data/atari_actor.jsonl
 : > "$out"
 row() { "$@" --seconds "$secs" 2>/dev/null | tail -1 | tee -a "$out"; }
 # Several processes at once; prints their summed steps/s as one JSON line.

@@ -9,7 +9,7 @@
 # and the share of the evaluations in the AFTER steps (default 50,000) after it that
 # stay >= 475 (the issue's bar: at least 90% on every seed). The best/ policy of each
 # run is replayed in Gymnasium. Writes one CSV line per evaluation to
-# bench/results/cartpole_stability.csv (mode,seed,env_steps,mean_return) and prints a table.
+# docs/results/data/cartpole_stability.csv (mode,seed,env_steps,mean_return) and prints a table.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/env.sh
@@ -31,8 +31,8 @@ fi
 learner="$MILLRACE_BIN/learner"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-mkdir -p bench/results
-csv=bench/results/cartpole_stability.csv
+mkdir -p docs/results/data
+csv=docs/results/data/cartpole_stability.csv
 [[ -f "$csv" ]] || echo "mode,seed,env_steps,mean_return" >"$csv"
 echo "| flags | seed | reached 475 at | evals in the next $after steps | share >= 475 | min | best/ in Gymnasium |"
 echo "|---|---|---|---|---|---|---|"

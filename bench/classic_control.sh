@@ -2,12 +2,12 @@
 # Acrobot-v1 and MountainCar-v0, uniform against prioritized replay, several seeds, each
 # run to its whole budget (learner/hyperparams.toml's: 100,000 and 120,000 env steps,
 # rl-zoo3's) with an unreachable target, so every curve is whole and the policy at the
-# budget is what rl-zoo3's published number measures (issue 12; LEARNING.md).
+# budget is what rl-zoo3's published number measures (issue 12; docs/results/learning.md).
 #
 #   bench/classic_control.sh                       # seeds 0 1 2, both environments
 #   SEEDS="0 1 2 3 4" ENVS=Acrobot-v1 bench/classic_control.sh
 #
-# Per environment: bench/results/classic_<env>.csv (mode,seed,env_steps,mean_return: every
+# Per environment: docs/results/data/classic_<env>.csv (mode,seed,env_steps,mean_return: every
 # evaluation, 100 greedy episodes every 2,000 steps) and .png (each seed thin, the mean of
 # seeds thick, the issue's target dotted, rl-zoo3's DQN dashed), and a table: where each
 # run first evaluated at the target, its last and best evaluations, and its best/ and
@@ -31,7 +31,7 @@ declare -A zoo=([Acrobot-v1]="rl-zoo3 DQN at 100k=-76.6" [MountainCar-v0]="rl-zo
 # and -200, the floors).
 declare -A ylim=([Acrobot-v1]="-200,-60" [MountainCar-v0]="-205,-90")
 work="${OUT:-runs/classic_control}"
-mkdir -p "$work" bench/results
+mkdir -p "$work" docs/results/data
 
 play() { # checkpoint which out -> "mean ± stderr"
     "$learner" export --checkpoint "$1" --which "$2" --out "$3" >/dev/null
@@ -40,7 +40,7 @@ play() { # checkpoint which out -> "mean ± stderr"
 }
 
 for env in "${envs[@]}"; do
-    csv="bench/results/classic_${env%%-*}.csv"
+    csv="docs/results/data/classic_${env%%-*}.csv"
     csv="${csv,,}"
     echo "mode,seed,env_steps,mean_return" >"$csv"
     rows=()

@@ -2,7 +2,7 @@
 # Is learning any worse when it is asynchronous? CartPole greedy-evaluation curves at the
 # same env steps, for the one-process run (embedded: one actor thread, 8 envs) and the
 # rate-limited asynchronous service (learner --listen + two `actor --n 4` processes over
-# loopback), several seeds each; writes bench/results/learning_curves.{csv,png}.
+# loopback), several seeds each; writes docs/results/data/learning_curves.{csv,png}.
 #
 #   bench/learning_curves.sh [SEEDS...]        (default: 0 1 2)
 #   STEPS=30000 bench/learning_curves.sh 0 1 2 3 4
@@ -14,7 +14,7 @@ cd "$here/.."
 seeds=("${@:-0}")
 [ $# -eq 0 ] && seeds=(0 1 2)
 steps="${STEPS:-30000}"
-out=bench/results
+out=docs/results/data
 mkdir -p "$out"
 cargo build --release --locked --bin learner --bin actor >&2
 bin="$CARGO_TARGET_DIR/release"

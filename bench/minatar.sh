@@ -2,7 +2,7 @@
 # Learning from pixels on MinAtar Breakout (gym:MinAtar/Breakout-v1, through the
 # Gymnasium bridge), on the CPU: embedded (actors as threads), and as a service (a
 # learner with --listen and one `actor --n 8` process over loopback). Writes the logs to
-# runs/minatar/, the curve (PNG) and its points (CSV) to bench/results/.
+# runs/minatar/, the curve (PNG) and its points (CSV) to docs/results/data/.
 #
 # Settings follow the MinAtar paper's DQN (Young & Tian 2019) where millrace has them:
 # batch 32, one update per env step (--samples-per-insert 32), replay 100k, 5k steps
@@ -36,7 +36,7 @@ learner=$!
 sleep 5
 "$B/actor" --learner 127.0.0.1:7799 --n 8 --name minatar > "$out/actor.log" 2>&1 || true
 wait "$learner" || true
-python bench/minatar_curve.py bench/results/minatar_breakout 10 \
+python bench/minatar_curve.py docs/results/data/minatar_breakout 10 \
     "embedded=$out/embedded.log" "service (1 actor process x 8 envs)=$out/service.log"
 for run in embedded service; do
     "$B/learner" eval --checkpoint "$out/$run/checkpoint" --which best --episodes 100 --seed 7

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Uniform against prioritized replay on MinAtar Breakout and SpaceInvaders, from pixels,
-# on the CPU (issue 12's learning-quality report; LEARNING.md). One run at a time, in
+# on the CPU (issue 12's learning-quality report; docs/results/learning.md). One run at a time, in
 # the order that makes a partial matrix useful: every game and replay on the first
 # seed, then the next seed.
 #
@@ -20,7 +20,7 @@
 # learner's |TD| fed back every 8 updates, actors' initial priorities). Evaluations: 30
 # greedy episodes every 50,000 steps. The report replays each run's best/ policy in
 # Gymnasium (scripts/play_policy.py, 100 episodes) and writes
-# bench/results/minatar_replay_<game>.{png,csv} and bench/results/minatar_replay.md.
+# docs/results/data/minatar_replay_<game>.{png,csv} and docs/results/data/minatar_replay.md.
 #
 # MILLRACE_BIN=DIR runs the learner in DIR (a copy, so rebuilding meanwhile does not
 # touch the running binary); by default it is built here.
@@ -40,7 +40,7 @@ read -r -a seeds <<<"${SEEDS:-0 1}"
 read -r -a games <<<"${GAMES:-Breakout SpaceInvaders}"
 replays=(uniform prioritized)
 out="${OUT:-runs/minatar_replay}"
-mkdir -p "$out" bench/results
+mkdir -p "$out" docs/results/data
 
 common=(--cpu --batch-size 32 --samples-per-insert 32 --learning-starts 5000
         --replay-capacity 100000 --lr 1e-4 --target-period 1000 --eps-decay-steps 100000
@@ -63,7 +63,7 @@ fi
 
 # The report: curves per game, and each run's best/ replayed in Gymnasium.
 declare -A reference=([Breakout]=10 [SpaceInvaders]=43)
-table=bench/results/minatar_replay.md
+table=docs/results/data/minatar_replay.md
 {
     echo "| game | replay | seed | env steps | best evaluation (30 episodes) | best/ in Gymnasium (100 episodes) |"
     echo "|---|---|---|---|---|---|"
@@ -93,6 +93,6 @@ EOF
     done
     [[ ${#curves[@]} -gt 0 ]] || continue
     lower="$(echo "$game" | tr '[:upper:]' '[:lower:]')"
-    python bench/minatar_curve.py "bench/results/minatar_replay_$lower" "${reference[$game]}" "${curves[@]}"
+    python bench/minatar_curve.py "docs/results/data/minatar_replay_$lower" "${reference[$game]}" "${curves[@]}"
 done
 cat "$table"

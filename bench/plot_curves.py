@@ -2,7 +2,7 @@
 line per seed and the mean across seeds per mode; prints the per-mode means at each
 evaluation so the comparison is also in text.
 
-    python bench/plot_curves.py bench/results/learning_curves.csv out.png [title]
+    python bench/plot_curves.py docs/results/data/learning_curves.csv out.png [title]
         [--target 475] [--reference "LABEL=VALUE" ...] [--modes MODE,MODE] [--ylim LOW,HIGH]
         [--label "MODE=LABEL" ...]
 

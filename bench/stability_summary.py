@@ -4,7 +4,7 @@ steps (default 50,000) that stay >= 475 must be at least 90%, on every seed. A r
 ends before AFTER steps past its first 475 is counted on the evaluations it has, and
 marked short.
 
-    python bench/stability_summary.py bench/results/cartpole_stability.csv [AFTER]
+    python bench/stability_summary.py docs/results/data/cartpole_stability.csv [AFTER]
     python bench/stability_summary.py --run EVALS [AFTER]
 
 Prints one Markdown row per setting: seeds, seeds meeting the bar, each seed's share,

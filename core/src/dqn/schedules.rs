@@ -1,7 +1,7 @@
 //! The learning rate over a run: constant, or decayed linearly over env steps.
 //!
 //! A high learning rate finds a CartPole policy fast and then keeps knocking it over
-//! (LEARNING.md: every seed reached 500, then lost it in a quarter to a half of the
+//! (docs/results/learning.md: every seed reached 500, then lost it in a quarter to a half of the
 //! later evaluations); a lower one holds it better but finds it later. Decaying from
 //! one to the other is meant to get both, as SB3's linear schedules and CleanRL's
 //! annealing do. The decay runs on env steps, like ε's, so a resumed run with the same
