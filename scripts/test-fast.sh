@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fast tier (TESTING.md): every crate's unit tests and the loopback and
+# The fast tier (docs/development/testing.md): every crate's unit tests and the loopback and
 # single-process behaviour tests, in a few minutes once built. No lints, no training
 # to solved, no multi-process runs: scripts/test.sh runs those (and this tier too).
 # Arguments go to each `cargo test` (e.g. a test name filter).
