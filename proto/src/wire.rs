@@ -227,6 +227,104 @@ pub enum LearnerMsg {
 mod tests {
     use super::*;
 
+    /// `docs/reference/protocol.md` names the version and every message, refusal and
+    /// goodbye. The matches are exhaustive: a new variant does not compile here until
+    /// it is named, and then the page must name it too.
+    #[test]
+    fn the_protocol_reference_names_every_message() {
+        let page = include_str!("../../docs/reference/protocol.md");
+        assert!(
+            page.contains(&format!("**version {PROTOCOL_VERSION}**")),
+            "protocol.md does not say version {PROTOCOL_VERSION}"
+        );
+        let actor = |m: &ActorMsg| match m {
+            ActorMsg::Hello(_) => "Hello",
+            ActorMsg::Transitions(_) => "Transitions",
+            ActorMsg::Stats(_) => "Stats",
+            ActorMsg::Heartbeat => "Heartbeat",
+            ActorMsg::Goodbye(_) => "Goodbye",
+        };
+        let learner = |m: &LearnerMsg| match m {
+            LearnerMsg::Welcome(_) => "Welcome",
+            LearnerMsg::Params(_) => "Params",
+            LearnerMsg::Heartbeat => "Heartbeat",
+            LearnerMsg::Refused(_) => "Refused",
+            LearnerMsg::Goodbye(_) => "Goodbye",
+        };
+        let goodbye = |r: GoodbyeReason| match r {
+            GoodbyeReason::RunFinished => "RunFinished",
+            GoodbyeReason::LearnerStopping => "LearnerStopping",
+            GoodbyeReason::ActorStopping => "ActorStopping",
+        };
+        let refusal = |c: RefusalCode| match c {
+            RefusalCode::WrongToken => "WrongToken",
+            RefusalCode::ProtocolVersion => "ProtocolVersion",
+            RefusalCode::EnvUnsupported => "EnvUnsupported",
+            RefusalCode::BatchTooLarge => "BatchTooLarge",
+            RefusalCode::BadRequest => "BadRequest",
+            RefusalCode::ProtocolViolation => "ProtocolViolation",
+            RefusalCode::TooManyConnections => "TooManyConnections",
+            RefusalCode::NotReady => "NotReady",
+            RefusalCode::Timeout => "Timeout",
+        };
+        let bye = Goodbye {
+            reason: GoodbyeReason::ActorStopping,
+            message: String::new(),
+        };
+        let mut names = vec![
+            actor(&ActorMsg::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                token: String::new(),
+                actor_name: String::new(),
+                capabilities: Capabilities {
+                    envs: 1,
+                    env_ids: vec![],
+                    features: vec![],
+                },
+                agent: None,
+            })),
+            actor(&ActorMsg::Transitions(TransitionBatch::with_capacity(
+                4, 0, 0,
+            ))),
+            actor(&ActorMsg::Stats(ActorStats::default())),
+            actor(&ActorMsg::Heartbeat),
+            actor(&ActorMsg::Goodbye(bye.clone())),
+            learner(&LearnerMsg::Params(Params::of_one(0, vec![]))),
+            learner(&LearnerMsg::Heartbeat),
+            learner(&LearnerMsg::Refused(Refusal::new(RefusalCode::Timeout, ""))),
+            learner(&LearnerMsg::Goodbye(bye)),
+            "Welcome",
+        ];
+        names.extend(
+            [
+                GoodbyeReason::RunFinished,
+                GoodbyeReason::LearnerStopping,
+                GoodbyeReason::ActorStopping,
+            ]
+            .map(goodbye),
+        );
+        names.extend(
+            [
+                RefusalCode::WrongToken,
+                RefusalCode::ProtocolVersion,
+                RefusalCode::EnvUnsupported,
+                RefusalCode::BatchTooLarge,
+                RefusalCode::BadRequest,
+                RefusalCode::ProtocolViolation,
+                RefusalCode::TooManyConnections,
+                RefusalCode::NotReady,
+                RefusalCode::Timeout,
+            ]
+            .map(refusal),
+        );
+        for name in names {
+            assert!(
+                page.contains(&format!("`{name}`")),
+                "protocol.md does not name `{name}`"
+            );
+        }
+    }
+
     #[test]
     fn only_retryable_refusals_are_temporary() {
         let temporary = [
