@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README; .ci/run calls exactly this): set-up, lints, all tests.
+# The test command (README; .ci/run calls exactly this): set-up, lints, the docs, all tests.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$here/setup.sh"
@@ -7,6 +7,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/env.sh"
 cd "$here/.."
 cargo fmt --all --check
+# The documentation: the mdBook site builds, and no link in it or in the top-level
+# Markdown is broken (the flag, metric and protocol references are checked against the
+# code by tests/tests/reference.rs, tests/tests/metrics.rs and proto's wire tests).
+"$here/docs.sh"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The multi-process tests run the learner and actor binaries.
 cargo build --workspace --bins --locked
