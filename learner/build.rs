@@ -1,4 +1,4 @@
-//! Link-time fixes for binaries and tests that use tch (see README, "libtorch") and
+//! Link-time fixes for binaries and tests that use tch (see docs/guide/install.md, "libtorch") and
 //! the Gymnasium bridge (an rpath to its libpython):
 //! an rpath to libtorch so no `LD_LIBRARY_PATH` is needed, and `libtorch_cuda`
 //! kept linked (the linker's `--as-needed` would drop it, leaving CUDA unavailable)

@@ -93,7 +93,7 @@ pub fn report() -> Report {
             "libtorch_cuda",
             "present but not linked: CUDA is unavailable to this binary whatever the GPU",
             "the linker dropped it (--as-needed): build with the crate's build.rs, which links it \
-             with --no-as-needed (see README, \"libtorch\")",
+             with --no-as-needed (see docs/guide/install.md, \"libtorch\")",
         )),
         (false, _) => r.0.push(Check::warn(
             "libtorch_cuda",

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 /// learner's tests check the two agree).
 pub const TCH_VERSION: &str = "0.24.0";
 
-/// The PyTorch release `tch` [`TCH_VERSION`] is built against (see README, "libtorch").
+/// The PyTorch release `tch` [`TCH_VERSION`] is built against (see docs/guide/install.md, "libtorch").
 pub const EXPECTED_TORCH: &str = "2.11.0";
 
 /// How a check came out.

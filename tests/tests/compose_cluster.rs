@@ -377,7 +377,7 @@ fn the_compose_cluster_trains_scales_survives_crashes_and_resumes() {
         started.elapsed().as_secs_f64()
     );
 
-    // The run out of the volume (as the README says to copy it): its TensorBoard events
+    // The run out of the volume (as docs/guide/cluster.md says to copy it): its TensorBoard events
     // read by TensorBoard's own reader, across all four learners that wrote them ...
     let run_dir = c.dir.path().join("run");
     docker(&[

@@ -143,7 +143,7 @@ pub struct TrainArgs {
     pub apex_epsilon: bool,
 
     /// A published configuration beneath the command line (explicit flags win):
-    /// `apex`, Ape-X DQN's settings (README, "Presets").
+    /// `apex`, Ape-X DQN's settings (docs/guide/learning-options.md, "Presets").
     #[arg(long, value_enum)]
     pub preset: Option<crate::presets::Preset>,
 
