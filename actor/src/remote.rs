@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use millrace_proto::codec::DEFAULT_MAX_FRAME;
 use millrace_proto::env::{supported, Family};
 use millrace_proto::io::{write_msg, FrameReader, ReadError};
+use millrace_proto::peer_text::{peer_text, MAX_REASON_CHARS};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, Capabilities, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal,
     Welcome, MAX_RETURNS_PER_STATS, PROTOCOL_VERSION,
@@ -119,7 +120,9 @@ enum End {
 
 impl End {
     /// What a refusal from the learner means for this actor.
-    fn refused(r: Refusal) -> Self {
+    fn refused(mut r: Refusal) -> Self {
+        // The learner's words go into this actor's log: bounded and escaped.
+        r.message = peer_text(&r.message, MAX_REASON_CHARS);
         if r.code.is_permanent() {
             End::Refused(r)
         } else {
@@ -127,7 +130,8 @@ impl End {
         }
     }
 
-    fn goodbye(g: Goodbye) -> Self {
+    fn goodbye(mut g: Goodbye) -> Self {
+        g.message = peer_text(&g.message, MAX_REASON_CHARS);
         match g.reason {
             GoodbyeReason::RunFinished => End::RunFinished(g.message),
             GoodbyeReason::LearnerStopping | GoodbyeReason::ActorStopping => {

@@ -16,6 +16,7 @@ pub mod frames;
 pub mod io;
 pub mod panics;
 pub mod params;
+pub mod peer_text;
 pub mod seeds;
 pub mod spec;
 pub mod wire;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use millrace_actor::{apex_epsilon, EpisodeStats};
 use millrace_proto::codec::tokens_equal;
 use millrace_proto::io::{write_frame, write_msg, FrameReader, ReadError};
+use millrace_proto::peer_text::{peer_text, MAX_NAME_CHARS, MAX_REASON_CHARS};
 use millrace_proto::wire::{
     ActorMsg, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal, RefusalCode, Welcome,
     MAX_RETURNS_PER_STATS, PROTOCOL_VERSION,
@@ -295,7 +296,12 @@ impl Connection {
             .map_err(|_| Refusal::new(RefusalCode::Timeout, "no handshake within the timeout"))?
             .map_err(|e| violation(format!("bad handshake: {e}")))?;
         let hello = match first {
-            Some(ActorMsg::Hello(h)) => h,
+            Some(ActorMsg::Hello(mut h)) => {
+                // A name is a log field and a label value: bounded and escaped before
+                // anything uses it.
+                h.actor_name = peer_text(&h.actor_name, MAX_NAME_CHARS);
+                h
+            }
             Some(other) => {
                 return Err(violation(format!(
                     "expected Hello first, got {}",
@@ -651,7 +657,10 @@ impl Connection {
                 }
                 ActorMsg::Heartbeat => {}
                 ActorMsg::Goodbye(g) => {
-                    return Outcome::Closed(format!("actor said goodbye: {}", g.message))
+                    return Outcome::Closed(format!(
+                        "actor said goodbye: {}",
+                        peer_text(&g.message, MAX_REASON_CHARS)
+                    ))
                 }
                 ActorMsg::Hello(_) => return Outcome::Refused(violation("a second Hello")),
             }

@@ -696,3 +696,44 @@ fn prioritized_replay_asks_actors_for_priorities_and_screens_them() {
     assert_eq!(stats.clamped_priorities, 1);
     assert_eq!(stats.max_priority, millrace_replay::ACTOR_PRIORITY_HEADROOM);
 }
+
+#[test]
+fn a_peers_name_and_goodbye_are_bounded_and_escaped_before_they_are_used() {
+    use millrace_proto::peer_text::MAX_NAME_CHARS;
+    let f = fixture(None);
+    let mut c = WireClient::connect(f.addr);
+    let ActorMsg::Hello(mut h) = hello("", PROTOCOL_VERSION, 4) else {
+        unreachable!("hello() makes a Hello")
+    };
+    // A forged log line and 60 KB that would become a label value on /metrics.
+    h.actor_name = format!(
+        "evil\n2026-12-03T00:00:00Z ERROR forged{}",
+        "x".repeat(60_000)
+    );
+    c.send(&ActorMsg::Hello(h));
+    loop {
+        match c.recv() {
+            Some(LearnerMsg::Welcome(_)) => break,
+            Some(LearnerMsg::Heartbeat) => {}
+            other => panic!("expected a welcome, got {other:?}"),
+        }
+    }
+    wait_until("the actor is on the board", LIMIT, || connected(&f) == 1);
+    let (_, entry) = f.board.entries().into_iter().next().unwrap();
+    assert!(
+        entry.name.chars().count() <= MAX_NAME_CHARS + 1,
+        "{} characters",
+        entry.name.chars().count()
+    );
+    assert!(entry.name.starts_with("evil\\n2026"), "{}", entry.name);
+    assert!(!entry.name.chars().any(char::is_control), "{}", entry.name);
+    // A huge goodbye with a forged line ends that session alone.
+    c.send(&ActorMsg::Goodbye(millrace_proto::wire::Goodbye {
+        reason: GoodbyeReason::ActorStopping,
+        message: format!("bye\n{}", "y".repeat(1 << 20)),
+    }));
+    wait_until("it left the board", LIMIT, || connected(&f) == 0);
+    let mut good = WireClient::connect(f.addr);
+    good.join("");
+    good_actor_still_works(&f, &mut good);
+}
