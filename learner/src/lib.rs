@@ -27,6 +27,7 @@ pub mod presets;
 pub mod prometheus;
 pub mod replay_flags;
 pub mod run;
+pub mod run_lock;
 pub mod summary;
 pub mod sweep;
 pub mod tensorboard;

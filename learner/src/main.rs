@@ -82,6 +82,8 @@ fn train(
     }
     let restarted = args.resume_if_present;
     let cfg = args.into_config()?;
+    // One learner per log directory, from here to the end of the run.
+    let _lock = millrace_learner::run_lock::RunLock::acquire(&cfg.logdir)?;
     if restarted {
         if let Some(code) = already_finished(&cfg)? {
             return Ok(code);

@@ -59,13 +59,49 @@ pub fn sync_dir(dir: &Path) {
     }
 }
 
+/// A temporary file's extension, unique per host, process and write: every container
+/// is PID 1, so a PID alone would let two learners' temporaries collide on a shared
+/// volume.
+fn temporary_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static HOST: OnceLock<String> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let host = HOST.get_or_init(|| {
+        let name = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        // A plain file-name piece.
+        let name: String = name
+            .trim()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(64)
+            .collect();
+        if name.is_empty() {
+            "host".into()
+        } else {
+            name
+        }
+    });
+    format!(
+        "tmp.{host}.{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// Writes `path` atomically: `write` fills a temporary file, which is synced and renamed
 /// over `path`; a crash at any moment leaves either the old file or the new one.
 pub fn write_atomic(
     path: &Path,
     write: impl FnOnce(&Path) -> Result<(), CheckpointError>,
 ) -> Result<(), CheckpointError> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let tmp = path.with_extension(temporary_suffix());
     let result = write(&tmp)
         .and_then(|()| {
             File::open(&tmp)

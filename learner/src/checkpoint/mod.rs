@@ -177,6 +177,52 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_save_removes_what_it_wrote_and_keeps_the_standing_generation() {
+        let (env, net, mut dqn) = setup();
+        let dir = tempfile::tempdir().unwrap();
+        let files = |d: &std::path::Path| {
+            let mut names: Vec<String> = fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        // No generation yet, and meta.json cannot be written (a directory is in its
+        // place, as a full disk would fail the write): nothing of the attempt stays.
+        fs::create_dir_all(dir.path().join("meta.json/x")).unwrap();
+        assert!(save_state(dir.path(), &dqn.state(), None, meta(&env, &net)).is_err());
+        assert_eq!(files(dir.path()), ["meta.json"]);
+        // A standing generation survives a later failed save, which leaves nothing.
+        fs::remove_dir_all(dir.path().join("meta.json")).unwrap();
+        save_state(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
+        let standing = files(dir.path());
+        dqn.sync_target();
+        let batch = millrace_core::dqn::Batch {
+            obs2: Tensor::ones([1, 2, 4], (Kind::Float, Device::Cpu)),
+            actions: Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::ones([1, 1, 1], (Kind::Float, Device::Cpu)),
+            discounts: Tensor::zeros([1, 1, 1], (Kind::Float, Device::Cpu)),
+            weights: None,
+        };
+        let _ = dqn.update(&batch);
+        let meta_json = dir.path().join("meta.json");
+        // Fail the commit again by a directory in its way (root ignores permissions),
+        // keeping the standing meta.json's content to put back.
+        let text = fs::read(&meta_json).unwrap();
+        fs::remove_file(&meta_json).unwrap();
+        fs::create_dir_all(meta_json.join("x")).unwrap();
+        assert!(save_state(dir.path(), &dqn.state(), None, meta(&env, &net)).is_err());
+        fs::remove_dir_all(&meta_json).unwrap();
+        fs::write(&meta_json, text).unwrap();
+        assert_eq!(
+            files(dir.path()),
+            standing,
+            "the new model file went with the failure"
+        );
+    }
+
+    #[test]
     fn a_second_save_replaces_the_first_and_leaves_no_temporaries() {
         let (env, net, mut dqn) = setup();
         let dir = tempfile::tempdir().unwrap();
@@ -327,15 +373,13 @@ mod tests {
         assert_eq!(first.replay_error, None);
         let (m0, _, _) = load_state(dir.path()).unwrap();
         let old_replay = m0.replay_file.clone().expect("replay written");
-        // The next generation's replay cannot be written (its temporary name is taken by
-        // a directory: as a full disk would, the write fails).
+        // The next generation's replay cannot be written (a directory is in its place:
+        // as a full disk would, the write fails at its rename).
         let mut state = dqn.state();
         state.updates += 5;
         let name = format!("replay-{:012}.bin", state.updates);
-        let tmp = latest
-            .join(&name)
-            .with_extension(format!("tmp.{}", std::process::id()));
-        fs::create_dir(&tmp).unwrap();
+        let tmp = latest.join(&name);
+        fs::create_dir_all(tmp.join("x")).unwrap();
         sample(&table, 8).unwrap();
         let second = save_state(&latest, &state, Some(&table), meta(&env, &net)).unwrap();
         assert!(second.replay_error.is_some(), "{second:?}");
@@ -350,7 +394,7 @@ mod tests {
         let restored = replay_table(3, 1000);
         assert_eq!(restore_replay(&at, &m1, &restored, 10).unwrap().held, 35);
         // Once a replay is written again, the old one goes.
-        fs::remove_dir(&tmp).unwrap();
+        fs::remove_dir_all(&tmp).unwrap();
         state.updates += 1;
         let third = save_state(&latest, &state, Some(&table), meta(&env, &net)).unwrap();
         assert_eq!(third.replay_error, None);

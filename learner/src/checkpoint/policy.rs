@@ -50,7 +50,14 @@ pub fn save_policy(
     write_atomic(&dir.join(&meta.policy_file), |tmp| {
         Tensor::write_safetensors(&[("online", &tensor)], tmp).map_err(tensor_err(tmp))
     })?;
-    write_json(&dir.join(META), &meta)?;
+    if let Err(e) = write_json(&dir.join(META), &meta) {
+        // The standing meta.json names the policy it needs; this one is unreferenced.
+        let standing: Option<PolicyMeta> = read_json(&dir.join(META)).ok();
+        if standing.is_none_or(|p| p.policy_file != meta.policy_file) {
+            let _ = std::fs::remove_file(dir.join(&meta.policy_file));
+        }
+        return Err(e);
+    }
     remove_unreferenced(dir, &["policy-"], &[meta.policy_file.as_str()]);
     Ok(())
 }

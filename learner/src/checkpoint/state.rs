@@ -114,6 +114,16 @@ pub fn save_state(
     mut meta: StateMeta,
 ) -> Result<Saved, CheckpointError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
+    // What the standing generation's meta.json names: kept should this save fail.
+    let standing: Vec<String> = read_json::<StateMeta>(&dir.join(META))
+        .ok()
+        .map(|p| {
+            [Some(p.model_file), p.replay_file]
+                .into_iter()
+                .flatten()
+                .collect()
+        })
+        .unwrap_or_default();
     meta.format = FORMAT_VERSION;
     meta.updates = state.updates;
     meta.adam_step = state.adam_step;
@@ -164,7 +174,19 @@ pub fn save_state(
             }
         }
     }
-    write_json(&dir.join(META), &meta)?;
+    if let Err(e) = write_json(&dir.join(META), &meta) {
+        // meta.json, the commit point, still names the standing generation: what this
+        // save wrote is referenced by nothing, and a full disk must not stay full.
+        for name in [Some(meta.model_file.as_str()), meta.replay_file.as_deref()]
+            .into_iter()
+            .flatten()
+        {
+            if !standing.iter().any(|s| s == name) {
+                let _ = fs::remove_file(dir.join(name));
+            }
+        }
+        return Err(e);
+    }
     let keep = [Some(meta.model_file.as_str()), meta.replay_file.as_deref()];
     let keep: Vec<&str> = keep.into_iter().flatten().collect();
     remove_unreferenced(dir, &["model-", "replay-"], &keep);
