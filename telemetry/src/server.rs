@@ -1,25 +1,28 @@
 //! The monitoring endpoint: `GET /metrics`, `/healthz`, `/livez` on one listener.
 //!
-//! A plain thread with blocking sockets, because it serves a scrape every few seconds
-//! and a health probe, not traffic; it must not share (or need) the async runtime that
-//! carries the actors' data. Each connection gets its own short-lived thread, at most
-//! [`MAX_CONNECTIONS`] at once (more are answered 503 at once), one request each, read
-//! within a deadline from its acceptance ([`IO_TIMEOUT`]) and a size limit, so a slot is
-//! never held longer than that by a slow client.
+//! Its own thread, running a small single-threaded tokio runtime of its own (never the
+//! one that carries the actors' data): a scrape every few seconds and health probes,
+//! not traffic. Each connection is a task that reads one request within a deadline from
+//! its acceptance ([`IO_TIMEOUT`]) and a size limit, answers, and closes. An idle
+//! connection costs a task and a small buffer, not a thread, so up to
+//! [`MAX_CONNECTIONS`] may wait at once (more are answered 503 at once): sockets held
+//! open by a client that sends nothing cannot starve the health probes, as a thread
+//! per connection with a small cap would let them.
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Requests larger than this (request line and headers) are refused.
 const MAX_REQUEST: usize = 8 * 1024;
 /// A client has this long to send its request, and to take the answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
-/// Connections served at once.
-const MAX_CONNECTIONS: usize = 16;
+/// Connections served at once (each idle one holds a task and a request buffer, at
+/// most [`MAX_REQUEST`] bytes).
+const MAX_CONNECTIONS: usize = 1024;
 
 /// What the endpoint serves: the last published page and whether the process is ready.
 /// Written by the process (the learner's metrics tick, the actor's session loop), read by
@@ -129,52 +132,67 @@ pub fn serve(addr: impl ToSocketAddrs, endpoint: Arc<Endpoint>) -> std::io::Resu
 }
 
 fn accept_loop(listener: TcpListener, endpoint: Arc<Endpoint>, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    for conn in listener.incoming() {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let Ok(mut conn) = conn else {
-            // Out of descriptors, say: try again shortly rather than spin.
-            std::thread::sleep(Duration::from_millis(50));
-            continue;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build();
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => return tracing::error!("metrics endpoint: no runtime: {e}"),
+    };
+    runtime.block_on(async move {
+        let listener = match listener
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpListener::from_std(listener))
+        {
+            Ok(l) => l,
+            Err(e) => return tracing::error!("metrics endpoint: {e}"),
         };
-        let _ = conn.set_read_timeout(Some(IO_TIMEOUT));
-        let _ = conn.set_write_timeout(Some(IO_TIMEOUT));
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
-            let _ = respond(&mut conn, 503, "text/plain", b"busy\n", false);
-            continue;
-        }
-        let accepted = Instant::now();
-        let endpoint = Arc::clone(&endpoint);
-        let active_here = Arc::clone(&active);
-        let spawned = std::thread::Builder::new()
-            .name("metrics-conn".into())
-            .spawn(move || {
-                handle(conn, &endpoint, accepted);
-                active_here.fetch_sub(1, Ordering::AcqRel);
+        let active = Arc::new(AtomicUsize::new(0));
+        loop {
+            let conn = listener.accept().await;
+            if stop.load(Ordering::Relaxed) {
+                // Dropping the runtime ends every connection's task.
+                return;
+            }
+            let Ok((conn, _)) = conn else {
+                // Out of descriptors, say: try again shortly rather than spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+                active.fetch_sub(1, Ordering::AcqRel);
+                // Without waiting for the request: at most the socket buffer's worth.
+                let _ = conn.try_write(&response(503, "text/plain", b"busy\n", false));
+                continue;
+            }
+            let accepted = Instant::now();
+            let endpoint = Arc::clone(&endpoint);
+            let active = Arc::clone(&active);
+            tokio::spawn(async move {
+                // The whole exchange, answer included, within twice the deadline.
+                let _ =
+                    tokio::time::timeout(2 * IO_TIMEOUT, handle(conn, &endpoint, accepted)).await;
+                active.fetch_sub(1, Ordering::AcqRel);
             });
-        if spawned.is_err() {
-            active.fetch_sub(1, Ordering::AcqRel);
         }
-    }
+    });
 }
 
 /// Reads the request head (up to the blank line), bounded in size and in time: the whole
 /// head must arrive within [`IO_TIMEOUT`] of the connection's acceptance, however the
 /// client spreads its bytes (a per-read timeout alone would let a client that sends a
 /// byte a second hold its connection for hours).
-fn read_head(conn: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, u16> {
+async fn read_head(conn: &mut tokio::net::TcpStream, deadline: Instant) -> Result<Vec<u8>, u16> {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(408);
-        }
-        conn.set_read_timeout(Some(left)).map_err(|_| 400u16)?;
-        let n = conn.read(&mut buf).map_err(|_| 408u16)?;
+        let read = tokio::time::timeout_at(deadline.into(), conn.read(&mut buf)).await;
+        let n = match read {
+            Err(_) => return Err(408),
+            Ok(Err(_)) => return Err(400),
+            Ok(Ok(n)) => n,
+        };
         if n == 0 {
             return Err(400);
         }
@@ -188,60 +206,54 @@ fn read_head(conn: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, u16> {
     }
 }
 
-fn handle(mut conn: TcpStream, endpoint: &Endpoint, accepted: Instant) {
-    let head = match read_head(&mut conn, accepted + IO_TIMEOUT) {
-        Ok(head) => head,
-        Err(code) => {
-            let _ = respond(&mut conn, code, "text/plain", b"bad request\n", false);
-            return;
-        }
+async fn handle(mut conn: tokio::net::TcpStream, endpoint: &Endpoint, accepted: Instant) {
+    let answer = match read_head(&mut conn, accepted + IO_TIMEOUT).await {
+        Ok(head) => route(&head, endpoint),
+        Err(code) => response(code, "text/plain", b"bad request\n", false),
     };
+    let _ = conn.write_all(&answer).await;
+    let _ = conn.shutdown().await;
+}
+
+/// The answer to a request head.
+fn route(head: &[u8], endpoint: &Endpoint) -> Vec<u8> {
     let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let head_only = method == "HEAD";
     if method != "GET" && !head_only {
-        let _ = respond(&mut conn, 405, "text/plain", b"only GET\n", false);
-        return;
+        return response(405, "text/plain", b"only GET\n", false);
     }
     let path = target.split('?').next().unwrap_or("");
-    let _ = match path {
-        "/metrics" => respond(
-            &mut conn,
+    match path {
+        "/metrics" => response(
             200,
             "text/plain; version=0.0.4; charset=utf-8",
             endpoint.page().as_bytes(),
             head_only,
         ),
         "/healthz" => match endpoint.ready() {
-            Ok(()) => respond(&mut conn, 200, "text/plain", b"ready\n", head_only),
-            Err(why) => respond(
-                &mut conn,
+            Ok(()) => response(200, "text/plain", b"ready\n", head_only),
+            Err(why) => response(
                 503,
                 "text/plain",
                 format!("not ready: {why}\n").as_bytes(),
                 head_only,
             ),
         },
-        "/livez" => respond(&mut conn, 200, "text/plain", b"alive\n", head_only),
-        _ => respond(
-            &mut conn,
+        "/livez" => response(200, "text/plain", b"alive\n", head_only),
+        _ => response(
             404,
             "text/plain",
             b"not found: /metrics, /healthz, /livez\n",
             head_only,
         ),
-    };
+    }
 }
 
-fn respond(
-    conn: &mut TcpStream,
-    code: u16,
-    content_type: &str,
-    body: &[u8],
-    head_only: bool,
-) -> std::io::Result<()> {
+/// A whole HTTP/1.1 answer (the connection closes after it).
+fn response(code: u16, content_type: &str, body: &[u8], head_only: bool) -> Vec<u8> {
     let reason = match code {
         200 => "OK",
         400 => "Bad Request",
@@ -251,19 +263,21 @@ fn respond(
         431 => "Request Header Fields Too Large",
         _ => "Service Unavailable",
     };
-    let head = format!(
+    let mut out = format!(
         "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    );
-    conn.write_all(head.as_bytes())?;
+    )
+    .into_bytes();
     if !head_only {
-        conn.write_all(body)?;
+        out.extend_from_slice(body);
     }
-    conn.flush()
+    out
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+
     use super::*;
     use crate::health::{check, HealthError};
 
@@ -338,6 +352,52 @@ mod tests {
             took < IO_TIMEOUT + Duration::from_millis(1500),
             "cut off after {took:?}"
         );
+    }
+
+    #[test]
+    fn probes_are_answered_while_silent_sockets_flood_the_endpoint() {
+        let server = serve("127.0.0.1:0", Endpoint::new("x")).unwrap();
+        let addr = server.addr();
+        // Hundreds of sockets that never send a byte, reopened as the server drops them
+        // (with a thread per connection and 16 slots, every probe failed).
+        let flooding = Arc::new(AtomicBool::new(true));
+        let flood = {
+            let flooding = Arc::clone(&flooding);
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                while flooding.load(Ordering::Relaxed) {
+                    held.retain(|s: &TcpStream| s.peek(&mut [0u8; 1]).is_err());
+                    while held.len() < 300 {
+                        match TcpStream::connect(addr) {
+                            Ok(s) => {
+                                s.set_nonblocking(true).unwrap();
+                                held.push(s);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        for i in 0..20 {
+            let t = Instant::now();
+            let answer = check(&addr.to_string(), "/livez", Duration::from_secs(1));
+            assert_eq!(
+                answer.as_deref().ok(),
+                Some("alive\n"),
+                "probe {i}: {answer:?}"
+            );
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "probe {i}: {:?}",
+                t.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        flooding.store(false, Ordering::Relaxed);
+        flood.join().unwrap();
     }
 
     #[test]
