@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use millrace_proto::{EnvConfig, NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
+use millrace_proto::{
+    DType, EnvConfig, NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -105,7 +107,22 @@ pub enum ActorError {
     Policy(#[from] PolicyError),
     #[error("the network does not fit the environment: {0}")]
     Network(String),
+    #[error(
+        "the environment {env} keeps producing bad values: {what} in {in_a_row} batches in a \
+         row ({rejected} batches rejected in all; none was stored)"
+    )]
+    BadValues {
+        env: String,
+        what: String,
+        in_a_row: u32,
+        rejected: u64,
+    },
 }
+
+/// Batches in a row with a non-finite reward or observation after which an actor stops
+/// (each one is dropped and counted before that: an environment that slips once does
+/// not end a run, one that keeps doing it does).
+pub const MAX_BAD_BATCHES_IN_A_ROW: u32 = 10;
 
 /// Builds the actor's `cfg.num_envs` environments, seeded from the actor's stream.
 pub fn make_envs(cfg: &ActorConfig) -> Result<env::AnyVecEnv, EnvError> {
@@ -133,10 +150,14 @@ pub struct ActorLoop<O> {
     returns: Vec<f32>,
     lengths: Vec<u32>,
     row_bytes: usize,
+    obs_dtype: DType,
     out: Output,
     batch_version: Option<u64>,
     seq: u64,
     steps: u64,
+    /// Batches dropped for bad values, in all and in a row.
+    rejected: u64,
+    bad_in_a_row: u32,
 }
 
 impl<O> std::fmt::Debug for ActorLoop<O> {
@@ -194,10 +215,13 @@ impl<O: Pod + Default> ActorLoop<O> {
             returns: vec![0.0; n],
             lengths: vec![0; n],
             row_bytes,
+            obs_dtype: spec.obs.dtype,
             out,
             batch_version: None,
             seq: 0,
             steps: 0,
+            rejected: 0,
+            bad_in_a_row: 0,
         })
     }
 
@@ -315,6 +339,31 @@ impl<O: Pod + Default> ActorLoop<O> {
             }
             Output::Frames(writer) => writer.take(),
         };
+        // What the environment gave, checked before anything downstream sees it (replay,
+        // the wire): a NaN observation or reward would poison every update sampling it.
+        if let Err(e) = full.check_values(self.num_actions, self.obs_dtype) {
+            self.rejected += 1;
+            self.bad_in_a_row += 1;
+            if self.bad_in_a_row >= MAX_BAD_BATCHES_IN_A_ROW {
+                return Err(ActorError::BadValues {
+                    env: self.cfg.env.id.clone(),
+                    what: e.to_string(),
+                    in_a_row: self.bad_in_a_row,
+                    rejected: self.rejected,
+                });
+            }
+            if self.rejected.is_power_of_two() {
+                tracing::warn!(
+                    "actor {}: the environment {} gave a {e}: a batch of {} transitions dropped ({} so far)",
+                    self.cfg.actor_id,
+                    self.cfg.env.id,
+                    full.len(),
+                    self.rejected
+                );
+            }
+            return Ok(None);
+        }
+        self.bad_in_a_row = 0;
         if self.cfg.initial_priorities && policy.version().is_some() && full.frames.is_none() {
             initial_priorities(policy, &mut full, self.num_actions);
         }
@@ -766,6 +815,128 @@ mod life_loss_tests {
         assert_eq!(
             (episodes[0].length, episodes[0].episode_return),
             (6, 2.0 * 5.0 + 5.0)
+        );
+    }
+}
+
+#[cfg(test)]
+mod bad_value_tests {
+    use super::*;
+    use crate::policy::MlpPolicy;
+    use millrace_proto::{EnvSpec, ObsSpec};
+
+    /// One environment that pays a NaN reward on the steps `bad` says, and a NaN
+    /// observation from step `nan_obs_from` on.
+    struct Flaky {
+        spec: EnvSpec,
+        t: u32,
+        bad: fn(u32) -> bool,
+    }
+
+    impl VecEnv<f32> for Flaky {
+        fn spec(&self) -> &EnvSpec {
+            &self.spec
+        }
+        fn num_envs(&self) -> usize {
+            1
+        }
+        fn reset(&mut self, _: &[u64], obs: &mut [f32]) -> Result<(), EnvError> {
+            obs[0] = 0.0;
+            Ok(())
+        }
+        fn step(
+            &mut self,
+            _: &[usize],
+            next: &mut [f32],
+            _: &mut [f32],
+            steps: &mut [Step],
+        ) -> Result<(), EnvError> {
+            self.t += 1;
+            next[0] = self.t as f32;
+            steps[0] = Step {
+                reward: if (self.bad)(self.t) { f32::NAN } else { 1.0 },
+                ..Step::default()
+            };
+            Ok(())
+        }
+    }
+
+    fn actor(bad: fn(u32) -> bool) -> ActorLoop<f32> {
+        let spec = EnvSpec {
+            id: "flaky-v0".into(),
+            obs: ObsSpec {
+                shape: vec![1],
+                dtype: DType::F32,
+            },
+            num_actions: 2,
+            max_episode_steps: 1_000_000,
+            reward_threshold: None,
+            frame_stack: 1,
+        };
+        let cfg = ActorConfig {
+            actor_id: 0,
+            env: EnvConfig::new("flaky-v0"),
+            num_envs: 1,
+            seed: 0,
+            n_step: 1,
+            gamma: 0.9,
+            batch_rows: 4,
+            epsilon: EpsilonSchedule::Constant(1.0),
+            env_epsilons: None,
+            clip_rewards: false,
+            initial_priorities: false,
+        };
+        ActorLoop::new(&cfg, Box::new(Flaky { spec, t: 0, bad })).unwrap()
+    }
+
+    fn policy() -> MlpPolicy {
+        let obs = ObsSpec {
+            shape: vec![1],
+            dtype: DType::F32,
+        };
+        MlpPolicy::new(NetworkSpec::mlp(&obs, &[2], 2, 1).unwrap(), 0).unwrap()
+    }
+
+    #[test]
+    fn a_batch_with_a_nan_reward_is_dropped_and_clean_ones_go_on() {
+        // Steps 5..=8 pay NaN: the batch holding them is dropped, none is stored.
+        let mut a = actor(|t| (5..=8).contains(&t));
+        let (mut p, steps) = (policy(), StepCounter::default());
+        let mut batches = Vec::new();
+        for _ in 0..40 {
+            if let Some(b) = a.step(&mut p, &mut NoParams, &steps, &mut |_| {}).unwrap() {
+                batches.push(b);
+            }
+        }
+        assert_eq!(a.rejected, 1, "one batch dropped");
+        assert!(batches.len() >= 8, "{} batches", batches.len());
+        assert!(batches
+            .iter()
+            .all(|b| b.rewards.iter().all(|r| r.is_finite())));
+        // Sequence numbers stay consecutive: a dropped batch takes none.
+        let seqs: Vec<u64> = batches.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, (0..batches.len() as u64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn an_environment_that_keeps_giving_nan_stops_the_actor_naming_it() {
+        let mut a = actor(|t| t > 2);
+        let (mut p, steps) = (policy(), StepCounter::default());
+        let err = loop {
+            match a.step(&mut p, &mut NoParams, &steps, &mut |_| {}) {
+                Ok(Some(b)) => assert!(b.rewards.iter().all(|r| r.is_finite())),
+                Ok(None) => {}
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(
+            err.contains("the environment flaky-v0 keeps producing bad values"),
+            "{err}"
+        );
+        assert!(err.contains("non-finite reward"), "{err}");
+        assert!(
+            err.contains(&format!("{MAX_BAD_BATCHES_IN_A_ROW} batches in a row")),
+            "{err}"
         );
     }
 }

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::frames::FrameLinks;
-use crate::spec::SpecError;
+use crate::spec::{DType, SpecError};
 
 /// Transitions as columns already in tensor layout (struct of arrays), with each
 /// observation stored once.
@@ -235,12 +235,14 @@ impl TransitionBatch {
 }
 
 impl TransitionBatch {
-    /// Checks the values a learner relies on, for batches from outside the process:
-    /// actions in `0..num_actions`, finite rewards, discounts in `[0, 1]`. Priorities
-    /// are not refused here: replay screens them (one that is negative or not finite is
-    /// counted and replaced, never stored), so an actor whose network diverged loses
-    /// neither its connection nor its transitions.
-    pub fn check_values(&self, num_actions: usize) -> Result<(), SpecError> {
+    /// Checks the values a learner relies on, for batches from an environment or from
+    /// outside the process: actions in `0..num_actions`, finite rewards, discounts in
+    /// `[0, 1]`, and for `f32` observations every value finite (one NaN observation
+    /// would poison every update that samples it). Priorities are not refused here:
+    /// replay screens them (one that is negative or not finite is counted and
+    /// replaced, never stored), so an actor whose network diverged loses neither its
+    /// connection nor its transitions.
+    pub fn check_values(&self, num_actions: usize, obs: DType) -> Result<(), SpecError> {
         if let Some(a) = self
             .actions
             .iter()
@@ -256,6 +258,14 @@ impl TransitionBatch {
         if self.discounts.iter().any(|d| !(0.0..=1.0).contains(d)) {
             return Err(SpecError::BadValue("discount outside [0, 1]".into()));
         }
+        if obs == DType::F32
+            && self
+                .obs
+                .chunks_exact(4)
+                .any(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
+        {
+            return Err(SpecError::BadValue("non-finite observation".into()));
+        }
         Ok(())
     }
 }
@@ -263,6 +273,25 @@ impl TransitionBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_rewards_and_observations_are_bad_values() {
+        let good = || {
+            let mut b = TransitionBatch::with_capacity(8, 1, 2);
+            b.push_f32(&[1.0, 2.0], 1, 0.5, 0.99, &[3.0, 4.0]);
+            b
+        };
+        assert_eq!(good().check_values(2, DType::F32), Ok(()));
+        let mut b = good();
+        b.rewards[0] = f32::NAN;
+        assert!(b.check_values(2, DType::F32).is_err());
+        let mut b = TransitionBatch::with_capacity(8, 1, 2);
+        b.push_f32(&[1.0, f32::INFINITY], 1, 0.5, 0.99, &[3.0, 4.0]);
+        let err = b.check_values(2, DType::F32).unwrap_err().to_string();
+        assert!(err.contains("non-finite observation"), "{err}");
+        // Bytes are bytes: a u8 image has no non-finite values to find.
+        assert_eq!(b.check_values(2, DType::U8), Ok(()));
+    }
 
     #[test]
     fn push_builds_aligned_columns() {
@@ -285,19 +314,26 @@ mod tests {
     fn check_values_rejects_out_of_range_rows() {
         let mut b = TransitionBatch::with_capacity(4, 2, 4);
         b.push_f32(&[1.0], 1, 0.5, 0.99, &[3.0]);
-        assert_eq!(b.check_values(2), Ok(()));
-        assert!(b.check_values(1).is_err(), "action 1 with one action");
+        assert_eq!(b.check_values(2, DType::F32), Ok(()));
+        assert!(
+            b.check_values(1, DType::F32).is_err(),
+            "action 1 with one action"
+        );
         b.rewards[0] = f32::NAN;
-        assert!(b.check_values(2).is_err());
+        assert!(b.check_values(2, DType::F32).is_err());
         b.rewards[0] = 0.0;
         b.discounts[0] = 1.5;
-        assert!(b.check_values(2).is_err());
+        assert!(b.check_values(2, DType::F32).is_err());
         b.discounts[0] = 0.5;
         // Priorities are replay's to screen.
         b.priorities = vec![f32::NAN];
-        assert_eq!(b.check_values(2), Ok(()), "a NaN priority is replay's");
+        assert_eq!(
+            b.check_values(2, DType::F32),
+            Ok(()),
+            "a NaN priority is replay's"
+        );
         b.priorities = vec![0.0];
-        assert_eq!(b.check_values(2), Ok(()));
+        assert_eq!(b.check_values(2, DType::F32), Ok(()));
         b.priorities = vec![1.0, 2.0];
         assert!(b.validate(4, 1).is_err(), "one priority per transition");
     }

@@ -573,7 +573,7 @@ impl Connection {
                     }
                     if let Err(e) = batch
                         .validate(row_bytes, ctx.env.frame_stack)
-                        .and_then(|()| batch.check_values(num_actions))
+                        .and_then(|()| batch.check_values(num_actions, ctx.env.obs.dtype))
                     {
                         return Outcome::Refused(violation(format!(
                             "transition batch does not match {}: {e}",

@@ -12,7 +12,7 @@ use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, GoodbyeReason, Hello, LearnerMsg, RefusalCode, PROTOCOL_VERSION,
 };
-use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter};
+use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 use millrace_server::{
     self as server, goodbye_for, ActorBoard, AgentPorts, AgentSpec, Route, Routes, ServerConfig,
@@ -335,6 +335,17 @@ fn bad_input_closes_that_connection_alone_with_a_reason() {
         .unwrap()
         .message
         .contains("action 7 outside 0..2"));
+    // A non-finite observation (it would poison every update that samples it): refused
+    // with its reason, nothing of it stored.
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("s3cret");
+    let mut b = TransitionBatch::with_capacity(16, 1, 2);
+    b.push_f32(&[0.0, f32::NAN, 0.0, 0.0], 0, 1.0, 0.99, &[0.0; 4]);
+    let before = f.table.len();
+    c.send(&ActorMsg::Transitions(b));
+    let r = c.refused().unwrap();
+    assert!(r.message.contains("non-finite observation"), "{r}");
+    assert_eq!(f.table.len(), before);
     // Far more observation rows than transitions: it would flush replay past the rate
     // limiter, which counts transitions.
     let mut c = WireClient::connect(f.addr);

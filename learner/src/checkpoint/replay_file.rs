@@ -6,7 +6,7 @@ use std::io::{BufReader, BufWriter, Write};
 use std::path::Path;
 
 use millrace_proto::codec::{self, Framer, MAX_FRAME_CEILING};
-use millrace_proto::TransitionBatch;
+use millrace_proto::{EnvSpec, TransitionBatch};
 use millrace_replay::{ReplayError, Table};
 
 use super::files::{invalid, io, write_atomic, CheckpointError};
@@ -47,7 +47,8 @@ pub struct Restored {
 /// Refills `table` from a replay file, checking every record as if it came from the
 /// network (lengths before allocation, shapes, values). Batches larger than this
 /// table's shards are skipped and counted.
-pub fn load(path: &Path, num_actions: usize, table: &Table) -> Result<Restored, CheckpointError> {
+pub fn load(path: &Path, env: &EnvSpec, table: &Table) -> Result<Restored, CheckpointError> {
+    let (num_actions, obs_dtype) = (env.num_actions, env.obs.dtype);
     let mut input = BufReader::new(File::open(path).map_err(io(path))?);
     let mut framer = Framer::new(MAX_FRAME_CEILING);
     let mut restored = Restored::default();
@@ -62,7 +63,7 @@ pub fn load(path: &Path, num_actions: usize, table: &Table) -> Result<Restored, 
         let (shard, batch): (u32, TransitionBatch) =
             codec::decode(payload).map_err(|e| invalid(path, e.to_string()))?;
         batch
-            .check_values(num_actions)
+            .check_values(num_actions, obs_dtype)
             .map_err(|e| invalid(path, e.to_string()))?;
         match table.restore(shard as usize, &batch) {
             Ok(()) => restored.read += batch.len(),

@@ -333,7 +333,7 @@ pub fn restore_replay(
         return Ok(super::replay_file::Restored::default());
     };
     let path = dir.join(plain_name(&dir.join(META), name)?);
-    let restored = super::replay_file::load(&path, meta.env.num_actions, table)?;
+    let restored = super::replay_file::load(&path, &meta.env, table)?;
     if restored.held as u64 >= learning_starts {
         table.restore_counters(meta.replay_inserts, meta.replay_samples);
     }
