@@ -21,12 +21,14 @@ use tokio::net::TcpStream;
 /// Bytes of a transition frame that are not rows: the header, the batch's scalar fields
 /// and the columns' length prefixes, with room to spare.
 const FRAME_HEADROOM: u64 = 64 << 10;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use super::{ActorEntry, Shared, StopSignal, HANDSHAKE_MAX_FRAME, MAX_ENVS_PER_ACTOR};
 
 pub(super) struct Connection {
-    pub(super) _permit: tokio::sync::OwnedSemaphorePermit,
+    /// Its place among the handshakes in flight, given back once the peer has proved the
+    /// token (or the connection ends).
+    pub(super) handshake_place: std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
     pub(super) shared: Arc<Shared>,
     pub(super) frames: watch::Receiver<Option<Arc<Vec<u8>>>>,
     pub(super) stop: StopSignal,
@@ -136,7 +138,7 @@ impl Connection {
         let (rd, mut wr) = stream.into_split();
         let mut rd = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
         let peer = self.peer;
-        let (hello, welcome, route) = match self.handshake(&mut rd).await {
+        let (hello, welcome, route, _session_place) = match self.handshake(&mut rd).await {
             Ok(w) => w,
             Err(refusal) => {
                 tracing::warn!("{peer}: refused: {refusal}");
@@ -288,7 +290,7 @@ impl Connection {
     async fn handshake(
         &self,
         rd: &mut FrameReader<OwnedReadHalf>,
-    ) -> Result<(Hello, Welcome, SessionRoute), Refusal> {
+    ) -> Result<(Hello, Welcome, SessionRoute, OwnedSemaphorePermit), Refusal> {
         let cfg = &self.shared.cfg;
         let ctx = &self.shared.ctx;
         let first = tokio::time::timeout(cfg.handshake_timeout, rd.read_msg::<ActorMsg>())
@@ -321,9 +323,32 @@ impl Connection {
         }
         if let Some(token) = &cfg.token {
             if !tokens_equal(token.as_bytes(), hello.token.as_bytes()) {
+                // Guessing costs time: the wait grows with this address's recent failures
+                // (and holds one of the few handshake places meanwhile).
+                let wait = self
+                    .shared
+                    .auth_failures
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .failed(self.peer.ip(), Instant::now());
+                tokio::time::sleep(wait).await;
                 return Err(Refusal::new(RefusalCode::WrongToken, "wrong token"));
             }
         }
+        // Authenticated: it takes a session's place, and gives its handshake place to
+        // the next peer.
+        let session_place = Arc::clone(&self.shared.session_places)
+            .try_acquire_owned()
+            .map_err(|_| {
+                Refusal::new(
+                    RefusalCode::TooManyConnections,
+                    format!("the learner has {} connections open", cfg.max_connections),
+                )
+            })?;
+        self.handshake_place
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if self.stop.borrow().is_some() {
             return Err(Refusal::new(
                 RefusalCode::NotReady,
@@ -439,7 +464,7 @@ impl Connection {
             },
             max_frame: cfg.max_frame as u64,
         };
-        Ok((hello, welcome, route))
+        Ok((hello, welcome, route, session_place))
     }
 
     /// Transitions per batch for an actor of `envs` environments building `n_step`

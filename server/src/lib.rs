@@ -11,6 +11,7 @@
 //! [`Goodbye`]: "finished" (actors exit) or "stopping" (actors retry; the learner is
 //! coming back).
 
+mod auth;
 mod board;
 mod connection;
 mod exploration;
@@ -27,7 +28,7 @@ use millrace_actor::remote::SOCKET_BUFFER_BYTES;
 use millrace_actor::EpisodeStats;
 use millrace_proto::codec;
 use millrace_proto::io::{write_msg, MemoryBudget};
-use millrace_proto::wire::{Goodbye, GoodbyeReason, LearnerMsg, Refusal, RefusalCode};
+use millrace_proto::wire::{Goodbye, GoodbyeReason, LearnerMsg};
 use millrace_proto::{EnvSpec, NetworkSpec, ParamsCell};
 use serde::Serialize;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -46,9 +47,9 @@ pub const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
 /// Default port of `learner --listen`.
 pub const DEFAULT_PORT: u16 = 7787;
 pub use millrace_proto::wire::MAX_ENVS_PER_ACTOR;
-/// Refusals being written at once to connections over the limit; beyond it, extra
-/// connections are closed without one.
-const MAX_PENDING_REFUSALS: usize = 64;
+/// Answers being written at once during the last call (see [`DEFAULT_LAST_CALL`]);
+/// beyond it, extra connections are closed without one.
+const MAX_PENDING_ANSWERS: usize = 64;
 
 /// Server settings, all decided by the run's configuration (see `cli`).
 #[derive(Clone, Debug, Serialize)]
@@ -86,8 +87,12 @@ pub struct ServerConfig {
     /// `epsilon_decay` on the global env steps, as embedded actors do.
     pub apex_epsilon: bool,
     pub epsilon_decay: Option<millrace_proto::wire::EpsilonDecay>,
-    /// Connections open at once; more are refused (temporarily) at accept.
+    /// Authenticated sessions at once; an actor past it is refused, temporarily, once it
+    /// has proved the token.
     pub max_connections: usize,
+    /// Connections still in their handshake at once (not yet authenticated: they do not
+    /// count against `max_connections`); more are closed at accept without a word.
+    pub max_handshakes: usize,
     /// How long the listener stays open for actors coming back once the run is
     /// finished (see [`DEFAULT_LAST_CALL`]).
     #[serde(serialize_with = "secs")]
@@ -101,7 +106,7 @@ impl ServerConfig {
             token: None,
             max_frame: codec::DEFAULT_MAX_FRAME,
             max_inflight_bytes: 256 << 20,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(60),
             write_timeout: Duration::from_secs(30),
             heartbeat_every: Duration::from_secs(5),
@@ -114,6 +119,7 @@ impl ServerConfig {
             apex_epsilon: false,
             epsilon_decay: None,
             max_connections: 256,
+            max_handshakes: 64,
             last_call: DEFAULT_LAST_CALL,
         }
     }
@@ -235,6 +241,11 @@ struct Shared {
     /// ended sending its actors on, a temporary refusal, an actor that dropped): its
     /// actor may be reconnecting. A std mutex: nothing awaits while holding it.
     away: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Authenticated sessions' places (`max_connections`), taken once the token is
+    /// proved, so sockets that never authenticate cannot take them.
+    session_places: Arc<Semaphore>,
+    /// Recent failed authentications by source address, to throttle guessing.
+    auth_failures: std::sync::Mutex<auth::Failures>,
 }
 
 impl Shared {
@@ -286,32 +297,34 @@ async fn serve(
         ctx,
         sessions: AtomicU32::new(0),
         away: std::sync::Mutex::new(None),
+        session_places: Arc::new(Semaphore::new(cfg.max_connections)),
+        auth_failures: std::sync::Mutex::new(auth::Failures::default()),
     });
-    // Bounds open connections, and with them the threads parked in replay inserts.
-    let permits = Arc::new(Semaphore::new(cfg.max_connections));
-    let refusals = Arc::new(Semaphore::new(MAX_PENDING_REFUSALS));
+    // Bounds the handshakes in flight (sockets not yet authenticated); sessions have
+    // places of their own (`Shared::session_places`), which bound the threads parked in
+    // replay inserts.
+    let handshakes = Arc::new(Semaphore::new(cfg.max_handshakes));
+    let mut turned_away: u64 = 0;
     let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-                        tracing::warn!("{peer}: refused: {} connections already open", cfg.max_connections);
-                        // Tell it to come back later, without letting refusals pile up.
-                        if let Ok(p) = Arc::clone(&refusals).try_acquire_owned() {
-                            let refusal = Refusal::new(
-                                RefusalCode::TooManyConnections,
-                                format!("the learner has {} connections open", cfg.max_connections),
+                    let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
+                        // Nothing is said to a peer that has not proved the token; a flood
+                        // is logged once per power of two.
+                        turned_away += 1;
+                        if turned_away.is_power_of_two() {
+                            tracing::warn!(
+                                "{peer}: closed at once: {} handshakes already in flight ({turned_away} turned away so far)",
+                                cfg.max_handshakes
                             );
-                            tokio::spawn(async move {
-                                refuse(stream, refusal).await;
-                                drop(p);
-                            });
                         }
+                        drop(stream);
                         continue;
                     };
                     let conn = Connection {
-                        _permit: permit,
+                        handshake_place: std::sync::Mutex::new(Some(permit)),
                         shared: Arc::clone(&shared),
                         frames: frames_rx.clone(),
                         stop: stop.clone(),
@@ -345,7 +358,13 @@ async fn serve(
         let _ = closed_tx.send(true);
     };
     tokio::join!(
-        last_call(listener, goodbye, &shared, refusals, closed_rx),
+        last_call(
+            listener,
+            goodbye,
+            &shared,
+            Arc::new(Semaphore::new(MAX_PENDING_ANSWERS)),
+            closed_rx,
+        ),
         wait
     );
 }
@@ -405,11 +424,6 @@ async fn last_call(
             },
         }
     }
-}
-
-/// Sends a refusal on a fresh connection and closes it (see [`answer`]).
-async fn refuse(stream: TcpStream, refusal: Refusal) {
-    answer(stream, LearnerMsg::Refused(refusal)).await;
 }
 
 /// Sends `msg` on a fresh connection instead of a welcome and closes it without losing

@@ -265,8 +265,12 @@ fn connections_beyond_the_limit_are_told_to_come_back_later() {
     let _ = a.join("");
     let mut b = WireClient::connect(f.addr);
     let _ = b.join("");
+    // Refused once it has proved the token (sockets that never do take no place).
     let mut c = WireClient::connect(f.addr);
-    let r = c.refused().expect("a refusal, not a silent close");
+    let r = match c.hello("") {
+        LearnerMsg::Refused(r) => r,
+        other => panic!("a refusal, not {other:?}"),
+    };
     assert_eq!(r.code, RefusalCode::TooManyConnections);
     assert!(!r.code.is_permanent(), "temporary: retry later");
     // One leaves: the next one is admitted.
@@ -747,4 +751,53 @@ fn a_peers_name_and_goodbye_are_bounded_and_escaped_before_they_are_used() {
     let mut good = WireClient::connect(f.addr);
     good.join("");
     good_actor_still_works(&f, &mut good);
+}
+
+#[test]
+fn sockets_that_never_authenticate_take_no_session_place_and_are_bounded() {
+    let f = fixture_with(|cfg| {
+        cfg.token = Some("s3cret".into());
+        cfg.max_connections = 2;
+        cfg.max_handshakes = 8;
+        cfg.handshake_timeout = Duration::from_millis(500);
+    });
+    // Silent sockets (in their handshake) take no session place: with four held, two
+    // honest actors take both (the silent ones used to take them first).
+    let mut silent: Vec<WireClient> = (0..4).map(|_| WireClient::connect(f.addr)).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut admitted: Vec<WireClient> = (0..2).map(|_| WireClient::connect(f.addr)).collect();
+    for c in &mut admitted {
+        let _ = c.join("s3cret");
+    }
+    // Four more fill the handshake places; a ninth is closed at once, without a word
+    // before it has proved anything.
+    silent.extend((0..4).map(|_| WireClient::connect(f.addr)));
+    std::thread::sleep(Duration::from_millis(100));
+    let mut ninth = WireClient::connect(f.addr);
+    assert!(ninth.expect_closed().is_empty(), "nothing said to it");
+    drop(silent);
+    good_actor_still_works(&f, &mut admitted[0]);
+}
+
+#[test]
+fn wrong_tokens_from_one_address_are_answered_ever_more_slowly() {
+    let f = fixture(Some("s3cret"));
+    let start = std::time::Instant::now();
+    for _ in 0..8 {
+        let mut c = WireClient::connect(f.addr);
+        match c.hello("guess") {
+            LearnerMsg::Refused(r) => assert_eq!(r.code, RefusalCode::WrongToken, "{r}"),
+            other => panic!("a typed refusal, not {other:?}"),
+        }
+    }
+    // 50 ms, 100 ms, ... 400 ms: 1.8 s for eight guesses (they came back in well under
+    // a millisecond each).
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500),
+        "eight guesses in {took:?}"
+    );
+    // The right token is still welcome at once.
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("s3cret");
 }
