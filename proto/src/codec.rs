@@ -204,6 +204,11 @@ pub enum ReadError {
     Truncated { got: usize },
     #[error("nothing received for {0:?}")]
     Idle(std::time::Duration),
+    #[error("a frame of {len} bytes did not arrive within {limit:?} (the minimum rate)")]
+    TooSlow {
+        len: usize,
+        limit: std::time::Duration,
+    },
     #[error(transparent)]
     Codec(#[from] CodecError),
 }

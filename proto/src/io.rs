@@ -88,6 +88,25 @@ pub struct FrameReader<R> {
     permit: Option<BudgetPermit>,
     /// A read that makes no progress for this long fails with [`ReadError::Idle`].
     idle: Option<Duration>,
+    /// Each frame must arrive whole at this rate (see [`FrameReader::with_min_rate`]).
+    min_rate: Option<MinRate>,
+    /// When the frame being read must be complete.
+    frame_deadline: Option<tokio::time::Instant>,
+}
+
+/// A frame of `len` bytes has `grace + len / bytes_per_s` to arrive once its header
+/// is in (and its budget taken): a peer that trickles a large frame cannot hold its
+/// share of the memory budget for long, however often it sends a byte.
+#[derive(Clone, Copy, Debug)]
+pub struct MinRate {
+    pub grace: Duration,
+    pub bytes_per_s: u64,
+}
+
+impl MinRate {
+    fn limit(&self, len: usize) -> Duration {
+        self.grace + Duration::from_secs_f64(len as f64 / self.bytes_per_s.max(1) as f64)
+    }
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -98,7 +117,16 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             budget: None,
             permit: None,
             idle: None,
+            min_rate: None,
+            frame_deadline: None,
         }
+    }
+
+    /// Fails a read with [`ReadError::TooSlow`] when a frame does not arrive whole at
+    /// `rate` (the idle timeout alone resets on every byte).
+    pub fn with_min_rate(mut self, rate: MinRate) -> Self {
+        self.min_rate = Some(rate);
+        self
     }
 
     /// Charges every frame's payload to `budget` while it is read and handled.
@@ -133,8 +161,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                         Some(b) => b.take(len).await?,
                         None => BudgetPermit::none(),
                     });
+                    // The clock starts once the budget is taken: waiting for it is the
+                    // reader's own backpressure.
+                    self.frame_deadline = self
+                        .min_rate
+                        .map(|r| tokio::time::Instant::now() + r.limit(len));
                 }
                 if let Some(payload) = self.framer.frame() {
+                    self.frame_deadline = None;
                     let permit = self.permit.take().unwrap_or_else(BudgetPermit::none);
                     let msg = codec::decode(payload);
                     // Decoded: a large payload buffer goes now, so that the permit
@@ -144,12 +178,24 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     return Ok(Some((msg?, permit)));
                 }
             }
+            let frame = self.framer.payload_len().zip(self.frame_deadline);
             let space = self.framer.space()?;
-            let n = match self.idle {
-                Some(idle) => tokio::time::timeout(idle, self.inner.read(space))
+            let read = self.inner.read(space);
+            let n = match (self.idle, frame) {
+                (_, Some((len, deadline)))
+                    if self
+                        .idle
+                        .is_none_or(|idle| deadline <= tokio::time::Instant::now() + idle) =>
+                {
+                    let limit = self.min_rate.map_or(Duration::ZERO, |r| r.limit(len));
+                    tokio::time::timeout_at(deadline, read)
+                        .await
+                        .map_err(|_| ReadError::TooSlow { len, limit })??
+                }
+                (Some(idle), _) => tokio::time::timeout(idle, read)
                     .await
                     .map_err(|_| ReadError::Idle(idle))??,
-                None => self.inner.read(space).await?,
+                (None, _) => read.await?,
             };
             if n == 0 {
                 return match self.framer.pending() {
@@ -242,6 +288,40 @@ mod tests {
             reader.read_msg::<ActorMsg>().await,
             Err(ReadError::Idle(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_frame_trickled_below_the_minimum_rate_is_cut_off() {
+        use tokio::io::AsyncWriteExt;
+        let (mut tx, rx) = tokio::io::duplex(1 << 16);
+        let frame = codec::encode(&vec![7u8; 4000], 1 << 20).unwrap();
+        // A byte every 5 ms: never idle for long, but 4 KB would take 20 s.
+        let writer = tokio::spawn(async move {
+            for b in frame {
+                if tx.write_all(&[b]).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        });
+        let mut reader = FrameReader::new(rx, 1 << 20)
+            .with_idle_timeout(std::time::Duration::from_secs(1))
+            .with_min_rate(MinRate {
+                grace: std::time::Duration::from_millis(200),
+                bytes_per_s: 1 << 20,
+            });
+        let start = std::time::Instant::now();
+        let err = reader.read_msg::<Vec<u8>>().await.unwrap_err();
+        assert!(
+            matches!(err, ReadError::TooSlow { len, .. } if len > 4000),
+            "{err}"
+        );
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        writer.abort();
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use millrace_actor::{apex_epsilon, EpisodeStats};
 use millrace_proto::codec::tokens_equal;
-use millrace_proto::io::{write_frame, write_msg, FrameReader, ReadError};
+use millrace_proto::io::{write_frame, write_msg, FrameReader, MinRate, ReadError};
 use millrace_proto::peer_text::{peer_text, MAX_NAME_CHARS, MAX_REASON_CHARS};
 use millrace_proto::wire::{
     ActorMsg, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal, RefusalCode, Welcome,
@@ -194,7 +194,11 @@ impl Connection {
         rd.set_max_frame(cfg.max_frame);
         let mut rd = rd
             .with_budget(Arc::clone(&self.shared.budget))
-            .with_idle_timeout(cfg.idle_timeout);
+            .with_idle_timeout(cfg.idle_timeout)
+            .with_min_rate(MinRate {
+                grace: cfg.frame_grace,
+                bytes_per_s: cfg.min_frame_rate,
+            });
         // The writer stops when the reader does (the reader also watches shutdown).
         let (close_tx, close_rx) = watch::channel(false);
         let writer = tokio::spawn(send_loop(
@@ -579,7 +583,7 @@ impl Connection {
             let (msg, _budget) = match msg {
                 Ok(Some(m)) => m,
                 Ok(None) => return Outcome::Closed("actor disconnected".into()),
-                Err(e @ ReadError::Idle(_)) => {
+                Err(e @ (ReadError::Idle(_) | ReadError::TooSlow { .. })) => {
                     return Outcome::Refused(Refusal::new(RefusalCode::Timeout, e.to_string()))
                 }
                 Err(ReadError::Io(e)) => return Outcome::Closed(format!("connection lost: {e}")),

@@ -67,6 +67,13 @@ pub struct ServerConfig {
     /// A connection that sends nothing for this long is closed.
     #[serde(serialize_with = "secs")]
     pub idle_timeout: Duration,
+    /// Once its header is in, a frame of `len` bytes must arrive whole within
+    /// `frame_grace + len / min_frame_rate` (the idle timeout resets on every byte: a
+    /// trickled frame would hold its share of the memory budget for ever).
+    #[serde(serialize_with = "secs")]
+    pub frame_grace: Duration,
+    /// Bytes per second (see `frame_grace`).
+    pub min_frame_rate: u64,
     /// A write (parameters, heartbeat) that takes longer than this closes the connection.
     #[serde(serialize_with = "secs")]
     pub write_timeout: Duration,
@@ -108,6 +115,9 @@ impl ServerConfig {
             max_inflight_bytes: 256 << 20,
             handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(60),
+            // A 16 MiB batch then has 69 s: far more than any link an actor uses needs.
+            frame_grace: Duration::from_secs(5),
+            min_frame_rate: 256 << 10,
             write_timeout: Duration::from_secs(30),
             heartbeat_every: Duration::from_secs(5),
             n_step: 3,

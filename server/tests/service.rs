@@ -3,6 +3,7 @@
 //! connection limits and timeouts, goodbyes at the end of a run, and every kind of bad
 //! input closing that connection alone while a good actor carries on.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -800,4 +801,42 @@ fn wrong_tokens_from_one_address_are_answered_ever_more_slowly() {
     // The right token is still welcome at once.
     let mut c = WireClient::connect(f.addr);
     let _ = c.join("s3cret");
+}
+
+#[test]
+fn a_frame_trickled_below_the_minimum_rate_is_cut_off_and_its_budget_freed() {
+    let f = fixture_with(|cfg| {
+        cfg.frame_grace = Duration::from_millis(200);
+        cfg.min_frame_rate = 100_000;
+    });
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("");
+    // A frame that claims 200 KB (2.2 s at the minimum rate), then a byte every 20 ms:
+    // never idle, never done.
+    let start = std::time::Instant::now();
+    c.send_bytes(&200_000u32.to_le_bytes());
+    let mut refused = None;
+    while start.elapsed() < LIMIT {
+        if c.stream.write_all(&[0]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        c.stream.set_nonblocking(true).unwrap();
+        let mut peek = [0u8; 1];
+        let answered = c.stream.peek(&mut peek).is_ok_and(|n| n > 0);
+        c.stream.set_nonblocking(false).unwrap();
+        if answered {
+            refused = c.refused();
+            break;
+        }
+    }
+    let r = refused.expect("a typed refusal");
+    assert_eq!(r.code, RefusalCode::Timeout, "{r}");
+    assert!(r.message.contains("minimum rate"), "{r}");
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(5), "cut off after {took:?}");
+    // Its budget went back: an honest actor's batch is stored.
+    let mut good = WireClient::connect(f.addr);
+    good.join("");
+    good_actor_still_works(&f, &mut good);
 }
