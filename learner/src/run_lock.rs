@@ -108,6 +108,9 @@ impl Owner {
 #[derive(Debug)]
 pub struct RunLock {
     path: PathBuf,
+    /// The log directory, when this lock created it: removed with the lock if nothing
+    /// else was written there (a run refused before it started leaves no trace).
+    created: Option<PathBuf>,
     nonce: u64,
     stop: Arc<AtomicBool>,
     beat: Option<JoinHandle<()>>,
@@ -120,6 +123,7 @@ impl RunLock {
             dir: dir.to_path_buf(),
             source,
         };
+        let made_dir = (!dir.exists()).then(|| dir.to_path_buf());
         std::fs::create_dir_all(dir).map_err(io)?;
         let path = dir.join(LOCK_FILE);
         let nonce: u64 = rand::random();
@@ -181,6 +185,7 @@ impl RunLock {
         };
         Ok(Self {
             path,
+            created: made_dir,
             nonce,
             stop,
             beat: Some(beat),
@@ -228,6 +233,10 @@ impl Drop for RunLock {
         // Only ours is removed (not one another learner took over).
         if read_json::<Owner>(&self.path).is_ok_and(|held| held.nonce == self.nonce) {
             let _ = std::fs::remove_file(&self.path);
+            if let Some(dir) = &self.created {
+                // Only if empty: a run that wrote anything keeps its directory.
+                let _ = std::fs::remove_dir(dir);
+            }
         }
     }
 }
@@ -253,6 +262,10 @@ mod tests {
         );
         drop(lock);
         assert!(!run.join(LOCK_FILE).exists(), "removed with its owner");
+        assert!(
+            !run.exists(),
+            "a directory the lock made, left empty, goes with it"
+        );
         drop(RunLock::acquire(&run).unwrap());
     }
 
