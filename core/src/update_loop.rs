@@ -174,7 +174,14 @@ pub struct LearnerParts {
     /// Run out of memory at a site once this many updates are done (tests of that
     /// path).
     pub oom: Option<(OomFault, u64)>,
+    /// The learner thread's signs of life, counted: one per update, and one per
+    /// [`ALIVE_EVERY`] it waits for data (so `/livez` tells a wedged thread from one
+    /// that waits for actors).
+    pub alive: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// How often the learner thread shows it is alive while it waits for data.
+pub const ALIVE_EVERY: Duration = Duration::from_secs(1);
 
 /// Whether a panic message from libtorch is an allocation failure: the CPU allocator's,
 /// CUDA's caching allocator's ("CUDA out of memory"), the runtime's ("CUDA error: out of
@@ -337,9 +344,10 @@ pub fn run<W: CheckpointSink>(
         feedback,
         panic_after,
         oom,
+        alive,
     } = parts;
     let mut step = LearnerStep::new(dqn, publisher.version(), cfg.step(), vec![feedback], oom);
-    let mut state = LoopState::new();
+    let mut state = LoopState::new(alive);
     let ended = catch_unwind(AssertUnwindSafe(|| {
         state.run(
             &mut step,
@@ -452,11 +460,13 @@ struct LoopState {
     checkpoint_stall_max: f64,
     checkpoints_submitted: u64,
     nonfinite_total: u64,
+    alive: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LoopState {
-    fn new() -> Self {
+    fn new(alive: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
         Self {
+            alive,
             start: Instant::now(),
             t: StallTimes::default(),
             last: LearnerReport::default(),
@@ -505,21 +515,27 @@ impl LoopState {
         let mut timer = CopyTimer::new(device, prefetcher.side_stream());
         loop {
             let t0 = Instant::now();
-            let buf = select! {
-                recv(prefetcher.ready) -> buf => match buf {
-                    Ok(buf) => buf,
-                    Err(_) => {
-                        return Ok(match commands.try_recv() {
+            let buf = loop {
+                select! {
+                    recv(prefetcher.ready) -> buf => match buf {
+                        Ok(buf) => break buf,
+                        Err(_) => {
+                            return Ok(match commands.try_recv() {
+                                Ok(cmd) => LoopEnd::Stopped(cmd),
+                                Err(_) => LoopEnd::RingEnded,
+                            })
+                        }
+                    },
+                    recv(commands) -> cmd => {
+                        return Ok(match cmd {
                             Ok(cmd) => LoopEnd::Stopped(cmd),
                             Err(_) => LoopEnd::RingEnded,
                         })
                     }
-                },
-                recv(commands) -> cmd => {
-                    return Ok(match cmd {
-                        Ok(cmd) => LoopEnd::Stopped(cmd),
-                        Err(_) => LoopEnd::RingEnded,
-                    })
+                    // Waiting for data (no actors, the rate limiter): alive all the same.
+                    default(ALIVE_EVERY) => {
+                        self.alive.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
             };
             let t1 = Instant::now();
@@ -545,6 +561,8 @@ impl LoopState {
                 publish_s += p0.elapsed().as_secs_f64();
             });
             let t3 = Instant::now();
+            self.alive
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             drop(batch);
             self.staleness_sum += version.saturating_sub(buf.oldest_version) as f64;
             self.batches += 1;

@@ -522,6 +522,7 @@ fn end_to_end(
             feedback: None,
             panic_after: None,
             oom: None,
+            alive: Default::default(),
         };
         std::thread::spawn(move || {
             pin(LEARNER);

@@ -2,8 +2,9 @@
 //! the coordinator from counters and learner reports (never from the hot loops).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use millrace_replay::Table;
@@ -36,7 +37,14 @@ pub struct Metrics {
     last_eval: Option<(f64, f64)>,
     /// The checkpoint writer's counts, for the page (threaded runs).
     checkpoints: Option<WriterStats>,
+    /// The learner thread's signs of life and the count last seen (`/livez`).
+    learner_alive: Option<(Arc<AtomicU64>, u64)>,
 }
+
+/// How long the learner thread may show no sign of life, once it has shown one, before
+/// `/livez` fails (a wedged learner is restarted by its container's policy). It shows
+/// one per update and one per second while it waits for data.
+pub const LIVE_LIMIT: Duration = Duration::from_secs(120);
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -67,6 +75,7 @@ impl Metrics {
             monitor,
             last_eval: None,
             checkpoints: None,
+            learner_alive: None,
         })
     }
 
@@ -84,6 +93,12 @@ impl Metrics {
         }
     }
 
+    /// `/livez` follows the learner thread's signs of life in `alive` from its first
+    /// on (see [`LIVE_LIMIT`]).
+    pub fn watch_learner(&mut self, alive: Arc<AtomicU64>) {
+        self.learner_alive = Some((alive, 0));
+    }
+
     /// The checkpoint writer's counts as of now, shown from the next tick on.
     pub fn checkpoints(&mut self, stats: WriterStats) {
         self.checkpoints = Some(stats);
@@ -99,6 +114,13 @@ impl Metrics {
         replay: &Table,
         remote: Option<&ActorBoard>,
     ) {
+        if let (Some(monitor), Some((alive, seen))) = (&self.monitor, &mut self.learner_alive) {
+            let now = alive.load(Ordering::Relaxed);
+            if now != *seen {
+                *seen = now;
+                monitor.progress(LIVE_LIMIT);
+            }
+        }
         let dt = self.last_tick.elapsed().as_secs_f64();
         if dt < TICK_S {
             return;

@@ -32,6 +32,9 @@ pub struct Endpoint {
     page: Mutex<Arc<str>>,
     /// `Ok` when ready; otherwise why not (the body of the 503).
     ready: Mutex<Result<(), String>>,
+    /// The process's last sign of progress and how long it may go without one, once it
+    /// has shown the first (see [`Endpoint::progress`]).
+    progress: Mutex<Option<(Instant, Duration)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -44,6 +47,7 @@ impl Endpoint {
         Arc::new(Self {
             page: Mutex::new(Arc::from("")),
             ready: Mutex::new(Err(reason.into())),
+            progress: Mutex::new(None),
         })
     }
 
@@ -62,6 +66,25 @@ impl Endpoint {
 
     pub fn ready(&self) -> Result<(), String> {
         lock(&self.ready).clone()
+    }
+
+    /// Records progress now: from the first call on, `/livez` fails (503) once `limit`
+    /// passes without another, so a wedged process is restarted. Before it (a
+    /// checkpoint still loading, say), `/livez` answers as long as the process does.
+    pub fn progress(&self, limit: Duration) {
+        *lock(&self.progress) = Some((Instant::now(), limit));
+    }
+
+    /// `Ok` while alive; otherwise why not.
+    pub fn live(&self) -> Result<(), String> {
+        match *lock(&self.progress) {
+            Some((last, limit)) if last.elapsed() > limit => Err(format!(
+                "no progress for {:.0} s (the limit is {:.0} s)",
+                last.elapsed().as_secs_f64(),
+                limit.as_secs_f64()
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn page(&self) -> Arc<str> {
@@ -242,7 +265,15 @@ fn route(head: &[u8], endpoint: &Endpoint) -> Vec<u8> {
                 head_only,
             ),
         },
-        "/livez" => response(200, "text/plain", b"alive\n", head_only),
+        "/livez" => match endpoint.live() {
+            Ok(()) => response(200, "text/plain", b"alive\n", head_only),
+            Err(why) => response(
+                503,
+                "text/plain",
+                format!("not alive: {why}\n").as_bytes(),
+                head_only,
+            ),
+        },
         _ => response(
             404,
             "text/plain",
@@ -398,6 +429,26 @@ mod tests {
         }
         flooding.store(false, Ordering::Relaxed);
         flood.join().unwrap();
+    }
+
+    #[test]
+    fn livez_fails_once_progress_stops_but_not_before_it_starts() {
+        let ep = Endpoint::new("starting");
+        let server = serve("127.0.0.1:0", Arc::clone(&ep)).unwrap();
+        let addr = server.addr().to_string();
+        let live = || check(&addr, "/livez", Duration::from_secs(2));
+        // Before the first sign of progress (a checkpoint loading): alive.
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(live().unwrap(), "alive\n");
+        ep.progress(Duration::from_millis(100));
+        assert_eq!(live().unwrap(), "alive\n");
+        std::thread::sleep(Duration::from_millis(200));
+        match live() {
+            Err(HealthError::Status(503, body)) => assert!(body.contains("no progress"), "{body}"),
+            other => panic!("{other:?}"),
+        }
+        ep.progress(Duration::from_millis(100));
+        assert_eq!(live().unwrap(), "alive\n");
     }
 
     #[test]

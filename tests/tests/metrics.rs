@@ -140,6 +140,9 @@ fn learner_and_actor_pages_parse_as_prometheus_and_health_follows_the_run() {
         &["always", "`--listen`"],
     );
 
+    // Alive while it trains: the learner thread shows signs of life.
+    let (ok, said) = health("learner", &lm, true);
+    assert!(ok && said.contains("alive"), "{said}");
     let (ok, said) = health("actor", &am, false);
     assert!(
         ok && said.contains("ready"),

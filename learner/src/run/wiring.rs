@@ -128,6 +128,9 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
     // The learner thread. From here on, failures go through the shutdown path.
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded::<Command>(1);
     let (report_tx, report_rx) = crossbeam_channel::bounded::<LearnerReport>(64);
+    // `/livez` follows the learner thread's signs of life.
+    let alive = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    setup.metrics.watch_learner(Arc::clone(&alive));
     let parts = LearnerParts {
         dqn,
         prefetcher,
@@ -140,6 +143,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
             .map(|p| p.feedback(&setup.table, device, setup.steps.get())),
         panic_after: cfg.faults.learner_panic.then_some(50),
         oom: cfg.faults.oom.map(|f| (f, 50)),
+        alive: Arc::clone(&alive),
     };
     let loop_cfg = cfg.learner.clone();
     let learner_writer = Arc::clone(&writer);
