@@ -224,6 +224,16 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The Q-network these settings give for their environment.
+    pub fn network_spec(&self) -> Result<millrace_proto::NetworkSpec, millrace_proto::SpecError> {
+        millrace_core::dqn::network::build(
+            self.network,
+            &self.env_spec,
+            &self.hidden,
+            self.layer_norm,
+        )
+    }
+
     /// The population's settings, in population mode.
     pub fn population(&self) -> Option<&PopulationMode> {
         match &self.mode {

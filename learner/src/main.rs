@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use millrace_core::handoff::Finished;
 use millrace_learner::cli::{Command, TrainArgs, Which};
 use millrace_learner::config::Mode;
-use millrace_learner::{checkpoint, cli, evaluation, export};
+use millrace_learner::{checkpoint, evaluation, export};
 
 /// Log output that shares the terminal with the progress bar.
 #[derive(Clone)]
@@ -300,23 +300,17 @@ fn main() -> ExitCode {
     let args = parsed.args;
     let result = match args.command {
         None => train(args.train, &parsed.applied),
-        Some(Command::Export {
-            checkpoint,
-            agent,
-            which,
-            out,
-        }) => {
-            cli::agent_checkpoint(&checkpoint, agent).and_then(|c| export_policy(&c, which, &out))
-        }
+        Some(Command::Export { policy, out }) => policy
+            .checkpoint_dir()
+            .and_then(|c| export_policy(&c, policy.which, &out)),
         Some(Command::Eval {
-            checkpoint,
-            agent,
-            which,
+            policy,
             episodes,
             seed,
             json,
-        }) => cli::agent_checkpoint(&checkpoint, agent)
-            .and_then(|c| eval_policy(&c, which, episodes, seed, json)),
+        }) => policy
+            .checkpoint_dir()
+            .and_then(|c| eval_policy(&c, policy.which, episodes, seed, json)),
         Some(Command::Doctor) => doctor(),
         Some(Command::Health(h)) => health(&h),
     };

@@ -128,9 +128,7 @@ pub fn check_applied(cfg: &RunConfig) -> Result<(), String> {
             cfg.actors.n_step
         ));
     }
-    millrace_core::dqn::network::build(cfg.network, &cfg.env_spec, &cfg.hidden, cfg.layer_norm)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    cfg.network_spec().map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// A sweep read from its file.

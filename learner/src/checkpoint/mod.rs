@@ -176,18 +176,32 @@ mod tests {
         );
     }
 
+    /// One update on a one-transition batch (the networks and the update count move).
+    fn one_update(dqn: &mut Dqn) {
+        let batch = millrace_core::dqn::Batch {
+            obs2: Tensor::ones([1, 2, 4], (Kind::Float, Device::Cpu)),
+            actions: Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::ones([1, 1, 1], (Kind::Float, Device::Cpu)),
+            discounts: Tensor::zeros([1, 1, 1], (Kind::Float, Device::Cpu)),
+            weights: None,
+        };
+        let _ = dqn.update(&batch);
+    }
+
+    /// The names in `dir`, sorted.
+    fn files(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     #[test]
     fn a_failed_save_removes_what_it_wrote_and_keeps_the_standing_generation() {
         let (env, net, mut dqn) = setup();
         let dir = tempfile::tempdir().unwrap();
-        let files = |d: &std::path::Path| {
-            let mut names: Vec<String> = fs::read_dir(d)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            names
-        };
         // No generation yet, and meta.json cannot be written (a directory is in its
         // place, as a full disk would fail the write): nothing of the attempt stays.
         fs::create_dir_all(dir.path().join("meta.json/x")).unwrap();
@@ -198,14 +212,7 @@ mod tests {
         save_state(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
         let standing = files(dir.path());
         dqn.sync_target();
-        let batch = millrace_core::dqn::Batch {
-            obs2: Tensor::ones([1, 2, 4], (Kind::Float, Device::Cpu)),
-            actions: Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
-            rewards: Tensor::ones([1, 1, 1], (Kind::Float, Device::Cpu)),
-            discounts: Tensor::zeros([1, 1, 1], (Kind::Float, Device::Cpu)),
-            weights: None,
-        };
-        let _ = dqn.update(&batch);
+        one_update(&mut dqn);
         let meta_json = dir.path().join("meta.json");
         // Fail the commit again by a directory in its way (root ignores permissions),
         // keeping the standing meta.json's content to put back.
@@ -228,21 +235,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         save_state(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
         dqn.sync_target();
-        let batch = millrace_core::dqn::Batch {
-            obs2: Tensor::ones([1, 2, 4], (Kind::Float, Device::Cpu)),
-            actions: Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
-            rewards: Tensor::ones([1, 1, 1], (Kind::Float, Device::Cpu)),
-            discounts: Tensor::zeros([1, 1, 1], (Kind::Float, Device::Cpu)),
-            weights: None,
-        };
-        let _ = dqn.update(&batch);
+        one_update(&mut dqn);
         save_state(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
-        let mut names: Vec<String> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names, ["meta.json", "model-000000000004.safetensors"]);
+        assert_eq!(
+            files(dir.path()),
+            ["meta.json", "model-000000000004.safetensors"]
+        );
     }
 
     fn replay_config(shards: usize, capacity: usize) -> ReplayConfig {

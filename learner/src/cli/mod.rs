@@ -41,18 +41,8 @@ pub enum Command {
     /// Write a saved policy as a PyTorch `nn.Sequential` state_dict (safetensors) plus a
     /// JSON description of the network and the observation preprocessing.
     Export {
-        /// A run's checkpoint directory (`<logdir>/checkpoint`), or with --agent a
-        /// population's log directory.
-        #[arg(long)]
-        checkpoint: PathBuf,
-        /// A population's agent (its number in population.csv): its checkpoint under
-        /// the log directory --checkpoint names (`agents/agent-NNN/checkpoint`).
-        #[arg(long)]
-        agent: Option<usize>,
-        /// Which saved policy: the last state, the best evaluation, or the one that
-        /// solved the run. Default: solved, else best, else latest.
-        #[arg(long, value_enum)]
-        which: Option<Which>,
+        #[command(flatten)]
+        policy: PolicyArgs,
         /// Output file (`.safetensors`); the JSON goes beside it with a `.json` suffix.
         #[arg(long)]
         out: PathBuf,
@@ -60,15 +50,8 @@ pub enum Command {
     /// Play a saved policy greedily in millrace's own environments and print the mean
     /// return with its spread.
     Eval {
-        /// A run's checkpoint directory (`<logdir>/checkpoint`), or with --agent a
-        /// population's log directory.
-        #[arg(long)]
-        checkpoint: PathBuf,
-        /// A population's agent (its number in population.csv).
-        #[arg(long)]
-        agent: Option<usize>,
-        #[arg(long, value_enum)]
-        which: Option<Which>,
+        #[command(flatten)]
+        policy: PolicyArgs,
         /// Episodes to play.
         #[arg(long, default_value_t = 100)]
         episodes: usize,
@@ -85,6 +68,30 @@ pub enum Command {
     /// Ask a learner's --metrics-addr whether it is ready (accepts actors), for
     /// container health checks and probes. Exit status 0 when it is, 1 otherwise.
     Health(millrace_telemetry::HealthArgs),
+}
+
+/// The saved policy `export` and `eval` read.
+#[derive(clap::Args, Debug)]
+pub struct PolicyArgs {
+    /// A run's checkpoint directory (`<logdir>/checkpoint`), or with --agent a
+    /// population's log directory.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// A population's agent (its number in population.csv): its checkpoint under the
+    /// log directory --checkpoint names (`agents/agent-NNN/checkpoint`).
+    #[arg(long)]
+    pub agent: Option<usize>,
+    /// Which saved policy: the last state, the best evaluation, or the one that solved
+    /// the run. Default: solved, else best, else latest.
+    #[arg(long, value_enum)]
+    pub which: Option<Which>,
+}
+
+impl PolicyArgs {
+    /// The checkpoint directory they name (see [`agent_checkpoint`]).
+    pub fn checkpoint_dir(&self) -> anyhow::Result<PathBuf> {
+        agent_checkpoint(&self.checkpoint, self.agent)
+    }
 }
 
 /// Training flags (plain `learner`).
@@ -412,7 +419,7 @@ pub struct TrainArgs {
 
 /// The checkpoint directory `--checkpoint` and `--agent` name: `checkpoint` itself, or
 /// agent `k`'s in the population whose log directory `checkpoint` is.
-pub fn agent_checkpoint(checkpoint: &Path, agent: Option<usize>) -> anyhow::Result<PathBuf> {
+fn agent_checkpoint(checkpoint: &Path, agent: Option<usize>) -> anyhow::Result<PathBuf> {
     let Some(k) = agent else {
         return Ok(checkpoint.to_path_buf());
     };
@@ -523,7 +530,10 @@ mod tests {
         assert!(matches!(
             args.command,
             Some(Command::Export {
-                which: Some(Which::Best),
+                policy: PolicyArgs {
+                    which: Some(Which::Best),
+                    ..
+                },
                 ..
             })
         ));

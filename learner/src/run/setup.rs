@@ -130,8 +130,7 @@ pub fn prepare(
     check_copy_stream(cfg)?;
     let cuda = matches!(cfg.device, DeviceChoice::Cuda(_)) && tch::Cuda::is_available();
     let env = cfg.env_spec.clone();
-    let network =
-        millrace_core::dqn::network::build(cfg.network, &env, &cfg.hidden, cfg.layer_norm)?;
+    let network = cfg.network_spec()?;
     tracing::info!(
         "{}: {:?} {:?} observations, {} actions; network: {}",
         env.id,

@@ -110,8 +110,7 @@ pub(super) fn train_group(
     } = run;
     let env = cfg.env_spec.clone();
     let first = &members[0].cfg;
-    let network =
-        millrace_core::dqn::network::build(first.network, &env, &first.hidden, first.layer_norm)?;
+    let network = first.network_spec()?;
     let batch_size = first.batch_size;
     // `--copy-stream`: this group's batches go to its GPU on a side stream of its own.
     let copy_stream = match device {

@@ -68,12 +68,7 @@ pub fn run(
             match resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
                 Saved::Ended(result) => ended.push(result),
                 Saved::Stopped => {
-                    let network = millrace_core::dqn::network::build(
-                        m.cfg.network,
-                        &env,
-                        &m.cfg.hidden,
-                        m.cfg.layer_norm,
-                    )?;
+                    let network = m.cfg.network_spec()?;
                     resume::check_stopped(&m.dir(&cfg.logdir), &env, &network)?;
                     m.resumed = true;
                     left.push(m);
@@ -119,12 +114,7 @@ pub fn run(
             continue;
         }
         let replay = super::setup::replay_config(&m.cfg, &env)?.bytes();
-        let network = millrace_core::dqn::network::build(
-            m.cfg.network,
-            &env,
-            &m.cfg.hidden,
-            m.cfg.layer_norm,
-        )?;
+        let network = m.cfg.network_spec()?;
         let networks = network.layout().len * 5 * 4;
         per_agent = per_agent.max(replay + networks);
         seen.push(&m.sweep.settings);
@@ -209,14 +199,7 @@ pub fn run(
                 .iter()
                 .flatten()
                 .flatten()
-                .map(|m| {
-                    millrace_core::dqn::network::build(
-                        m.cfg.network,
-                        &env,
-                        &m.cfg.hidden,
-                        m.cfg.layer_norm,
-                    )
-                })
+                .map(|m| m.cfg.network_spec())
                 .collect::<Result<Vec<_>, _>>()?
                 .into_iter()
                 .max_by_key(|n| n.layout().len)
