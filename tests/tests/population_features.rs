@@ -13,7 +13,7 @@ use millrace_tests::{binary, play_in_gymnasium, wait_until};
 
 mod common;
 use common::prometheus::{kind, metrics_addr, page, parsed, value};
-use common::reference::{assert_documented, sample_names};
+use common::reference::{assert_documented, sample_names, tensorboard_tags};
 
 const AGENTS: usize = 4;
 
@@ -107,6 +107,15 @@ fn a_prioritized_dueling_population_with_decay_solves_and_serves_metrics_per_age
     let text = format!("{stdout}\n{}", log.lock().unwrap().join("\n"));
     assert_eq!(status.code(), Some(0), "every agent solved: {text}");
     assert!(text.contains(&format!("{AGENTS} solved")), "{text}");
+    // Each agent's TensorBoard run, read by TensorBoard's own reader, holds what the
+    // reference lists (it evaluated, and it ended).
+    for k in 0..AGENTS {
+        assert_documented(
+            "TensorBoard: a population's agents",
+            &tensorboard_tags(&logdir.join(format!("agents/agent-{k:03}"))),
+            &["after each evaluation", "when the agent ends"],
+        );
+    }
     // What each agent keeps: its solved policy, played by Gymnasium.
     for k in 0..AGENTS {
         let played = play_in_gymnasium(&binary("learner"), &logdir, Some(k), "solved", dir.path());
