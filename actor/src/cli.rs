@@ -36,6 +36,12 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
+    /// A Python package the learner may have this actor import to build a `gym:`
+    /// environment (its --env-module, or the `pkg` of a `gym:pkg:Env` id); submodules
+    /// included. Repeatable. None by default: a learner naming any other is refused.
+    #[arg(long = "allow-env-module", value_name = "PKG")]
+    pub allow_env_modules: Vec<String>,
+
     /// Serve Prometheus metrics (GET /metrics) and health (/healthz: 200 while
     /// connected to a learner; /livez) on this address, e.g. 0.0.0.0:9101.
     #[arg(long)]

@@ -114,6 +114,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let mut cfg = RemoteConfig::new(args.learner.clone(), args.n);
+    cfg.allowed_modules = args.allow_env_modules.clone();
     cfg.token = remote::read_token(args.token_file.as_deref())
         .context("--token-file")?
         .unwrap_or_default();

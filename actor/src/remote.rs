@@ -12,13 +12,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use millrace_proto::auth::{actor_proof, fresh_nonce, AuthError, Seal};
 use millrace_proto::codec::DEFAULT_MAX_FRAME;
 use millrace_proto::env::{supported, Family};
 use millrace_proto::io::{write_msg, FrameReader, ReadError};
 use millrace_proto::peer_text::{peer_text, MAX_REASON_CHARS};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, Capabilities, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal,
-    Welcome, MAX_RETURNS_PER_STATS, PROTOCOL_VERSION,
+    RefusalCode, Welcome, MAX_RETURNS_PER_STATS, PROTOCOL_VERSION,
 };
 use millrace_proto::{ParamsCell, StepCounter, TransitionBatch};
 use rand::Rng;
@@ -51,6 +52,8 @@ pub struct RemoteConfig {
     pub read_timeout: Duration,
     /// What this process reports (`actor --metrics-addr`).
     pub status: Arc<ActorStatus>,
+    /// Python packages a `gym:` environment may import (`--allow-env-module`).
+    pub allowed_modules: Vec<String>,
 }
 
 impl RemoteConfig {
@@ -68,6 +71,7 @@ impl RemoteConfig {
             stats_every: Duration::from_secs(1),
             read_timeout: Duration::from_secs(20),
             status: Arc::default(),
+            allowed_modules: Vec::new(),
         }
     }
 }
@@ -128,6 +132,30 @@ impl End {
         } else {
             End::Lost(format!("the learner refused this actor for now: {r}"))
         }
+    }
+
+    /// A refusal before the learner has proved the token: only the kinds any peer may
+    /// send then (a relay could forge it, but not one that ends the actor for a reason
+    /// the learner alone knows).
+    fn unsealed_refusal(r: Refusal) -> Self {
+        match r.code {
+            RefusalCode::WrongToken
+            | RefusalCode::ProtocolVersion
+            | RefusalCode::ProtocolViolation
+            | RefusalCode::Timeout => End::refused(r),
+            code => End::Lost(format!(
+                "an unauthenticated {code:?} refusal was ignored (only a learner that proves the token is believed)"
+            )),
+        }
+    }
+
+    /// A message that does not carry the token's proof: an impersonator, a relay that
+    /// rewrote it, or a learner with another token. Nothing in it is used; retrying may
+    /// reach the real learner.
+    fn forged(e: &AuthError) -> Self {
+        End::Lost(format!(
+            "the learner failed authentication ({e}); is it started with this actor's token?"
+        ))
     }
 
     fn goodbye(mut g: Goodbye) -> Self {
@@ -241,9 +269,9 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     let _ = stream.set_nodelay(true);
     let (rd, mut wr) = stream.into_split();
     let mut rd = FrameReader::new(rd, cfg.max_frame);
-    let hello = ActorMsg::Hello(Hello {
+    let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
-        token: cfg.token.clone(),
+        nonce: fresh_nonce(),
         actor_name: cfg.name.clone(),
         capabilities: Capabilities {
             envs: cfg.envs as u32,
@@ -252,26 +280,56 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             features: vec![millrace_proto::wire::FEATURE_PRIORITIES.into()],
         },
         agent: None,
-    });
-    if let Err(e) = write_msg(&mut wr, &hello, cfg.max_frame).await {
+    };
+    if let Err(e) = write_msg(&mut wr, &ActorMsg::Hello(hello.clone()), cfg.max_frame).await {
         return End::Lost(format!("handshake failed: {e}"));
     }
-    let answer = tokio::select! {
-        a = tokio::time::timeout(cfg.handshake_timeout, rd.read_msg::<LearnerMsg>()) => a,
-        _ = shutdown.changed() => return End::Shutdown,
+    // The learner's challenge (or a typed refusal: another version, a flood).
+    let challenge = match read_answer(cfg, &mut rd, shutdown).await {
+        Ok(LearnerMsg::Challenge(c)) => c,
+        Ok(LearnerMsg::Refused(r)) => return End::unsealed_refusal(r),
+        Ok(other) => {
+            return End::Lost(format!(
+                "unexpected answer to the handshake: {}",
+                name(&other)
+            ))
+        }
+        Err(end) => return end,
     };
-    let welcome = match answer {
-        Err(_) => return End::Lost("the learner did not answer the handshake".into()),
-        Ok(Err(e)) => return End::Lost(format!("handshake failed: {e}")),
-        Ok(Ok(None)) => {
-            return End::Lost("the learner closed the connection during the handshake".into())
+    let token = cfg.token.as_bytes();
+    let (proof, mut seal) = match (
+        actor_proof(token, &hello, &challenge),
+        Seal::for_session(token, &hello, &challenge),
+    ) {
+        (Ok(p), Ok(s)) => (p, s),
+        (Err(e), _) | (_, Err(e)) => return End::Lost(format!("handshake failed: {e}")),
+    };
+    if let Err(e) = write_msg(&mut wr, &ActorMsg::Proof(proof), cfg.max_frame).await {
+        return End::Lost(format!("handshake failed: {e}"));
+    }
+    // From here the learner proves it knows the token too: nothing unsealed is believed.
+    let welcome = match read_answer(cfg, &mut rd, shutdown).await {
+        Ok(LearnerMsg::Sealed(s)) => match seal.open(&s) {
+            Ok(LearnerMsg::Welcome(w)) => w,
+            Ok(LearnerMsg::Refused(r)) => return End::refused(r),
+            Ok(LearnerMsg::Goodbye(g)) => return End::goodbye(g),
+            Ok(other) => {
+                return End::Lost(format!(
+                    "unexpected answer to the handshake: {}",
+                    name(&other)
+                ))
+            }
+            Err(e) => return End::forged(&e),
+        },
+        // Before the learner has proved itself, only what any peer may say.
+        Ok(LearnerMsg::Refused(r)) => return End::unsealed_refusal(r),
+        Ok(other) => {
+            return End::Lost(format!(
+                "unexpected answer to the handshake: {}",
+                name(&other)
+            ))
         }
-        Ok(Ok(Some(LearnerMsg::Welcome(w)))) => w,
-        Ok(Ok(Some(LearnerMsg::Refused(r)))) => return End::refused(r),
-        Ok(Ok(Some(LearnerMsg::Goodbye(g)))) => return End::goodbye(g),
-        Ok(Ok(Some(other))) => {
-            return End::Lost(format!("unexpected answer to the handshake: {other:?}"))
-        }
+        Err(end) => return end,
     };
     let acfg = match actor_config(cfg, &welcome) {
         Ok(c) => c,
@@ -284,6 +342,8 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         .max(cfg.max_frame)
         .min(millrace_proto::codec::MAX_FRAME_CEILING);
     rd.set_max_frame(read_limit);
+    // Parameters received and waiting for their seal.
+    let mut pending = None;
     cfg.status.connected();
     tracing::info!(
         "connected to {} (run {}): {} envs, exploration indices {}..={}, params version {}",
@@ -302,12 +362,14 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             m = tokio::time::timeout(cfg.handshake_timeout, rd.read_msg::<LearnerMsg>()) => m,
             _ = shutdown.changed() => return End::Shutdown,
         };
-        match next {
-            Ok(Ok(Some(LearnerMsg::Params(p)))) => break Arc::new(ParamsCell::new(p)),
-            Ok(Ok(Some(LearnerMsg::Heartbeat))) => continue,
-            Ok(Ok(Some(LearnerMsg::Refused(r)))) => return End::refused(r),
-            Ok(Ok(Some(LearnerMsg::Goodbye(g)))) => return End::goodbye(g),
+        let msg = match next {
+            Ok(Ok(Some(m))) => m,
             _ => return End::Lost("no parameters after the welcome".into()),
+        };
+        match receive(msg, &mut seal, &mut pending) {
+            Received::Params(p) => break Arc::new(ParamsCell::new(p)),
+            Received::Nothing => continue,
+            Received::End(end) => return end,
         }
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -369,11 +431,11 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             // The learner sends a heartbeat every few seconds: silence means a dead link.
             // Cancel-safe: another branch winning mid-frame ends the session anyway.
             msg = rd.read_msg::<LearnerMsg>() => match msg {
-                Ok(Some(LearnerMsg::Params(p))) => latest.publish(p),
-                Ok(Some(LearnerMsg::Heartbeat)) => {}
-                Ok(Some(LearnerMsg::Welcome(_))) => break End::Lost("protocol error: a second welcome".into()),
-                Ok(Some(LearnerMsg::Refused(r))) => break End::refused(r),
-                Ok(Some(LearnerMsg::Goodbye(g))) => break End::goodbye(g),
+                Ok(Some(msg)) => match receive(msg, &mut seal, &mut pending) {
+                    Received::Params(p) => latest.publish(p),
+                    Received::Nothing => {}
+                    Received::End(end) => break end,
+                },
                 Ok(None) => break End::Lost("the learner closed the connection".into()),
                 Err(e @ ReadError::Idle(_)) => break End::Lost(format!("the learner went quiet: {e}")),
                 Err(ReadError::Io(e)) => break End::Lost(format!("connection to the learner lost: {e}")),
@@ -426,6 +488,92 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     }
 }
 
+/// Reads the learner's next handshake message, within the handshake timeout.
+async fn read_answer(
+    cfg: &RemoteConfig,
+    rd: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<LearnerMsg, End> {
+    let answer = tokio::select! {
+        a = tokio::time::timeout(cfg.handshake_timeout, rd.read_msg::<LearnerMsg>()) => a,
+        _ = shutdown.changed() => return Err(End::Shutdown),
+    };
+    match answer {
+        Err(_) => Err(End::Lost("the learner did not answer the handshake".into())),
+        Ok(Err(e)) => Err(End::Lost(format!("handshake failed: {e}"))),
+        Ok(Ok(None)) => Err(End::Lost(
+            "the learner closed the connection during the handshake".into(),
+        )),
+        Ok(Ok(Some(m))) => Ok(m),
+    }
+}
+
+/// What a message from an authenticated learner means for the session.
+enum Received {
+    /// Parameters whose seal held.
+    Params(millrace_proto::Params),
+    /// A heartbeat, or parameters waiting for their seal.
+    Nothing,
+    End(End),
+}
+
+/// Handles one message after the welcome: parameters count only once their seal holds,
+/// and a goodbye or refusal only sealed.
+fn receive(
+    msg: LearnerMsg,
+    seal: &mut Seal,
+    pending: &mut Option<millrace_proto::Params>,
+) -> Received {
+    if pending.is_some() && !matches!(msg, LearnerMsg::ParamsSeal(_)) {
+        return Received::End(End::Lost(
+            "protocol error: parameters without their seal".into(),
+        ));
+    }
+    match msg {
+        LearnerMsg::Params(p) => {
+            *pending = Some(p);
+            Received::Nothing
+        }
+        LearnerMsg::ParamsSeal(tag) => match pending.take() {
+            Some(p) => match seal.open_params(&p, &tag) {
+                Ok(()) => Received::Params(p),
+                Err(e) => Received::End(End::forged(&e)),
+            },
+            None => Received::End(End::Lost(
+                "protocol error: a seal without parameters".into(),
+            )),
+        },
+        LearnerMsg::Heartbeat => Received::Nothing,
+        LearnerMsg::Sealed(s) => match seal.open(&s) {
+            Ok(LearnerMsg::Refused(r)) => Received::End(End::refused(r)),
+            Ok(LearnerMsg::Goodbye(g)) => Received::End(End::goodbye(g)),
+            Ok(other) => Received::End(End::Lost(format!(
+                "protocol error: a sealed {} after the welcome",
+                name(&other)
+            ))),
+            Err(e) => Received::End(End::forged(&e)),
+        },
+        other => Received::End(End::Lost(format!(
+            "protocol error: an unsealed {} after the welcome",
+            name(&other)
+        ))),
+    }
+}
+
+/// A learner message's kind, for logs (its contents come from the peer).
+fn name(msg: &LearnerMsg) -> &'static str {
+    match msg {
+        LearnerMsg::Challenge(_) => "Challenge",
+        LearnerMsg::Welcome(_) => "Welcome",
+        LearnerMsg::Params(_) => "Params",
+        LearnerMsg::ParamsSeal(_) => "ParamsSeal",
+        LearnerMsg::Heartbeat => "Heartbeat",
+        LearnerMsg::Refused(_) => "Refused",
+        LearnerMsg::Goodbye(_) => "Goodbye",
+        LearnerMsg::Sealed(_) => "Sealed",
+    }
+}
+
 /// Bytes of socket send buffer. Kept small on purpose: the kernel's autotuned buffers
 /// hold megabytes, i.e. tens of thousands of transitions generated with old parameters
 /// that the learner would take seconds to drain; backpressure should reach the actor
@@ -451,6 +599,14 @@ async fn connect(learner: &str) -> std::io::Result<TcpStream> {
 
 /// The actor's configuration, all from the learner's [`Welcome`].
 fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> {
+    // Before anything is built: a learner decides the environment, not what this
+    // process imports.
+    millrace_proto::env::check_modules_allowed(
+        &w.env_config,
+        &cfg.allowed_modules,
+        "--allow-env-module",
+    )
+    .map_err(|e| format!("the learner's environment: {e}"))?;
     if w.env_config.id != w.env.id {
         return Err(format!(
             "the learner names two environments: {} and {}",

@@ -230,18 +230,35 @@ fn export_policy(
     Ok(ExitCode::SUCCESS)
 }
 
-fn eval_policy(
-    checkpoint: &std::path::Path,
-    which: Option<Which>,
+/// How `learner eval` plays a saved policy.
+struct EvalArgs<'a> {
     episodes: usize,
     seed: u64,
     json: bool,
+    /// `--allow-env-module`.
+    allowed: &'a [String],
+}
+
+fn eval_policy(
+    checkpoint: &std::path::Path,
+    which: Option<Which>,
+    args: &EvalArgs,
 ) -> anyhow::Result<ExitCode> {
+    let EvalArgs {
+        episodes,
+        seed,
+        json,
+        allowed,
+    } = *args;
     init_logging(None);
     if episodes == 0 {
         bail!("--episodes must be at least 1");
     }
     let p = checkpoint::load_policy(checkpoint, which)?;
+    // The checkpoint's config.json names the environment; only this command line
+    // decides what Python imports to build it.
+    millrace_proto::env::check_modules_allowed(&p.env_config, allowed, "--allow-env-module")
+        .map_err(|e| anyhow::anyhow!("{}: {e}", checkpoint.display()))?;
     let params = millrace_proto::Params {
         version: p.params_version,
         env_steps: p.env_steps,
@@ -308,9 +325,19 @@ fn main() -> ExitCode {
             episodes,
             seed,
             json,
-        }) => policy
-            .checkpoint_dir()
-            .and_then(|c| eval_policy(&c, policy.which, episodes, seed, json)),
+            allow_env_modules,
+        }) => policy.checkpoint_dir().and_then(|c| {
+            eval_policy(
+                &c,
+                policy.which,
+                &EvalArgs {
+                    episodes,
+                    seed,
+                    json,
+                    allowed: &allow_env_modules,
+                },
+            )
+        }),
         Some(Command::Doctor) => doctor(),
         Some(Command::Health(h)) => health(&h),
     };

@@ -87,17 +87,40 @@ fn a_users_registered_env_with_kwargs_trains_and_its_policy_evaluates() {
     // The kwargs reached the environment: six cells, one-hot.
     assert_eq!(latest["env"]["obs"]["shape"], serde_json::json!([6]));
     assert_eq!(latest["env"]["max_episode_steps"], 50);
-    let out = learner(
-        &[
+    // The checkpoint names the module; eval imports it only when told to. A marker
+    // the module would write on import shows it was not.
+    let checkpoint = logdir.join("checkpoint");
+    let marker = dir.path().join("imported");
+    std::fs::write(
+        dir.path().join("my_corridor.py"),
+        format!(
+            "open({:?}, 'w').close()\n{PACKAGE}",
+            marker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let eval = |extra: &[&str]| {
+        let mut args = vec![
             "eval",
             "--episodes",
             "3",
             "--json",
             "--checkpoint",
-            logdir.join("checkpoint").to_str().unwrap(),
-        ],
-        dir.path(),
+            checkpoint.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        learner(&args, dir.path())
+    };
+    let out = eval(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("\"my_corridor\"") && err.contains("--allow-env-module my_corridor"),
+        "{err}"
     );
+    assert!(!marker.exists(), "imported without being allowed");
+    let out = eval(&["--allow-env-module", "my_corridor"]);
+    assert!(marker.exists(), "allowed, it is imported");
     assert!(
         out.status.success(),
         "{}",

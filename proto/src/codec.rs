@@ -59,6 +59,22 @@ pub fn encode<M: Serialize>(msg: &M, max_frame: usize) -> Result<Vec<u8>, CodecE
     Ok(frame)
 }
 
+/// `msg` as payload bytes (no length prefix): what [`crate::auth`] tags.
+pub fn to_bytes<M: Serialize>(msg: &M) -> Result<Vec<u8>, CodecError> {
+    let config = bincode::config::standard().with_limit::<MAX_FRAME_CEILING>();
+    bincode::serde::encode_to_vec(msg, config).map_err(|e| CodecError::Encode(e.to_string()))
+}
+
+/// The protocol version a first frame claims, read from its fixed preamble (the
+/// variant index of `ActorMsg::Hello`, 0, then the version, as bincode varints),
+/// whatever follows: `None` if the payload does not start as a `Hello`.
+pub fn hello_version(payload: &[u8]) -> Option<u32> {
+    let config = bincode::config::standard().with_limit::<64>();
+    let ((variant, version), _): ((u32, u32), usize) =
+        bincode::serde::decode_from_slice(payload, config).ok()?;
+    (variant == 0).then_some(version)
+}
+
 /// Reads a frame header, checking the length before the caller allocates for it.
 pub fn payload_len(header: [u8; HEADER_BYTES], max_frame: usize) -> Result<usize, CodecError> {
     let len = u32::from_le_bytes(header) as usize;
@@ -250,17 +266,6 @@ pub fn read_msg<M: DeserializeOwned, R: Read>(
     }
 }
 
-/// Compares two tokens in time that depends only on their lengths, not their contents.
-pub fn tokens_equal(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() ^ b.len()) as u64;
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= u64::from(x ^ y);
-    }
-    std::hint::black_box(diff) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,7 +280,7 @@ mod tests {
     fn hello() -> ActorMsg {
         ActorMsg::Hello(Hello {
             protocol_version: PROTOCOL_VERSION,
-            token: "s3cret".into(),
+            nonce: [7; 32],
             actor_name: "actor-7".into(),
             capabilities: Capabilities {
                 envs: 64,
@@ -359,6 +364,13 @@ mod tests {
             params_version: 2,
         }));
         round_trip(ActorMsg::Heartbeat);
+        round_trip(ActorMsg::Proof([3; 32]));
+        round_trip(LearnerMsg::Challenge([4; 32]));
+        round_trip(LearnerMsg::ParamsSeal([5; 32]));
+        round_trip(LearnerMsg::Sealed(crate::wire::Sealed {
+            body: vec![1, 2, 3],
+            tag: [6; 32],
+        }));
         round_trip(ActorMsg::Goodbye(Goodbye {
             reason: GoodbyeReason::ActorStopping,
             message: "bye".into(),
@@ -566,11 +578,33 @@ mod tests {
     }
 
     #[test]
-    fn token_comparison() {
-        assert!(tokens_equal(b"abc", b"abc"));
-        assert!(!tokens_equal(b"abc", b"abd"));
-        assert!(!tokens_equal(b"abc", b"abcd"));
-        assert!(!tokens_equal(b"", b"a"));
-        assert!(tokens_equal(b"", b""));
+    fn the_version_preamble_is_read_whatever_follows_it() {
+        // Version 6's Hello carried the token where version 7's carries a nonce.
+        #[derive(Serialize)]
+        struct OldHello {
+            protocol_version: u32,
+            token: String,
+            actor_name: String,
+        }
+        #[derive(Serialize)]
+        enum OldMsg {
+            Hello(OldHello),
+        }
+        let old = to_bytes(&OldMsg::Hello(OldHello {
+            protocol_version: 6,
+            token: "s3cret".into(),
+            actor_name: "old".into(),
+        }))
+        .unwrap();
+        assert_eq!(hello_version(&old), Some(6));
+        assert_eq!(
+            hello_version(&to_bytes(&hello()).unwrap()),
+            Some(PROTOCOL_VERSION)
+        );
+        assert_eq!(
+            hello_version(&to_bytes(&ActorMsg::Heartbeat).unwrap()),
+            None
+        );
+        assert_eq!(hello_version(&[]), None);
     }
 }

@@ -97,9 +97,80 @@ pub fn supported(capabilities: &[String], id: &str) -> bool {
         .any(|c| c == id || wildcard.is_some_and(|w| c == w))
 }
 
+/// The Python modules building `cfg` imports by name: its `module` (`pkg`, or the
+/// `pkg` of `pkg:register_fn`) and, for a `gym:pkg:Env-v0` id, `pkg` (Gymnasium imports
+/// the part before the colon). Native and Atari ids import none.
+pub fn imported_modules(cfg: &EnvConfig) -> Vec<&str> {
+    let mut modules = Vec::new();
+    if let Some(m) = &cfg.module {
+        modules.push(m.split(':').next().unwrap_or(m));
+    }
+    if let Some((pkg, _)) = cfg
+        .id
+        .strip_prefix(GYM_PREFIX)
+        .and_then(|id| id.split_once(':'))
+    {
+        modules.push(pkg);
+    }
+    modules
+}
+
+/// Refuses to build `cfg` when it would import a module that `allowed` does not name
+/// (a listed package allows its submodules): what a process imports is decided by its
+/// own command line, never by a peer or a file alone.
+pub fn check_modules_allowed(
+    cfg: &EnvConfig,
+    allowed: &[String],
+    flag: &str,
+) -> Result<(), String> {
+    let covers = |module: &str| {
+        allowed.iter().any(|a| {
+            module == a
+                || module
+                    .strip_prefix(a.as_str())
+                    .is_some_and(|rest| rest.starts_with('.'))
+        })
+    };
+    match imported_modules(cfg).into_iter().find(|m| !covers(m)) {
+        None => Ok(()),
+        Some(m) => Err(format!(
+            "{} would import the Python module {m:?}, which this command line does not allow (add {flag} {m} if you trust it)",
+            cfg.id
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_modules_the_command_line_names_are_imported() {
+        let mut cfg = EnvConfig::new("gym:MyPkg/Corridor-v0");
+        cfg.module = Some("my_corridor:register".into());
+        assert_eq!(imported_modules(&cfg), ["my_corridor"]);
+        let flag = "--allow-env-module";
+        assert!(check_modules_allowed(&cfg, &[], flag).is_err());
+        assert!(check_modules_allowed(&cfg, &["my_corridor".into()], flag).is_ok());
+        assert!(check_modules_allowed(&cfg, &["my_corr".into()], flag).is_err());
+        // Gymnasium imports `evil` for `gym:evil:Env-v0`.
+        let sneaky = EnvConfig::new("gym:evil.sub:Env-v0");
+        assert_eq!(imported_modules(&sneaky), ["evil.sub"]);
+        let err = check_modules_allowed(&sneaky, &["other".into()], flag).unwrap_err();
+        assert!(err.contains("\"evil.sub\"") && err.contains(flag), "{err}");
+        assert!(check_modules_allowed(&sneaky, &["evil".into()], flag).is_ok());
+        for plain in [
+            "CartPole-v1",
+            "gym:CartPole-v1",
+            "ALE/Pong-v5",
+            "gym:MinAtar/Breakout-v1",
+        ] {
+            assert!(
+                imported_modules(&EnvConfig::new(plain)).is_empty(),
+                "{plain}"
+            );
+        }
+    }
 
     #[test]
     fn families() {

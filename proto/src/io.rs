@@ -153,6 +153,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub async fn read_msg_charged<M: DeserializeOwned>(
         &mut self,
     ) -> Result<Option<(M, BudgetPermit)>, ReadError> {
+        self.read_charged_with(codec::decode).await
+    }
+
+    /// Reads one frame and hands its payload to `decode` (a handshake that looks at a
+    /// frame's preamble before decoding it whole); its bytes go back to the budget at
+    /// once.
+    pub async fn read_with<T>(
+        &mut self,
+        decode: impl FnOnce(&[u8]) -> Result<T, CodecError>,
+    ) -> Result<Option<T>, ReadError> {
+        Ok(self.read_charged_with(decode).await?.map(|(m, _)| m))
+    }
+
+    async fn read_charged_with<T>(
+        &mut self,
+        decode: impl FnOnce(&[u8]) -> Result<T, CodecError>,
+    ) -> Result<Option<(T, BudgetPermit)>, ReadError> {
         loop {
             if let Some(len) = self.framer.payload_len() {
                 // The header passed the limit: charge the payload before allocating it.
@@ -170,7 +187,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 if let Some(payload) = self.framer.frame() {
                     self.frame_deadline = None;
                     let permit = self.permit.take().unwrap_or_else(BudgetPermit::none);
-                    let msg = codec::decode(payload);
+                    let msg = decode(payload);
                     // Decoded: a large payload buffer goes now, so that the permit
                     // covers the message alone while the caller handles it (an idle
                     // connection keeps no large buffer either).

@@ -7,6 +7,7 @@
 //! use it without cycles, and so that the wire format has one home: [`wire`] holds the
 //! messages, [`codec`] the only code that turns bytes into them.
 
+pub mod auth;
 pub mod batch;
 pub mod codec;
 pub mod durations;

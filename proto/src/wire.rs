@@ -12,17 +12,26 @@
 //! in [`Capabilities`], and observation columns as raw bytes. Version 4 adds how the
 //! environment is built ([`EnvConfig`]: bridged Gymnasium and Atari environments) and
 //! reward clipping and the session's frame limit to [`Welcome`]; capabilities may name whole families
-//! ([`crate::env::ANY_GYM`], [`crate::env::ANY_ATARI`]).
+//! ([`crate::env::ANY_GYM`], [`crate::env::ANY_ATARI`]). Version 7 authenticates both
+//! sides without sending the token ([`crate::auth`]): the [`Hello`] carries a nonce
+//! instead, the learner answers with a [`LearnerMsg::Challenge`] and the actor with an
+//! [`ActorMsg::Proof`]; the learner's messages after that are [`Sealed`] (parameters
+//! are followed by a [`LearnerMsg::ParamsSeal`]).
+//!
+//! Whatever else changes, a [`Hello`] starts with its variant index and the protocol
+//! version (two bincode varints, [`crate::codec::hello_version`]), so that a learner can
+//! tell an actor of another version so (`ProtocolVersion`) rather than fail to decode it.
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{Nonce, Tag};
 use crate::batch::TransitionBatch;
 use crate::env::EnvConfig;
 use crate::params::Params;
 use crate::spec::{EnvSpec, NetworkSpec};
 
 /// Bumped on any incompatible change to these messages or the framing.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Most environments one actor connection may ask for (a learner refuses more; an
 /// actor checks its `--n` against it).
@@ -46,9 +55,10 @@ pub struct Capabilities {
 /// The first message on a connection, from the actor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
+    /// First, whatever the version: see the module's note on the preamble.
     pub protocol_version: u32,
-    /// Shared secret; compared in constant time (see [`crate::codec::tokens_equal`]).
-    pub token: String,
+    /// The actor's fresh challenge to the learner ([`crate::auth::fresh_nonce`]).
+    pub nonce: Nonce,
     /// Free-form name for logs (host name, pod name).
     pub actor_name: String,
     pub capabilities: Capabilities,
@@ -205,22 +215,46 @@ pub struct Goodbye {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ActorMsg {
     Hello(Hello),
+    /// The answer to the learner's challenge: `HMAC(token, Hello ‖ challenge)`
+    /// ([`crate::auth::actor_proof`]).
+    Proof(Tag),
     Transitions(TransitionBatch),
     Stats(ActorStats),
     Heartbeat,
     Goodbye(Goodbye),
 }
 
+/// A learner message authenticated for one session ([`crate::auth::Seal`]): `body` is
+/// an encoded [`LearnerMsg`] (a `Welcome`, `Refused` or `Goodbye`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sealed {
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+    pub tag: Tag,
+}
+
 /// Learner → actor.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum LearnerMsg {
-    /// Boxed: sent once per connection, and much larger than the other variants.
+    /// The learner's fresh challenge, its only answer to a `Hello` of the right version
+    /// before the actor has proved the token.
+    Challenge(Nonce),
+    /// Boxed: sent once per connection, and much larger than the other variants. Only
+    /// ever inside a [`LearnerMsg::Sealed`].
     Welcome(Box<Welcome>),
+    /// Followed at once by its [`LearnerMsg::ParamsSeal`]; an actor uses it only then.
     Params(Params),
+    /// The tag of the `Params` just sent ([`crate::auth::Seal::seal_params`]).
+    ParamsSeal(Tag),
     Heartbeat,
     /// The connection is refused or being closed; the code says whether to retry.
+    /// Unsealed only before the actor has proved the token (`WrongToken`,
+    /// `ProtocolVersion`, `Timeout`, `ProtocolViolation`).
     Refused(Refusal),
+    /// Only ever inside a [`LearnerMsg::Sealed`].
     Goodbye(Goodbye),
+    /// A `Welcome`, `Refused` or `Goodbye` under the session's key.
+    Sealed(Sealed),
 }
 
 #[cfg(test)]
@@ -239,17 +273,21 @@ mod tests {
         );
         let actor = |m: &ActorMsg| match m {
             ActorMsg::Hello(_) => "Hello",
+            ActorMsg::Proof(_) => "Proof",
             ActorMsg::Transitions(_) => "Transitions",
             ActorMsg::Stats(_) => "Stats",
             ActorMsg::Heartbeat => "Heartbeat",
             ActorMsg::Goodbye(_) => "Goodbye",
         };
         let learner = |m: &LearnerMsg| match m {
+            LearnerMsg::Challenge(_) => "Challenge",
             LearnerMsg::Welcome(_) => "Welcome",
             LearnerMsg::Params(_) => "Params",
+            LearnerMsg::ParamsSeal(_) => "ParamsSeal",
             LearnerMsg::Heartbeat => "Heartbeat",
             LearnerMsg::Refused(_) => "Refused",
             LearnerMsg::Goodbye(_) => "Goodbye",
+            LearnerMsg::Sealed(_) => "Sealed",
         };
         let goodbye = |r: GoodbyeReason| match r {
             GoodbyeReason::RunFinished => "RunFinished",
@@ -274,7 +312,7 @@ mod tests {
         let mut names = vec![
             actor(&ActorMsg::Hello(Hello {
                 protocol_version: PROTOCOL_VERSION,
-                token: String::new(),
+                nonce: [0; 32],
                 actor_name: String::new(),
                 capabilities: Capabilities {
                     envs: 1,
@@ -283,13 +321,20 @@ mod tests {
                 },
                 agent: None,
             })),
+            actor(&ActorMsg::Proof([0; 32])),
             actor(&ActorMsg::Transitions(TransitionBatch::with_capacity(
                 4, 0, 0,
             ))),
             actor(&ActorMsg::Stats(ActorStats::default())),
             actor(&ActorMsg::Heartbeat),
             actor(&ActorMsg::Goodbye(bye.clone())),
+            learner(&LearnerMsg::Challenge([0; 32])),
             learner(&LearnerMsg::Params(Params::of_one(0, vec![]))),
+            learner(&LearnerMsg::ParamsSeal([0; 32])),
+            learner(&LearnerMsg::Sealed(Sealed {
+                body: vec![],
+                tag: [0; 32],
+            })),
             learner(&LearnerMsg::Heartbeat),
             learner(&LearnerMsg::Refused(Refusal::new(RefusalCode::Timeout, ""))),
             learner(&LearnerMsg::Goodbye(bye)),

@@ -157,9 +157,9 @@ fn server(shape: Shape, table: Arc<Table>, params: Arc<ParamsCell>) -> server::S
 fn connect(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
-    let hello = ActorMsg::Hello(Hello {
+    let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
-        token: String::new(),
+        nonce: millrace_proto::auth::fresh_nonce(),
         actor_name: "bench".into(),
         capabilities: Capabilities {
             envs: 1,
@@ -167,8 +167,17 @@ fn connect(addr: SocketAddr) -> TcpStream {
             features: Vec::new(),
         },
         agent: None,
-    });
-    s.write_all(&codec::encode(&hello, DEFAULT_MAX_FRAME).unwrap())
+    };
+    s.write_all(&codec::encode(&ActorMsg::Hello(hello.clone()), DEFAULT_MAX_FRAME).unwrap())
+        .unwrap();
+    // The challenge, answered for the empty token (the bench's learner has none); the
+    // framer reads exactly one frame, leaving the rest to the caller's.
+    let mut framer = Framer::new(DEFAULT_MAX_FRAME);
+    let Some(LearnerMsg::Challenge(challenge)) = recv(&mut s, &mut framer) else {
+        panic!("a challenge");
+    };
+    let proof = millrace_proto::auth::actor_proof(b"", &hello, &challenge).unwrap();
+    s.write_all(&codec::encode(&ActorMsg::Proof(proof), DEFAULT_MAX_FRAME).unwrap())
         .unwrap();
     s
 }

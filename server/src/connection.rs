@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use millrace_actor::{apex_epsilon, EpisodeStats};
-use millrace_proto::codec::tokens_equal;
+use millrace_proto::auth::Seal;
 use millrace_proto::io::{write_frame, write_msg, FrameReader, MinRate, ReadError};
 use millrace_proto::peer_text::{peer_text, MAX_NAME_CHARS, MAX_REASON_CHARS};
 use millrace_proto::wire::{
     ActorMsg, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal, RefusalCode, Welcome,
-    MAX_RETURNS_PER_STATS, PROTOCOL_VERSION,
+    MAX_RETURNS_PER_STATS,
 };
 use millrace_replay::ReplayError;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -23,14 +23,15 @@ use tokio::net::TcpStream;
 const FRAME_HEADROOM: u64 = 64 << 10;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
-use super::{ActorEntry, Shared, StopSignal, HANDSHAKE_MAX_FRAME, MAX_ENVS_PER_ACTOR};
+use super::handshake::authenticate;
+use super::{ActorEntry, ParamsFrame, Shared, StopSignal, HANDSHAKE_MAX_FRAME, MAX_ENVS_PER_ACTOR};
 
 pub(super) struct Connection {
     /// Its place among the handshakes in flight, given back once the peer has proved the
     /// token (or the connection ends).
     pub(super) handshake_place: std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
     pub(super) shared: Arc<Shared>,
-    pub(super) frames: watch::Receiver<Option<Arc<Vec<u8>>>>,
+    pub(super) frames: watch::Receiver<Option<Arc<ParamsFrame>>>,
     pub(super) stop: StopSignal,
     pub(super) peer: SocketAddr,
 }
@@ -98,7 +99,7 @@ fn violation(message: impl Into<String>) -> Refusal {
 /// settled it.
 struct SessionRoute {
     route: super::Route,
-    frames: watch::Receiver<Option<Arc<Vec<u8>>>>,
+    frames: watch::Receiver<Option<Arc<ParamsFrame>>>,
     /// A population's agent: its port (for its actor count), and whether it ended.
     port: Option<Arc<super::ports::AgentPort>>,
     ended: Option<watch::Receiver<bool>>,
@@ -138,20 +139,29 @@ impl Connection {
         let (rd, mut wr) = stream.into_split();
         let mut rd = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
         let peer = self.peer;
-        let (hello, welcome, route, _session_place) = match self.handshake(&mut rd).await {
-            Ok(w) => w,
-            Err(refusal) => {
-                tracing::warn!("{peer}: refused: {refusal}");
-                let retry = !refusal.code.is_permanent();
-                let sent = self.send(&mut wr, &LearnerMsg::Refused(refusal)).await;
-                // Unheard, the actor retries as after a lost connection.
-                away.sent_on = retry || !sent;
-                if sent {
-                    close_gracefully(wr, rd.into_inner()).await;
+        let (hello, welcome, route, _session_place, mut seal) =
+            match self.handshake(&mut rd, &mut wr).await {
+                Ok(w) => w,
+                Err((refusal, seal)) => {
+                    tracing::warn!("{peer}: refused: {refusal}");
+                    let retry = !refusal.code.is_permanent();
+                    // Sealed once the actor has proved the token: it acts on nothing else.
+                    let msg = LearnerMsg::Refused(refusal);
+                    let sent = match seal {
+                        Some(mut seal) => match seal.seal(&msg) {
+                            Ok(sealed) => self.send(&mut wr, &sealed).await,
+                            Err(_) => false,
+                        },
+                        None => self.send(&mut wr, &msg).await,
+                    };
+                    // Unheard, the actor retries as after a lost connection.
+                    away.sent_on = retry || !sent;
+                    if sent {
+                        close_gracefully(wr, rd.into_inner()).await;
+                    }
+                    return;
                 }
-                return;
-            }
-        };
+            };
         let cfg = &self.shared.cfg;
         let (id, agent, n_step, batch_rows) = (
             welcome.env_indices[0],
@@ -177,13 +187,11 @@ impl Connection {
                 ..ActorEntry::default()
             },
         );
-        if let Err(e) = write_msg(
-            &mut wr,
-            &LearnerMsg::Welcome(Box::new(welcome)),
-            cfg.max_frame,
-        )
-        .await
-        {
+        let written = match seal.seal(&LearnerMsg::Welcome(Box::new(welcome))) {
+            Ok(msg) => write_msg(&mut wr, &msg, cfg.max_frame).await,
+            Err(e) => Err(ReadError::Codec(e)),
+        };
+        if let Err(e) = written {
             tracing::warn!("{peer}: closed during the handshake: {e}");
             self.shared.ctx.board.leave(id);
             self.shared.indices.give_back(&indices);
@@ -203,6 +211,7 @@ impl Connection {
         let (close_tx, close_rx) = watch::channel(false);
         let writer = tokio::spawn(send_loop(
             wr,
+            seal,
             route.frames.clone(),
             close_rx,
             cfg.heartbeat_every,
@@ -229,7 +238,7 @@ impl Connection {
         let mut writer = writer;
         let wait = cfg.write_timeout.min(GOODBYE_WAIT);
         let wr = match tokio::time::timeout(wait, &mut writer).await {
-            Ok(Ok(wr)) => wr,
+            Ok(Ok(w)) => w,
             _ => {
                 writer.abort();
                 None
@@ -256,8 +265,11 @@ impl Connection {
             }
         };
         let sent = match wr {
-            Some(mut wr) => {
-                let sent = self.send(&mut wr, &msg).await;
+            Some((mut wr, mut seal)) => {
+                let sent = match seal.seal(&msg) {
+                    Ok(sealed) => self.send(&mut wr, &sealed).await,
+                    Err(_) => false,
+                };
                 if sent {
                     close_gracefully(wr, rd.into_inner()).await;
                 }
@@ -291,54 +303,52 @@ impl Connection {
         )
     }
 
+    /// The handshake: authentication, then what the actor is welcomed to. A refusal
+    /// comes with the session's seal once the actor has proved the token.
+    #[allow(clippy::type_complexity)]
     async fn handshake(
         &self,
         rd: &mut FrameReader<OwnedReadHalf>,
+        wr: &mut OwnedWriteHalf,
+    ) -> Result<(Hello, Welcome, SessionRoute, OwnedSemaphorePermit, Seal), (Refusal, Option<Seal>)>
+    {
+        let cfg = &self.shared.cfg;
+        let deadline = tokio::time::Instant::now() + cfg.handshake_timeout;
+        let authenticated = match authenticate(rd, wr, cfg.token.as_deref(), deadline).await {
+            Ok(a) => a,
+            Err(failed) => {
+                if failed.wrong_token {
+                    // Guessing costs time: the wait grows with this address's recent
+                    // failures (and holds one of the few handshake places meanwhile).
+                    let wait = self
+                        .shared
+                        .auth_failures
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .failed(self.peer.ip(), Instant::now());
+                    tokio::time::sleep(wait).await;
+                }
+                return Err((failed.refusal, None));
+            }
+        };
+        let seal = authenticated.seal;
+        let mut hello = authenticated.hello;
+        // A name is a log field and a label value: bounded and escaped before anything
+        // uses it.
+        hello.actor_name = peer_text(&hello.actor_name, MAX_NAME_CHARS);
+        match self.welcome(hello).await {
+            Ok((hello, welcome, route, place)) => Ok((hello, welcome, route, place, seal)),
+            Err(refusal) => Err((refusal, Some(seal))),
+        }
+    }
+
+    /// What an authenticated actor is welcomed to, or why it is refused.
+    async fn welcome(
+        &self,
+        hello: Hello,
     ) -> Result<(Hello, Welcome, SessionRoute, OwnedSemaphorePermit), Refusal> {
         let cfg = &self.shared.cfg;
         let ctx = &self.shared.ctx;
-        let first = tokio::time::timeout(cfg.handshake_timeout, rd.read_msg::<ActorMsg>())
-            .await
-            .map_err(|_| Refusal::new(RefusalCode::Timeout, "no handshake within the timeout"))?
-            .map_err(|e| violation(format!("bad handshake: {e}")))?;
-        let hello = match first {
-            Some(ActorMsg::Hello(mut h)) => {
-                // A name is a log field and a label value: bounded and escaped before
-                // anything uses it.
-                h.actor_name = peer_text(&h.actor_name, MAX_NAME_CHARS);
-                h
-            }
-            Some(other) => {
-                return Err(violation(format!(
-                    "expected Hello first, got {}",
-                    variant(&other)
-                )))
-            }
-            None => return Err(violation("closed before the handshake")),
-        };
-        if hello.protocol_version != PROTOCOL_VERSION {
-            return Err(Refusal::new(
-                RefusalCode::ProtocolVersion,
-                format!(
-                    "protocol version {} is not supported (this learner speaks {PROTOCOL_VERSION})",
-                    hello.protocol_version
-                ),
-            ));
-        }
-        if let Some(token) = &cfg.token {
-            if !tokens_equal(token.as_bytes(), hello.token.as_bytes()) {
-                // Guessing costs time: the wait grows with this address's recent failures
-                // (and holds one of the few handshake places meanwhile).
-                let wait = self
-                    .shared
-                    .auth_failures
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .failed(self.peer.ip(), Instant::now());
-                tokio::time::sleep(wait).await;
-                return Err(Refusal::new(RefusalCode::WrongToken, "wrong token"));
-            }
-        }
         // Authenticated: it takes a session's place, and gives its handshake place to
         // the next peer.
         let session_place = Arc::clone(&self.shared.session_places)
@@ -692,14 +702,16 @@ impl Connection {
                     ))
                 }
                 ActorMsg::Hello(_) => return Outcome::Refused(violation("a second Hello")),
+                ActorMsg::Proof(_) => return Outcome::Refused(violation("a second Proof")),
             }
         }
     }
 }
 
-fn variant(msg: &ActorMsg) -> &'static str {
+pub(super) fn variant(msg: &ActorMsg) -> &'static str {
     match msg {
         ActorMsg::Hello(_) => "Hello",
+        ActorMsg::Proof(_) => "Proof",
         ActorMsg::Transitions(_) => "Transitions",
         ActorMsg::Stats(_) => "Stats",
         ActorMsg::Heartbeat => "Heartbeat",
@@ -707,40 +719,55 @@ fn variant(msg: &ActorMsg) -> &'static str {
     }
 }
 
-/// Sends the newest parameters whenever they change, and heartbeats. Returns the write
-/// half when it stops for a reason other than a failed or stalled write.
+/// Sends the newest parameters whenever they change, each followed by its seal, and
+/// heartbeats. Returns the write half and the seal (for the session's last word) when
+/// it stops for a reason other than a failed or stalled write.
 async fn send_loop(
     mut wr: OwnedWriteHalf,
-    mut frames: watch::Receiver<Option<Arc<Vec<u8>>>>,
+    mut seal: Seal,
+    mut frames: watch::Receiver<Option<Arc<ParamsFrame>>>,
     mut stop: watch::Receiver<bool>,
     heartbeat_every: Duration,
     write_timeout: Duration,
-) -> Option<OwnedWriteHalf> {
+) -> Option<(OwnedWriteHalf, Seal)> {
     frames.mark_changed();
     let mut heartbeat = tokio::time::interval(heartbeat_every);
-    let heartbeat_frame =
-        match millrace_proto::codec::encode(&LearnerMsg::Heartbeat, HANDSHAKE_MAX_FRAME) {
-            Ok(f) => Arc::new(f),
-            Err(_) => return Some(wr),
-        };
+    let Ok(heartbeat_frame) =
+        millrace_proto::codec::encode(&LearnerMsg::Heartbeat, HANDSHAKE_MAX_FRAME)
+    else {
+        return Some((wr, seal));
+    };
     loop {
-        let frame = tokio::select! {
+        // A parameters frame and its seal, or a heartbeat.
+        let params = tokio::select! {
             // Stopping first (the session's last word waits for this writer); then
             // parameters; a heartbeat is only for a quiet link.
             biased;
-            _ = stop.changed() => return Some(wr),
+            _ = stop.changed() => return Some((wr, seal)),
             changed = frames.changed() => {
                 if changed.is_err() {
-                    return Some(wr);
+                    return Some((wr, seal));
                 }
                 match frames.borrow_and_update().clone() {
-                    Some(f) => f,
+                    Some(f) => Some(f),
                     None => continue,
                 }
             }
-            _ = heartbeat.tick() => Arc::clone(&heartbeat_frame),
+            _ = heartbeat.tick() => None,
         };
-        match tokio::time::timeout(write_timeout, write_frame(&mut wr, &frame)).await {
+        let write = async {
+            match &params {
+                Some(p) => {
+                    let tag = LearnerMsg::ParamsSeal(seal.seal_params(&p.digest));
+                    let tag = millrace_proto::codec::encode(&tag, HANDSHAKE_MAX_FRAME)
+                        .map_err(std::io::Error::other)?;
+                    write_frame(&mut wr, &p.frame).await?;
+                    write_frame(&mut wr, &tag).await
+                }
+                None => write_frame(&mut wr, &heartbeat_frame).await,
+            }
+        };
+        match tokio::time::timeout(write_timeout, write).await {
             Ok(Ok(())) => {}
             // A stalled or broken peer: stop writing; the reader notices and closes.
             _ => return None,

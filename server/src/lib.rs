@@ -15,6 +15,7 @@ mod auth;
 mod board;
 mod connection;
 mod exploration;
+mod handshake;
 mod ports;
 
 use std::net::SocketAddr;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 use millrace_actor::remote::SOCKET_BUFFER_BYTES;
 use millrace_actor::EpisodeStats;
+use millrace_proto::auth::params_digest;
 use millrace_proto::codec;
 use millrace_proto::io::{write_msg, MemoryBudget};
 use millrace_proto::wire::{Goodbye, GoodbyeReason, LearnerMsg};
@@ -293,7 +295,7 @@ async fn serve(
     ctx: Arc<ServerContext>,
     mut stop: StopSignal,
 ) {
-    let (frames_tx, frames_rx) = watch::channel::<Option<Arc<Vec<u8>>>>(None);
+    let (frames_tx, frames_rx) = watch::channel::<Option<Arc<ParamsFrame>>>(None);
     tokio::spawn(broadcast_params(
         Arc::clone(&cfg),
         Arc::clone(&ctx),
@@ -423,8 +425,9 @@ async fn last_call(
                     tracing::info!("{peer}: an actor came back after the run finished: telling it so");
                     if let Ok(p) = Arc::clone(&refusals).try_acquire_owned() {
                         let msg = LearnerMsg::Goodbye(goodbye.clone());
+                        let token = shared.cfg.token.clone();
                         tokio::spawn(async move {
-                            answer(stream, msg).await;
+                            answer(stream, token, msg).await;
                             drop(p);
                         });
                     }
@@ -436,18 +439,36 @@ async fn last_call(
     }
 }
 
-/// Sends `msg` on a fresh connection instead of a welcome and closes it without losing
-/// it to a reset (the actor's `Hello` is still unread), never waiting long.
-async fn answer(stream: TcpStream, msg: LearnerMsg) {
+/// Authenticates a fresh connection and sends it `msg` (sealed) instead of a welcome,
+/// then closes it without losing it to a reset, never waiting long: an actor believes
+/// "the run is finished" only from a learner that proved the token.
+async fn answer(stream: TcpStream, token: Option<String>, msg: LearnerMsg) {
     let (rd, mut wr) = stream.into_split();
+    let mut rd = millrace_proto::io::FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let msg = match handshake::authenticate(&mut rd, &mut wr, token.as_deref(), deadline).await {
+        Ok(mut a) => match a.seal.seal(&msg) {
+            Ok(sealed) => sealed,
+            Err(_) => return,
+        },
+        Err(failed) => LearnerMsg::Refused(failed.refusal),
+    };
     let sent = tokio::time::timeout(
         Duration::from_secs(1),
         write_msg(&mut wr, &msg, HANDSHAKE_MAX_FRAME),
     )
     .await;
     if matches!(sent, Ok(Ok(()))) {
-        connection::close_gracefully(wr, rd).await;
+        connection::close_gracefully(wr, rd.into_inner()).await;
     }
+}
+
+/// A parameter version encoded once for every connection, with the digest each
+/// session seals it by ([`millrace_proto::auth`]).
+#[derive(Debug)]
+pub struct ParamsFrame {
+    pub frame: Vec<u8>,
+    pub digest: millrace_proto::auth::Tag,
 }
 
 /// Encodes each new parameter version once for all connections (of each agent, in a
@@ -455,7 +476,7 @@ async fn answer(stream: TcpStream, msg: LearnerMsg) {
 async fn broadcast_params(
     cfg: Arc<ServerConfig>,
     ctx: Arc<ServerContext>,
-    frames: watch::Sender<Option<Arc<Vec<u8>>>>,
+    frames: watch::Sender<Option<Arc<ParamsFrame>>>,
     mut stop: StopSignal,
 ) {
     let mut sent = None;
@@ -463,7 +484,7 @@ async fn broadcast_params(
     // Encodes `params` into `frames` if its version is not `sent` yet; false if it
     // cannot be sent at all.
     let publish = |params: &ParamsCell,
-                   frames: &watch::Sender<Option<Arc<Vec<u8>>>>,
+                   frames: &watch::Sender<Option<Arc<ParamsFrame>>>,
                    sent: &mut Option<u64>| {
         let version = params.version();
         if *sent == Some(version) {
@@ -472,7 +493,8 @@ async fn broadcast_params(
         let latest = params.latest();
         match codec::encode(&LearnerMsg::Params((*latest).clone()), cfg.max_frame) {
             Ok(frame) => {
-                frames.send_replace(Some(Arc::new(frame)));
+                let digest = params_digest(&latest);
+                frames.send_replace(Some(Arc::new(ParamsFrame { frame, digest })));
                 *sent = Some(version);
                 true
             }

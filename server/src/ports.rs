@@ -49,7 +49,7 @@ pub struct AgentPort {
     pub spec: AgentSpec,
     /// Its parameters, encoded once per version for its connections (by the server's
     /// broadcaster).
-    pub frames: watch::Sender<Option<Arc<Vec<u8>>>>,
+    pub frames: watch::Sender<Option<Arc<super::ParamsFrame>>>,
     /// The version in `frames`.
     pub sent: Mutex<Option<u64>>,
     /// Turns true when the agent ends.

@@ -203,33 +203,39 @@ fn refusals_say_whether_to_retry() {
         cfg.token = Some("s3cret".into());
         cfg.handshake_timeout = Duration::from_millis(300);
     });
-    let refusal = |msg: ActorMsg| {
+    let refusal_for = |msg: ActorMsg, token: &str| {
         let mut c = WireClient::connect(f.addr);
-        c.send(&msg);
-        c.refused().expect("a typed refusal")
+        match c.send_hello(&msg, token) {
+            LearnerMsg::Refused(r) => {
+                let after = c.expect_closed();
+                assert!(after.is_empty(), "closed after the refusal: {after:?}");
+                r
+            }
+            other => panic!("a typed refusal, not {other:?}"),
+        }
     };
+    let refusal = |msg: ActorMsg| refusal_for(msg, "s3cret");
     let permanent = [
-        (hello("guess", PROTOCOL_VERSION, 4), RefusalCode::WrongToken),
         (
-            hello("s3cret", PROTOCOL_VERSION + 1, 4),
+            refusal_for(hello(PROTOCOL_VERSION, 4), "guess"),
+            RefusalCode::WrongToken,
+        ),
+        (
+            refusal(hello(PROTOCOL_VERSION + 1, 4)),
             RefusalCode::ProtocolVersion,
         ),
+        (refusal(hello(PROTOCOL_VERSION, 0)), RefusalCode::BadRequest),
         (
-            hello("s3cret", PROTOCOL_VERSION, 0),
-            RefusalCode::BadRequest,
-        ),
-        (
-            hello("s3cret", PROTOCOL_VERSION, 4096),
+            refusal(hello(PROTOCOL_VERSION, 4096)),
             RefusalCode::BatchTooLarge,
         ),
-        (ActorMsg::Heartbeat, RefusalCode::ProtocolViolation),
+        (refusal(ActorMsg::Heartbeat), RefusalCode::ProtocolViolation),
     ];
-    for (msg, code) in permanent {
-        let r = refusal(msg);
+    for (r, code) in permanent {
         assert_eq!(r.code, code, "{r}");
         assert!(r.code.is_permanent(), "{r}");
     }
-    let ActorMsg::Hello(h) = hello("s3cret", PROTOCOL_VERSION, 4) else {
+    let ActorMsg::Hello(h) = hello(PROTOCOL_VERSION, 4) else {
         unreachable!()
     };
     let r = refusal(ActorMsg::Hello(Hello {
@@ -432,8 +438,7 @@ fn batch_size_follows_the_actor_and_must_fit_replay() {
     let f = fixture(None);
     let welcome = |envs: u32| {
         let mut c = WireClient::connect(f.addr);
-        c.send(&hello("", PROTOCOL_VERSION, envs));
-        match c.recv().expect("an answer") {
+        match c.send_hello(&hello(PROTOCOL_VERSION, envs), "") {
             LearnerMsg::Welcome(w) => Ok(w.batch_rows),
             LearnerMsg::Refused(r) => Err(r),
             other => panic!("unexpected {other:?}"),
@@ -652,8 +657,8 @@ fn an_actor_sent_on_as_the_run_finishes_is_told_the_run_is_over_when_it_comes_ba
 
 #[test]
 fn prioritized_replay_asks_actors_for_priorities_and_screens_them() {
-    let with_priorities = |token: &str| {
-        let mut h = hello(token, millrace_proto::wire::PROTOCOL_VERSION, 4);
+    let with_priorities = || {
+        let mut h = hello(millrace_proto::wire::PROTOCOL_VERSION, 4);
         if let ActorMsg::Hello(h) = &mut h {
             h.capabilities.features = vec![millrace_proto::wire::FEATURE_PRIORITIES.into()];
         }
@@ -662,8 +667,7 @@ fn prioritized_replay_asks_actors_for_priorities_and_screens_them() {
     // Uniform replay: the feature is not taken up.
     let uniform = fixture(None);
     let mut c = WireClient::connect(uniform.addr);
-    c.send(&with_priorities(""));
-    let Some(LearnerMsg::Welcome(w)) = c.recv() else {
+    let LearnerMsg::Welcome(w) = c.send_hello(&with_priorities(), "") else {
         panic!("a welcome");
     };
     assert!(w.features.is_empty(), "{:?}", w.features);
@@ -676,8 +680,7 @@ fn prioritized_replay_asks_actors_for_priorities_and_screens_them() {
         }),
     );
     let mut c = WireClient::connect(f.addr);
-    c.send(&with_priorities(""));
-    let Some(LearnerMsg::Welcome(w)) = c.recv() else {
+    let LearnerMsg::Welcome(w) = c.send_hello(&with_priorities(), "") else {
         panic!("a welcome");
     };
     assert_eq!(w.features, [millrace_proto::wire::FEATURE_PRIORITIES]);
@@ -718,7 +721,7 @@ fn a_peers_name_and_goodbye_are_bounded_and_escaped_before_they_are_used() {
     use millrace_proto::peer_text::MAX_NAME_CHARS;
     let f = fixture(None);
     let mut c = WireClient::connect(f.addr);
-    let ActorMsg::Hello(mut h) = hello("", PROTOCOL_VERSION, 4) else {
+    let ActorMsg::Hello(mut h) = hello(PROTOCOL_VERSION, 4) else {
         unreachable!("hello() makes a Hello")
     };
     // A forged log line and 60 KB that would become a label value on /metrics.
@@ -726,13 +729,9 @@ fn a_peers_name_and_goodbye_are_bounded_and_escaped_before_they_are_used() {
         "evil\n2026-12-03T00:00:00Z ERROR forged{}",
         "x".repeat(60_000)
     );
-    c.send(&ActorMsg::Hello(h));
-    loop {
-        match c.recv() {
-            Some(LearnerMsg::Welcome(_)) => break,
-            Some(LearnerMsg::Heartbeat) => {}
-            other => panic!("expected a welcome, got {other:?}"),
-        }
+    match c.send_hello(&ActorMsg::Hello(h), "") {
+        LearnerMsg::Welcome(_) => {}
+        other => panic!("expected a welcome, got {other:?}"),
     }
     wait_until("the actor is on the board", LIMIT, || connected(&f) == 1);
     let (_, entry) = f.board.entries().into_iter().next().unwrap();
@@ -839,4 +838,77 @@ fn a_frame_trickled_below_the_minimum_rate_is_cut_off_and_its_budget_freed() {
     let mut good = WireClient::connect(f.addr);
     good.join("");
     good_actor_still_works(&f, &mut good);
+}
+
+#[test]
+fn the_token_never_crosses_the_wire_and_a_recorded_exchange_does_not_replay() {
+    let token = "s3cret-token-0123456789";
+    let f = fixture(Some(token));
+    // What an honest actor sends: its Hello and its proof, recorded.
+    let first = hello(PROTOCOL_VERSION, 4);
+    let ActorMsg::Hello(h) = &first else {
+        unreachable!()
+    };
+    let mut c = WireClient::connect(f.addr);
+    c.send(&first);
+    let Some(LearnerMsg::Challenge(challenge)) = c.recv() else {
+        panic!("a challenge");
+    };
+    let proof = ActorMsg::Proof(
+        millrace_proto::auth::actor_proof(token.as_bytes(), h, &challenge).unwrap(),
+    );
+    let mut sent = codec::encode(&first, DEFAULT_MAX_FRAME).unwrap();
+    sent.extend(codec::encode(&proof, DEFAULT_MAX_FRAME).unwrap());
+    assert!(
+        !sent.windows(token.len()).any(|w| w == token.as_bytes()),
+        "the token is on the wire"
+    );
+    c.send(&proof);
+    // The welcome comes sealed (the client checks the seal with the same token).
+    let mut seal =
+        millrace_proto::auth::Seal::for_session(token.as_bytes(), h, &challenge).unwrap();
+    match c.recv() {
+        Some(LearnerMsg::Sealed(s)) => {
+            assert!(matches!(seal.open(&s), Ok(LearnerMsg::Welcome(_))));
+        }
+        other => panic!("a sealed welcome, not {other:?}"),
+    }
+    // The recorded bytes replayed on a new connection: the learner's challenge is new,
+    // so the old proof is a wrong one.
+    let mut replay = WireClient::connect(f.addr);
+    replay.send_bytes(&sent[..codec::encode(&first, DEFAULT_MAX_FRAME).unwrap().len()]);
+    let Some(LearnerMsg::Challenge(again)) = replay.recv() else {
+        panic!("a challenge");
+    };
+    assert_ne!(again, challenge, "a fresh challenge per connection");
+    replay.send(&proof);
+    let r = replay.refused().expect("a typed refusal");
+    assert_eq!(r.code, RefusalCode::WrongToken, "{r}");
+}
+
+#[test]
+fn an_actor_of_the_previous_protocol_is_told_its_version_is_not_spoken() {
+    // Version 6 carried the token in the clear where 7 carries a nonce: the fixed
+    // preamble (variant, version) still says which version it is.
+    #[derive(serde::Serialize)]
+    struct HelloV6 {
+        protocol_version: u32,
+        token: String,
+        actor_name: String,
+    }
+    #[derive(serde::Serialize)]
+    enum ActorMsgV6 {
+        Hello(HelloV6),
+    }
+    let f = fixture(Some("s3cret"));
+    let mut c = WireClient::connect(f.addr);
+    let old = ActorMsgV6::Hello(HelloV6 {
+        protocol_version: 6,
+        token: "s3cret".into(),
+        actor_name: "old".into(),
+    });
+    c.send_bytes(&codec::encode(&old, DEFAULT_MAX_FRAME).unwrap());
+    let r = c.refused().expect("a typed refusal");
+    assert_eq!(r.code, RefusalCode::ProtocolVersion, "{r}");
+    assert!(r.message.contains("protocol version 6"), "{r}");
 }

@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 
 use millrace_actor::runner::SinkClosed;
 use millrace_actor::{ActorSink, EpisodeStats};
+use millrace_proto::auth::{self, Seal};
 use millrace_proto::codec::{self, Framer, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{
-    ActorMsg, Capabilities, Goodbye, Hello, LearnerMsg, Refusal, Welcome, PROTOCOL_VERSION,
+    ActorMsg, Capabilities, Goodbye, Hello, LearnerMsg, Refusal, RefusalCode, Welcome,
+    PROTOCOL_VERSION,
 };
 use millrace_proto::{NetworkSpec, Params, TransitionBatch};
 use millrace_replay::Table;
@@ -187,11 +189,11 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// A `Hello` for CartPole-v1 with `envs` environments.
-pub fn hello(token: &str, version: u32, envs: u32) -> ActorMsg {
+/// A `Hello` for CartPole-v1 with `envs` environments (and a fresh nonce).
+pub fn hello(version: u32, envs: u32) -> ActorMsg {
     ActorMsg::Hello(Hello {
         protocol_version: version,
-        token: token.into(),
+        nonce: auth::fresh_nonce(),
         actor_name: "test".into(),
         capabilities: Capabilities {
             envs,
@@ -213,11 +215,17 @@ pub fn batch(rows: usize, obs_floats: usize) -> TransitionBatch {
     b
 }
 
-/// A hand-written actor over a blocking socket.
+/// A hand-written actor over a blocking socket. Once [`WireClient::send_hello`] has
+/// authenticated the session, [`WireClient::recv`] opens the learner's sealed messages
+/// and checks each parameter snapshot's seal (panicking on a forgery: the learner
+/// under test made it).
 #[derive(Debug)]
 pub struct WireClient {
     pub stream: TcpStream,
     framer: Framer,
+    seal: Option<Seal>,
+    /// Parameters waiting for their seal.
+    pending: Option<Params>,
 }
 
 impl WireClient {
@@ -229,6 +237,52 @@ impl WireClient {
         Self {
             stream,
             framer: Framer::new(DEFAULT_MAX_FRAME),
+            seal: None,
+            pending: None,
+        }
+    }
+
+    /// Sends `first` (a `Hello`, or anything else a test opens with) and, when the
+    /// learner answers with a challenge, the proof for `token`; returns the learner's
+    /// answer after that (opened, if sealed), or its first answer if it was no
+    /// challenge.
+    pub fn send_hello(&mut self, first: &ActorMsg, token: &str) -> LearnerMsg {
+        self.send(first);
+        let answer = self.recv_raw().expect("an answer to Hello");
+        let (LearnerMsg::Challenge(challenge), ActorMsg::Hello(hello)) = (&answer, first) else {
+            return answer;
+        };
+        let proof = auth::actor_proof(token.as_bytes(), hello, challenge).expect("a proof");
+        self.seal = Some(Seal::for_session(token.as_bytes(), hello, challenge).expect("a key"));
+        // A learner that refuses the proof may close before reading it.
+        let _ = self.try_send(&ActorMsg::Proof(proof));
+        self.recv().expect("an answer to the proof")
+    }
+
+    /// The next frame as it came.
+    fn recv_raw(&mut self) -> Option<LearnerMsg> {
+        codec::read_msg(&mut self.stream, &mut self.framer)
+            .ok()
+            .flatten()
+    }
+
+    /// Opens a sealed message, and checks parameters by the seal that follows them.
+    fn open(&mut self, msg: LearnerMsg) -> Option<LearnerMsg> {
+        match (msg, &mut self.seal) {
+            (LearnerMsg::Sealed(s), Some(seal)) => {
+                Some(seal.open(&s).expect("the learner's seal holds"))
+            }
+            (LearnerMsg::Params(p), Some(_)) => {
+                self.pending = Some(p);
+                None
+            }
+            (LearnerMsg::ParamsSeal(tag), Some(seal)) => {
+                let p = self.pending.take().expect("parameters before their seal");
+                seal.open_params(&p, &tag)
+                    .expect("the parameters' seal holds");
+                Some(LearnerMsg::Params(p))
+            }
+            (msg, _) => Some(msg),
         }
     }
 
@@ -248,11 +302,15 @@ impl WireClient {
         self.stream.write_all(bytes).expect("the learner reads");
     }
 
-    /// The next message, or `None` once the learner has closed the connection.
+    /// The next message (opened, if sealed), or `None` once the learner has closed the
+    /// connection.
     pub fn recv(&mut self) -> Option<LearnerMsg> {
-        codec::read_msg(&mut self.stream, &mut self.framer)
-            .ok()
-            .flatten()
+        loop {
+            let msg = self.recv_raw()?;
+            if let Some(m) = self.open(msg) {
+                return Some(m);
+            }
+        }
     }
 
     /// Reads until the learner closes the connection cleanly, returning what came
@@ -262,7 +320,7 @@ impl WireClient {
         let mut seen = Vec::new();
         loop {
             match codec::read_msg(&mut self.stream, &mut self.framer) {
-                Ok(Some(msg)) => seen.push(msg),
+                Ok(Some(msg)) => seen.extend(self.open(msg)),
                 Ok(None) => return seen,
                 Err(e) => panic!("the connection did not close cleanly: {e}"),
             }
@@ -296,10 +354,9 @@ impl WireClient {
         }
     }
 
-    /// Sends a `Hello` and returns the answer.
+    /// Sends a `Hello`, proves `token` and returns the answer.
     pub fn hello(&mut self, token: &str) -> LearnerMsg {
-        self.send(&hello(token, PROTOCOL_VERSION, 4));
-        self.recv().expect("an answer to Hello")
+        self.send_hello(&hello(PROTOCOL_VERSION, 4), token)
     }
 
     /// Sends a `Hello`, expects a `Welcome`.
@@ -333,6 +390,12 @@ pub enum Answer {
         after_batches: usize,
         goodbye: Goodbye,
     },
+    /// An impersonator that does not know the token: it collects the actor's proof and
+    /// welcomes it to `env` (a `gym:` id whose `module` would be imported), sealed under
+    /// a key of its own.
+    Impersonate(millrace_proto::EnvConfig),
+    /// Welcome the actor to `env` (a real learner's welcome) and serve it.
+    WelcomeTo(millrace_proto::EnvConfig),
 }
 
 /// What the fake learner saw.
@@ -396,6 +459,9 @@ fn last_word(mut stream: TcpStream, msg: &LearnerMsg) {
     while matches!(std::io::Read::read(&mut stream, &mut sink), Ok(n) if n > 0) {}
 }
 
+/// The token the fake learner's actors run with (none).
+const FAKE_TOKEN: &[u8] = b"";
+
 fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
     let mut framer = Framer::new(DEFAULT_MAX_FRAME);
     let mut read = stream.try_clone().expect("a second handle");
@@ -403,11 +469,38 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
     else {
         return;
     };
+    // As the learner does: another version is refused before any challenge.
+    if let Answer::Refuse(r) = &answer {
+        if r.code == RefusalCode::ProtocolVersion {
+            last_word(stream, &LearnerMsg::Refused(r.clone()));
+            return;
+        }
+    }
+    let challenge = auth::fresh_nonce();
+    send(&mut stream, &LearnerMsg::Challenge(challenge));
+    let Ok(Some(ActorMsg::Proof(_))) = codec::read_msg::<ActorMsg, _>(&mut read, &mut framer)
+    else {
+        return;
+    };
+    let key: &[u8] = match &answer {
+        Answer::Impersonate(_) => b"a guess at the token",
+        _ => FAKE_TOKEN,
+    };
+    let mut seal = Seal::for_session(key, &hello, &challenge).expect("a session key");
     let bad_params = matches!(answer, Answer::WelcomeWithBadParams);
     let large = matches!(answer, Answer::LargeParamsThenGoodbye { .. });
+    let mut env_config = millrace_proto::EnvConfig::new("CartPole-v1");
     let (after, goodbye) = match answer {
         Answer::Refuse(r) => {
-            last_word(stream, &LearnerMsg::Refused(r));
+            // A wrong token is refused unsealed (the actor has not proved it); anything
+            // after the proof is sealed.
+            let msg = LearnerMsg::Refused(r.clone());
+            let msg = if r.code == RefusalCode::WrongToken {
+                msg
+            } else {
+                seal.seal(&msg).expect("sealed")
+            };
+            last_word(stream, &msg);
             return;
         }
         Answer::WelcomeThenGoodbye {
@@ -419,8 +512,13 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
             goodbye,
         } => (Some(after_batches), Some(goodbye)),
         Answer::WelcomeAndServe | Answer::WelcomeWithBadParams => (None, None),
+        Answer::Impersonate(env) | Answer::WelcomeTo(env) => {
+            env_config = env;
+            (None, None)
+        }
     };
-    let env = millrace_actor::env::spec("CartPole-v1").expect("a known env");
+    let mut env = millrace_actor::env::spec("CartPole-v1").expect("a known env");
+    env.id = env_config.id.clone();
     // 2,500 x 2,500: 6.3 M parameters, a 25 MiB frame.
     let (hidden, max_frame): (&[usize], usize) = if large {
         (&[2500, 2500], codec::MAX_FRAME_CEILING)
@@ -430,7 +528,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
     let network = NetworkSpec::mlp(&env.obs, hidden, env.num_actions, 1).expect("a valid network");
     let n = hello.capabilities.envs;
     let welcome = Welcome {
-        env_config: millrace_proto::EnvConfig::new("CartPole-v1"),
+        env_config,
         clip_rewards: false,
         max_frame: max_frame as u64,
         run_id: "fake".into(),
@@ -446,15 +544,14 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
         batch_rows: 16,
         features: Vec::new(),
     };
-    send(&mut stream, &LearnerMsg::Welcome(Box::new(welcome)));
-    send_limited(
-        &mut stream,
-        &LearnerMsg::Params(Params::of_one(
-            1,
-            vec![0.0; network.layout().len + usize::from(bad_params)],
-        )),
-        max_frame,
-    );
+    let welcome = seal
+        .seal(&LearnerMsg::Welcome(Box::new(welcome)))
+        .expect("sealed");
+    send(&mut stream, &welcome);
+    let params = Params::of_one(1, vec![0.0; network.layout().len + usize::from(bad_params)]);
+    let tag = seal.seal_params(&auth::params_digest(&params));
+    send_limited(&mut stream, &LearnerMsg::Params(params), max_frame);
+    send(&mut stream, &LearnerMsg::ParamsSeal(tag));
     let mut batches = 0;
     loop {
         match codec::read_msg::<ActorMsg, _>(&mut read, &mut framer) {
@@ -463,7 +560,8 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
                 seen.batches.fetch_add(1, Ordering::SeqCst);
                 if after.is_some_and(|a| batches >= a) {
                     if let Some(g) = goodbye.clone() {
-                        last_word(stream, &LearnerMsg::Goodbye(g));
+                        let bye = seal.seal(&LearnerMsg::Goodbye(g)).expect("sealed");
+                        last_word(stream, &bye);
                     }
                     return;
                 }

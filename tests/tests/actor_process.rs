@@ -9,13 +9,27 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use millrace_proto::wire::{Goodbye, GoodbyeReason, Refusal, RefusalCode};
+use millrace_proto::EnvConfig;
 use millrace_tests::{binary, wait_until, Answer, FakeLearner};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn actor(addr: &std::net::SocketAddr) -> Child {
-    Command::new(binary("actor"))
-        .args(["--n", "4", "--learner", &addr.to_string()])
+    actor_with(addr, &[], None)
+}
+
+/// An actor with `extra` flags, and `pythonpath` for a `gym:` environment's module.
+fn actor_with(
+    addr: &std::net::SocketAddr,
+    extra: &[&str],
+    pythonpath: Option<&std::path::Path>,
+) -> Child {
+    let mut cmd = Command::new(binary("actor"));
+    if let Some(p) = pythonpath {
+        cmd.env("PYTHONPATH", p);
+    }
+    cmd.args(["--n", "4", "--learner", &addr.to_string()])
+        .args(extra)
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -216,4 +230,66 @@ fn actor_doctor_explains_a_missing_libtorch() {
     ] {
         assert!(text.contains(line), "{line:?} in:\n{text}");
     }
+}
+
+/// A module that leaves a marker when imported, on a Python path of its own.
+fn marker_module() -> (tempfile::TempDir, std::path::PathBuf, EnvConfig) {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("imported");
+    std::fs::write(
+        dir.path().join("evil_probe.py"),
+        format!("open({:?}, 'w').close()\n", marker.to_str().unwrap()),
+    )
+    .unwrap();
+    let mut env = EnvConfig::new("gym:CartPole-v1");
+    env.module = Some("evil_probe".into());
+    (dir, marker, env)
+}
+
+#[test]
+fn an_actor_imports_only_the_modules_its_command_line_allows() {
+    // The `actor` binary is built with the Gymnasium bridge (its default features).
+    let (dir, marker, env) = marker_module();
+    // A real learner naming a module the actor was not told to allow: refused, for good.
+    let fake = FakeLearner::start(vec![Answer::WelcomeTo(env.clone())]);
+    let out = exit(actor_with(&fake.addr, &[], Some(dir.path())));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = millrace_tests::error_line(&err);
+    assert!(
+        line.contains("\"evil_probe\"") && line.contains("--allow-env-module evil_probe"),
+        "{line}"
+    );
+    assert!(!marker.exists(), "imported without being allowed");
+    // Allowed, it is imported (so the marker can tell).
+    let fake = FakeLearner::start(vec![Answer::WelcomeTo(env)]);
+    let mut child = actor_with(
+        &fake.addr,
+        &["--allow-env-module", "evil_probe"],
+        Some(dir.path()),
+    );
+    wait_until("the allowed module is imported", LIMIT, || marker.exists());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn an_impersonator_without_the_token_gets_nothing_run() {
+    let (dir, marker, env) = marker_module();
+    // It collects the actor's proof and welcomes it to a module the actor even allows:
+    // its welcome's seal fails, nothing is built, and the actor keeps looking for the
+    // real learner.
+    let fake = FakeLearner::start(vec![Answer::Impersonate(env)]);
+    let mut child = actor_with(
+        &fake.addr,
+        &["--allow-env-module", "evil_probe"],
+        Some(dir.path()),
+    );
+    wait_until("the actor tried again", LIMIT, || fake.connections() >= 2);
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(err.contains("the learner failed authentication"), "{err}");
+    assert_eq!(fake.seen.batches.load(Ordering::SeqCst), 0);
+    assert!(!marker.exists(), "an impersonator's module was imported");
 }

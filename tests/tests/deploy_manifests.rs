@@ -268,6 +268,23 @@ fn kubernetes_manifests_are_valid_and_agree_with_the_binaries() {
     let actors_port = service_port("actors");
     service_port("metrics");
 
+    // The NetworkPolicy: it selects the learner's pod, and its actor port admits the
+    // actors' pods alone.
+    let policy = kind(&objects, "NetworkPolicy");
+    check_labels_select(
+        &policy["spec"]["podSelector"]["matchLabels"],
+        &job["spec"]["template"]["metadata"]["labels"],
+    );
+    let rules = policy["spec"]["ingress"].as_array().unwrap();
+    let actors_rule = rules
+        .iter()
+        .find(|r| r["ports"][0]["port"] == "actors")
+        .expect("a rule for the actor port");
+    let from = actors_rule["from"].as_array().unwrap();
+    assert_eq!(from.len(), 1, "only the actors reach the actor port");
+    let deployment_labels = &kind(&objects, "Deployment")["spec"]["template"]["metadata"]["labels"];
+    check_labels_select(&from[0]["podSelector"]["matchLabels"], deployment_labels);
+
     // The actors.
     let deployment = kind(&objects, "Deployment");
     check_labels_select(

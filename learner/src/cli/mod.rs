@@ -61,6 +61,11 @@ pub enum Command {
         /// Print the result as one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// A Python package the saved run's `gym:` environment may import (its
+        /// --env-module, or the `pkg` of a `gym:pkg:Env` id); repeatable. A checkpoint
+        /// naming any other is refused: a file alone never decides what is imported.
+        #[arg(long = "allow-env-module", value_name = "PKG")]
+        allow_env_modules: Vec<String>,
     },
     /// Check libtorch, CUDA, the GPUs and pinned memory, and explain any mismatch.
     /// Exit status 0 when training can run (no GPU is a warning), 1 when broken.
