@@ -96,6 +96,7 @@ mod tests {
             last_eval: None,
             run_finished: None,
             dueling: false,
+            model_crc32c: None,
         }
     }
 
@@ -466,18 +467,56 @@ mod tests {
         // A run with fewer shards takes everything (shards map modulo its count).
         let two = replay_table(2, 1000);
         assert_eq!(restore_replay(&at, &m, &two, 10).unwrap().held, 35);
-        // A damaged file: truncated, a partial header at the end, a length over the limit.
+        // Damage costs what it touches, and the resume goes on with the rest: a file cut
+        // short loses its last record, a partial header at the end is counted as lost
+        // bytes, a flipped byte inside a record loses that record (its checksum), and a
+        // garbage file loses everything but is no error.
         let file = at.join(m.replay_file.as_ref().unwrap());
         let bytes = fs::read(&file).unwrap();
+        let restore = || restore_replay(&at, &m, &replay_table(3, 1000), 10).unwrap();
         fs::write(&file, &bytes[..bytes.len() - 3]).unwrap();
-        assert!(restore_replay(&at, &m, &replay_table(3, 1000), 10).is_err());
+        let r = restore();
+        assert_eq!((r.read, r.damaged), (30, 0), "{r:?}");
+        assert!(r.lost_bytes > 0);
         fs::write(&file, [&bytes[..], &[1, 0]].concat()).unwrap();
-        assert!(restore_replay(&at, &m, &replay_table(3, 1000), 10).is_err());
+        assert_eq!((restore().read, restore().lost_bytes), (35, 2));
+        let mut flipped = bytes.clone();
+        // Inside the second record's payload (12 header bytes, then records).
+        let first = 12 + 8 + u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+        flipped[first + 8 + 40] ^= 0x10;
+        fs::write(&file, &flipped).unwrap();
+        let r = restore();
+        assert_eq!((r.read, r.damaged, r.lost_bytes), (30, 1, 0), "{r:?}");
+        assert!(r.losses().unwrap().contains("1 damaged record"));
         fs::write(&file, [0xff, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
-        assert!(matches!(
-            restore_replay(&at, &m, &replay_table(3, 1000), 10),
-            Err(CheckpointError::Invalid { .. })
-        ));
+        let r = restore();
+        assert_eq!((r.read, r.held, r.lost_bytes), (0, 0, 7), "{r:?}");
+        // Missing altogether: the networks resume with an empty replay.
+        fs::remove_file(&file).unwrap();
+        assert_eq!(restore(), super::replay_file::Restored::default());
+    }
+
+    #[test]
+    fn a_flipped_byte_in_the_model_is_found_not_loaded() {
+        let (env, net, dqn) = setup();
+        let dir = tempfile::tempdir().unwrap();
+        save_state(
+            &dir.path().join("latest"),
+            &dqn.state(),
+            None,
+            meta(&env, &net),
+        )
+        .unwrap();
+        let (m, _, at) = load_state(dir.path()).unwrap();
+        assert!(m.model_crc32c.is_some());
+        let model = at.join(&m.model_file);
+        let mut bytes = fs::read(&model).unwrap();
+        // A float's byte, past the safetensors header: it would load as another value.
+        let at_byte = bytes.len() - 5;
+        bytes[at_byte] ^= 0x01;
+        fs::write(&model, &bytes).unwrap();
+        let err = load_state(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("damaged") && err.contains("checksum"), "{err}");
     }
 
     #[test]
@@ -579,6 +618,15 @@ mod tests {
 
         let model = latest.join(&m.model_file);
         fs::write(&model, b"garbage").unwrap();
+        assert!(matches!(
+            load_state(dir.path()),
+            Err(CheckpointError::Invalid { .. })
+        ));
+        // Without a recorded checksum (a checkpoint from before there was one), the
+        // tensor reader finds garbage too.
+        let mut unchecked = m.clone();
+        unchecked.model_crc32c = None;
+        files::write_json(&latest.join("meta.json"), &unchecked).unwrap();
         assert!(matches!(
             load_state(dir.path()),
             Err(CheckpointError::Tensor { .. })

@@ -1,15 +1,28 @@
-//! Replay's contents in a checkpoint: length-prefixed `(shard, TransitionBatch)` records
-//! in the wire codec, read back with the same framed reader as the network.
+//! Replay's contents in a checkpoint: a header, then `(shard, TransitionBatch)` records
+//! in the wire codec, each with its length and a CRC-32C of its bytes.
+//!
+//! ```text
+//! "MRREPLAY" u32:version(2)   then per record:   u32:len  u32:crc32c(payload)  payload
+//! ```
+//!
+//! Damage costs only what it touches: a record whose checksum, decoding or values fail
+//! is skipped and counted, and the rest is read on; a length that cannot be a record's
+//! (or a file cut short) ends the reading there, and the bytes after it are counted as
+//! lost. Either way the run resumes with its networks and every intact record, and says
+//! what was lost. Files of version 1 (no header, no checksums) are still read.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 
-use millrace_proto::codec::{self, Framer, MAX_FRAME_CEILING};
+use millrace_proto::codec::{self, MAX_FRAME_CEILING};
 use millrace_proto::{EnvSpec, TransitionBatch};
 use millrace_replay::{ReplayError, Table};
 
 use super::files::{invalid, io, write_atomic, CheckpointError};
+
+const MAGIC: &[u8; 8] = b"MRREPLAY";
+const VERSION: u32 = 2;
 
 /// Writes every batch replay holds to `path` (atomically), copying one batch at a time
 /// while actors keep inserting (see [`Table::snapshot`]). Returns the rate limiter's
@@ -18,18 +31,41 @@ pub fn write(path: &Path, table: &Table) -> Result<(u64, u64), CheckpointError> 
     let mut counters = (0, 0);
     write_atomic(path, |tmp| {
         let mut out = BufWriter::new(File::create(tmp).map_err(io(tmp))?);
+        out.write_all(MAGIC).map_err(io(tmp))?;
+        out.write_all(&VERSION.to_le_bytes()).map_err(io(tmp))?;
         let mut result = Ok(());
         counters = table.snapshot(|shard, batch| {
             if result.is_ok() {
-                result = codec::encode(&(shard as u32, batch), MAX_FRAME_CEILING)
-                    .map_err(|e| invalid(tmp, e.to_string()))
-                    .and_then(|frame| out.write_all(&frame).map_err(io(tmp)));
+                result = write_record(&mut out, &(shard as u32, batch)).map_err(|e| match e {
+                    Record::Io(e) => io(tmp)(e),
+                    Record::Encode(e) => invalid(tmp, e),
+                });
             }
         });
         result?;
         out.flush().map_err(io(tmp))
     })?;
     Ok(counters)
+}
+
+enum Record {
+    Io(std::io::Error),
+    Encode(String),
+}
+
+fn write_record<W: Write>(out: &mut W, record: &(u32, TransitionBatch)) -> Result<(), Record> {
+    let payload = codec::to_bytes(record).map_err(|e| Record::Encode(e.to_string()))?;
+    if payload.len() > MAX_FRAME_CEILING {
+        return Err(Record::Encode(format!(
+            "a batch of {} bytes exceeds the record limit of {MAX_FRAME_CEILING}",
+            payload.len()
+        )));
+    }
+    let crc = crc32c::crc32c(&payload);
+    out.write_all(&(payload.len() as u32).to_le_bytes())
+        .and_then(|()| out.write_all(&crc.to_le_bytes()))
+        .and_then(|()| out.write_all(&payload))
+        .map_err(Record::Io)
 }
 
 /// What a replay file put back.
@@ -42,29 +78,105 @@ pub struct Restored {
     pub held: usize,
     /// Transitions in batches too large for this table's shards, not read back.
     pub skipped: usize,
+    /// Records skipped as damaged (a checksum, their decoding or their values failed).
+    pub damaged: usize,
+    /// Bytes at the end of the file that could not be read as records (a damaged length,
+    /// a file cut short).
+    pub lost_bytes: u64,
+}
+
+impl Restored {
+    /// What was lost, for the log; `None` when nothing was.
+    pub fn losses(&self) -> Option<String> {
+        (self.damaged > 0 || self.lost_bytes > 0).then(|| {
+            format!(
+                "{} damaged record(s) skipped, {} byte(s) at the end unreadable",
+                self.damaged, self.lost_bytes
+            )
+        })
+    }
+}
+
+/// Reads up to `buf.len()` bytes; how many there were before the end of the file.
+fn read_full<R: Read>(input: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match input.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// Refills `table` from a replay file, checking every record as if it came from the
-/// network (lengths before allocation, shapes, values). Batches larger than this
-/// table's shards are skipped and counted.
+/// network (lengths before allocation, its checksum, shapes, values). Batches larger
+/// than this table's shards are skipped and counted; damaged records are skipped and
+/// counted (see the module's note). Only the disk failing is an error.
 pub fn load(path: &Path, env: &EnvSpec, table: &Table) -> Result<Restored, CheckpointError> {
     let (num_actions, obs_dtype) = (env.num_actions, env.obs.dtype);
-    let mut input = BufReader::new(File::open(path).map_err(io(path))?);
-    let mut framer = Framer::new(MAX_FRAME_CEILING);
+    let file = File::open(path).map_err(io(path))?;
+    let size = file.metadata().map_err(io(path))?.len();
+    let mut input = BufReader::new(file);
     let mut restored = Restored::default();
-    loop {
-        let payload = match codec::read_frame(&mut input, &mut framer) {
-            Ok(Some(p)) => p,
-            Ok(None) => break,
-            // A disk's error is not a damaged checkpoint.
-            Err(codec::ReadError::Io(e)) => return Err(io(path)(e)),
-            Err(e) => return Err(invalid(path, e.to_string())),
+    // The header, or a version-1 file's first length.
+    let mut head = [0u8; 12];
+    let got = read_full(&mut input, &mut head).map_err(io(path))?;
+    let (checked, mut pending, mut offset): (bool, Vec<u8>, u64) =
+        if got == 12 && &head[..8] == MAGIC {
+            let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+            if version != VERSION {
+                return Err(invalid(
+                    path,
+                    format!("replay file version {version} (this build reads 1 and {VERSION})"),
+                ));
+            }
+            (true, Vec::new(), 12)
+        } else {
+            (false, head[..got].to_vec(), 0)
         };
-        let (shard, batch): (u32, TransitionBatch) =
-            codec::decode(payload).map_err(|e| invalid(path, e.to_string()))?;
-        batch
-            .check_values(num_actions, obs_dtype)
-            .map_err(|e| invalid(path, e.to_string()))?;
+    let mut payload = Vec::new();
+    loop {
+        // The record's header: its length (and checksum), part of it maybe already read.
+        let mut header = [0u8; 8];
+        let want = if checked { 8 } else { 4 };
+        let carried = pending.len().min(want);
+        header[..carried].copy_from_slice(&pending[..carried]);
+        pending.drain(..carried);
+        let got = carried + read_full(&mut input, &mut header[carried..want]).map_err(io(path))?;
+        if got == 0 && pending.is_empty() {
+            break;
+        }
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        if got < want || len > MAX_FRAME_CEILING {
+            restored.lost_bytes = size - offset;
+            break;
+        }
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        payload.resize(len, 0);
+        let carried = pending.len().min(len);
+        payload[..carried].copy_from_slice(&pending[..carried]);
+        pending.drain(..carried);
+        let got = carried + read_full(&mut input, &mut payload[carried..]).map_err(io(path))?;
+        if got < len {
+            restored.lost_bytes = size - offset;
+            break;
+        }
+        offset += (want + len) as u64;
+        if checked && crc32c::crc32c(&payload) != crc {
+            restored.damaged += 1;
+            continue;
+        }
+        let Ok((shard, batch)) = codec::decode::<(u32, TransitionBatch)>(&payload) else {
+            restored.damaged += 1;
+            continue;
+        };
+        if batch.check_values(num_actions, obs_dtype).is_err() {
+            restored.damaged += 1;
+            continue;
+        }
         match table.restore(shard as usize, &batch) {
             Ok(()) => restored.read += batch.len(),
             // A smaller replay (or shards) than the checkpointed run's: keep what fits.
@@ -74,9 +186,30 @@ pub fn load(path: &Path, env: &EnvSpec, table: &Table) -> Result<Restored, Check
             Err(ReplayError::Malformed(_)) if batch.frames.is_some() != (table.stack() > 1) => {
                 restored.skipped += batch.len()
             }
-            Err(e) => return Err(invalid(path, e.to_string())),
+            Err(_) => restored.damaged += 1,
         }
     }
     restored.held = table.len();
     Ok(restored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_its_length_its_checksum_and_its_bytes() {
+        let mut b = TransitionBatch::with_capacity(16, 1, 2);
+        b.push_f32(&[1.0; 4], 0, 1.0, 0.99, &[2.0; 4]);
+        let mut out = Vec::new();
+        write_record(&mut out, &(3, b.clone())).ok().unwrap();
+        let len = u32::from_le_bytes(out[..4].try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(out[4..8].try_into().unwrap());
+        assert_eq!(out.len(), 8 + len);
+        assert_eq!(crc, crc32c::crc32c(&out[8..]));
+        assert_eq!(
+            codec::decode::<(u32, TransitionBatch)>(&out[8..]),
+            Ok((3, b))
+        );
+    }
 }

@@ -48,6 +48,9 @@ pub struct StateMeta {
     /// plain one.
     #[serde(default)]
     pub dueling: bool,
+    /// CRC-32C of the model file: flipped bytes in a tensor would load silently.
+    #[serde(default)]
+    pub model_crc32c: Option<u32>,
 }
 
 impl StateMeta {
@@ -87,6 +90,7 @@ impl StateMeta {
             last_eval: None,
             run_finished: None,
             dueling: false,
+            model_crc32c: None,
         }
     }
 }
@@ -135,7 +139,9 @@ pub fn save_state(
     write_atomic(&model, |tmp| {
         let tensors = [&state.online, &state.target, &state.adam_m, &state.adam_v];
         let named: Vec<(&str, &Tensor)> = TENSORS.iter().copied().zip(tensors).collect();
-        Tensor::write_safetensors(&named, tmp).map_err(tensor_err(tmp))
+        Tensor::write_safetensors(&named, tmp).map_err(tensor_err(tmp))?;
+        meta.model_crc32c = Some(crc32c::crc32c(&std::fs::read(tmp).map_err(io(tmp))?));
+        Ok(())
     })?;
     meta.replay_file = None;
     let mut replay_error = None;
@@ -284,6 +290,15 @@ pub fn load_state(path: &Path) -> Result<(StateMeta, DqnState, PathBuf), Checkpo
     let meta_path = dir.join(META);
     let model = dir.join(plain_name(&meta_path, &meta.model_file)?);
     let network = meta.learner_network().map_err(|e| invalid(&meta_path, e))?;
+    if let Some(expected) = meta.model_crc32c {
+        let got = crc32c::crc32c(&std::fs::read(&model).map_err(io(&model))?);
+        if got != expected {
+            return Err(invalid(
+                &model,
+                format!("damaged: its checksum is {got:08x}, meta.json recorded {expected:08x} (the best/ and solved/ policies, if any, are separate copies)"),
+            ));
+        }
+    }
     let mut t = read_tensors(&meta_path, &model, &network, &TENSORS)?.into_iter();
     let mut take = || t.next().expect("one tensor per name");
     let state = DqnState {
@@ -333,7 +348,23 @@ pub fn restore_replay(
         return Ok(super::replay_file::Restored::default());
     };
     let path = dir.join(plain_name(&dir.join(META), name)?);
+    if !path.is_file() {
+        // Gone (deleted by hand, a half-copied directory): the networks are worth
+        // resuming without it, as after a replay file that is damaged throughout.
+        tracing::warn!(
+            "{}: the replay file is missing; resuming with the networks and an empty replay",
+            path.display()
+        );
+        return Ok(super::replay_file::Restored::default());
+    }
     let restored = super::replay_file::load(&path, &meta.env, table)?;
+    if let Some(losses) = restored.losses() {
+        tracing::warn!(
+            "{}: {losses}; resuming with the networks and the {} intact transitions",
+            path.display(),
+            restored.read + restored.skipped
+        );
+    }
     if restored.held as u64 >= learning_starts {
         table.restore_counters(meta.replay_inserts, meta.replay_samples);
     }
