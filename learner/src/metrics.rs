@@ -37,6 +37,8 @@ pub struct Metrics {
     last_eval: Option<(f64, f64)>,
     /// The checkpoint writer's counts, for the page (threaded runs).
     checkpoints: Option<WriterStats>,
+    /// Lock-step: this thread's ticks are the signs of life (`/livez`).
+    live_on_tick: bool,
     /// The learner thread's signs of life and the count last seen (`/livez`).
     learner_alive: Option<(Arc<AtomicU64>, u64)>,
 }
@@ -76,6 +78,7 @@ impl Metrics {
             last_eval: None,
             checkpoints: None,
             learner_alive: None,
+            live_on_tick: false,
         })
     }
 
@@ -99,9 +102,20 @@ impl Metrics {
         self.learner_alive = Some((alive, 0));
     }
 
-    /// The checkpoint writer's counts as of now, shown from the next tick on.
+    /// The checkpoint writer's counts as of now, shown from the next tick on; failing
+    /// checkpoints become `/healthz`'s warning (the run stays ready: actors are not
+    /// turned away because the disk is full).
     pub fn checkpoints(&mut self, stats: WriterStats) {
+        if let Some(m) = &self.monitor {
+            m.set_warning(checkpoint_warning(&stats));
+        }
         self.checkpoints = Some(stats);
+    }
+
+    /// `/livez` follows this thread's calls of [`Metrics::tick`]: in lock-step mode
+    /// the one thread that ticks is the one that learns.
+    pub fn live_on_tick(&mut self) {
+        self.live_on_tick = true;
     }
 
     /// Called often; records at most once per [`TICK_S`].
@@ -120,6 +134,8 @@ impl Metrics {
                 *seen = now;
                 monitor.progress(LIVE_LIMIT);
             }
+        } else if let (Some(monitor), true) = (&self.monitor, self.live_on_tick) {
+            monitor.progress(LIVE_LIMIT);
         }
         let dt = self.last_tick.elapsed().as_secs_f64();
         if dt < TICK_S {
@@ -293,5 +309,82 @@ impl Metrics {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+    }
+}
+
+/// What `/healthz` says of failing checkpoints, if they are.
+pub fn checkpoint_warning(stats: &WriterStats) -> Option<String> {
+    match (stats.failed_in_a_row, stats.replay_failed_in_a_row) {
+        (0, 0) => None,
+        (0, n) => Some(format!(
+            "the last {n} checkpoint(s) were written without replay (see the log: a full disk?)"
+        )),
+        (n, _) => Some(format!(
+            "the last {n} checkpoint(s) failed (see the log: a full disk?); the state saved before stands"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_replay::{RateLimiterConfig, ReplayConfig};
+
+    fn table() -> Table {
+        Table::new(&ReplayConfig {
+            capacity: 100,
+            shards: 1,
+            obs_row_bytes: 16,
+            stack: 1,
+            obs_rows_per_item: 1.5,
+            limiter: RateLimiterConfig::sample_to_insert_ratio(4.0, 10, 1e9, 8).unwrap(),
+            priority: None,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn livez_follows_the_learner_thread_or_in_lock_step_the_ticking_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (t, report) = (table(), LearnerReport::default());
+        // Threaded: the coordinator's ticks alone are no sign of the learner's life.
+        let ep = Endpoint::new("starting");
+        let mut m = Metrics::new(dir.path(), None, Some(Arc::clone(&ep)), 0).unwrap();
+        let alive = Arc::new(AtomicU64::new(0));
+        m.watch_learner(Arc::clone(&alive));
+        m.tick(0, &report, None, 1.0, &t, None);
+        assert!(!ep.progressed());
+        alive.fetch_add(1, Ordering::Relaxed);
+        m.tick(0, &report, None, 1.0, &t, None);
+        assert!(ep.progressed());
+        // Lock-step: the thread that ticks is the one that learns.
+        let ep = Endpoint::new("starting");
+        let mut m = Metrics::new(dir.path(), None, Some(Arc::clone(&ep)), 0).unwrap();
+        m.tick(0, &report, None, 1.0, &t, None);
+        assert!(!ep.progressed(), "not watched unless asked");
+        m.live_on_tick();
+        m.tick(0, &report, None, 1.0, &t, None);
+        assert!(ep.progressed());
+    }
+
+    #[test]
+    fn failing_checkpoints_are_healthz_warnings_until_one_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let ep = Endpoint::new("starting");
+        let mut m = Metrics::new(dir.path(), None, Some(Arc::clone(&ep)), 0).unwrap();
+        let mut stats = WriterStats {
+            failed: 2,
+            failed_in_a_row: 2,
+            ..WriterStats::default()
+        };
+        m.checkpoints(stats);
+        let w = ep.warning().expect("a warning");
+        assert!(w.contains("the last 2 checkpoint(s) failed"), "{w}");
+        (stats.failed_in_a_row, stats.replay_failed_in_a_row) = (0, 1);
+        m.checkpoints(stats);
+        assert!(ep.warning().unwrap().contains("without replay"));
+        stats.replay_failed_in_a_row = 0;
+        m.checkpoints(stats);
+        assert_eq!(ep.warning(), None);
     }
 }

@@ -35,6 +35,9 @@ pub struct Endpoint {
     /// The process's last sign of progress and how long it may go without one, once it
     /// has shown the first (see [`Endpoint::progress`]).
     progress: Mutex<Option<(Instant, Duration)>>,
+    /// Something an operator should know while the process stays ready (a checkpoint
+    /// that failed): said in `/healthz`'s body, with status 200.
+    warning: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -48,6 +51,7 @@ impl Endpoint {
             page: Mutex::new(Arc::from("")),
             ready: Mutex::new(Err(reason.into())),
             progress: Mutex::new(None),
+            warning: Mutex::new(None),
         })
     }
 
@@ -66,6 +70,22 @@ impl Endpoint {
 
     pub fn ready(&self) -> Result<(), String> {
         lock(&self.ready).clone()
+    }
+
+    /// Sets (or clears) what `/healthz` adds to "ready" (see [`Endpoint::warning`]).
+    pub fn set_warning(&self, warning: Option<String>) {
+        *lock(&self.warning) = warning;
+    }
+
+    /// What `/healthz` adds to "ready": a trouble that does not stop the process
+    /// serving, such as checkpoints failing.
+    pub fn warning(&self) -> Option<String> {
+        lock(&self.warning).clone()
+    }
+
+    /// Whether any progress has been recorded (`/livez` watches from then on).
+    pub fn progressed(&self) -> bool {
+        lock(&self.progress).is_some()
     }
 
     /// Records progress now: from the first call on, `/livez` fails (503) once `limit`
@@ -257,7 +277,15 @@ fn route(head: &[u8], endpoint: &Endpoint) -> Vec<u8> {
             head_only,
         ),
         "/healthz" => match endpoint.ready() {
-            Ok(()) => response(200, "text/plain", b"ready\n", head_only),
+            Ok(()) => match endpoint.warning() {
+                None => response(200, "text/plain", b"ready\n", head_only),
+                Some(w) => response(
+                    200,
+                    "text/plain",
+                    format!("ready; warning: {w}\n").as_bytes(),
+                    head_only,
+                ),
+            },
             Err(why) => response(
                 503,
                 "text/plain",
@@ -339,6 +367,16 @@ mod tests {
             check(&addr.to_string(), "/healthz", Duration::from_secs(2)).unwrap(),
             "ready\n"
         );
+        // A warning keeps the process ready (200) and says why it is worth a look.
+        ep.set_warning(Some("the last 2 checkpoints failed".into()));
+        assert_eq!(
+            check(&addr.to_string(), "/healthz", Duration::from_secs(2)).unwrap(),
+            "ready; warning: the last 2 checkpoints failed\n"
+        );
+        ep.set_warning(None);
+        assert!(!ep.progressed());
+        ep.progress(Duration::from_secs(60));
+        assert!(ep.progressed());
         let page = get(addr, b"GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
         assert!(page.contains("version=0.0.4"), "{page}");

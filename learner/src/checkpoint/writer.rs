@@ -44,6 +44,10 @@ pub struct WriterStats {
     /// Checkpoints written without a new replay file (its write failed; the previous
     /// one, if any, was kept).
     pub replay_failed: u64,
+    /// Checkpoints that failed since the last one written (`/healthz` says so).
+    pub failed_in_a_row: u64,
+    /// Checkpoints since the last one with its replay file (`/healthz` says so).
+    pub replay_failed_in_a_row: u64,
     /// Periodic checkpoints skipped because the previous one was still being written.
     pub skipped: u64,
     /// Seconds the last checkpoint took to write (model and replay).
@@ -172,9 +176,18 @@ fn write_loop(ctx: &CheckpointContext, jobs: &Receiver<Job>, stats: &Mutex<Write
             match &result {
                 Ok(saved) => {
                     s.written += 1;
-                    s.replay_failed += u64::from(saved.replay_error.is_some());
+                    s.failed_in_a_row = 0;
+                    let replay_failed = saved.replay_error.is_some();
+                    s.replay_failed += u64::from(replay_failed);
+                    s.replay_failed_in_a_row = match replay_failed {
+                        true => s.replay_failed_in_a_row + 1,
+                        false => 0,
+                    };
                 }
-                Err(_) => s.failed += 1,
+                Err(_) => {
+                    s.failed += 1;
+                    s.failed_in_a_row += 1;
+                }
             }
         }
         let result = result.map(|saved| saved.dir);

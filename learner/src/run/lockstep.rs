@@ -124,6 +124,8 @@ pub fn run(
     let mut source = Arc::clone(&setup.params);
     let mut stalls = StallTimes::default();
     let mut report = LearnerReport::default();
+    // One thread steps, learns and ticks: its ticks are `/livez`'s signs of life.
+    setup.metrics.live_on_tick();
     let started = Instant::now();
     let mut last_ckpt = Instant::now();
     let mut failure: Option<Failure> = None;

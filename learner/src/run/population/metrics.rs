@@ -66,8 +66,11 @@ impl PopulationMetrics {
         page.rendered.is_none_or(|t| t.elapsed() >= RENDER_EVERY)
     }
 
-    /// Records `agents`' numbers; renders the page if it is due (or `now`).
+    /// Records `agents`' numbers; renders the page if it is due (or `now`). A group
+    /// thread records after each round: `/livez` takes that as the population's sign
+    /// of life (see [`crate::metrics::LIVE_LIMIT`]).
     pub fn record(&self, agents: impl IntoIterator<Item = (usize, AgentSeries)>, now: bool) {
+        self.endpoint.progress(crate::metrics::LIVE_LIMIT);
         let mut page = self.page.lock().unwrap_or_else(|p| p.into_inner());
         page.agents.extend(agents);
         if now || page.rendered.is_none_or(|t| t.elapsed() >= RENDER_EVERY) {
@@ -163,6 +166,15 @@ pub fn render(agents: &BTreeMap<usize, AgentSeries>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_groups_round_is_the_populations_sign_of_life() {
+        let ep = Endpoint::new("starting");
+        let m = PopulationMetrics::new(Arc::clone(&ep));
+        assert!(!ep.progressed(), "/livez waits for the first round");
+        m.record([(0, AgentSeries::default())], false);
+        assert!(ep.progressed());
+    }
 
     #[test]
     fn one_sample_per_agent_and_the_totals() {
