@@ -758,6 +758,7 @@ mod life_loss_tests {
             num_actions: 2,
             max_episode_steps: 100,
             reward_threshold: None,
+            reward_range: None,
             frame_stack: 1,
         };
         let cfg = ActorConfig {
@@ -871,6 +872,7 @@ mod bad_value_tests {
             num_actions: 2,
             max_episode_steps: 1_000_000,
             reward_threshold: None,
+            reward_range: None,
             frame_stack: 1,
         };
         let cfg = ActorConfig {

@@ -328,6 +328,7 @@ mod tests {
                 num_actions: 2,
                 max_episode_steps: 500,
                 reward_threshold: Some(475.0),
+                reward_range: None,
                 frame_stack: 1,
             },
             agent: 0,

@@ -50,6 +50,11 @@ pub struct EnvSpec {
     pub max_episode_steps: u32,
     /// Gymnasium's `reward_threshold`, the default target return.
     pub reward_threshold: Option<f32>,
+    /// The smallest and largest reward of one step, where the environment fixes them
+    /// (the Rust ports): a reported episode return outside what they allow in
+    /// `max_episode_steps` steps cannot be true ([`EnvSpec::plausible_return`]).
+    #[serde(default)]
+    pub reward_range: Option<(f32, f32)>,
     /// Frames stacked along the first axis of each observation (4 for Atari's stack of
     /// 84×84 frames), 1 where observations are not stacks. Replay stores each frame of a
     /// stacked observation once (see [`crate::frames`]).
@@ -59,6 +64,21 @@ pub struct EnvSpec {
 
 fn one() -> usize {
     1
+}
+
+impl EnvSpec {
+    /// Whether an episode of this environment can return `r`: finite, and within what
+    /// [`EnvSpec::reward_range`] allows over at most `max_episode_steps` steps (any
+    /// finite return where the range is unknown).
+    pub fn plausible_return(&self, r: f32) -> bool {
+        let Some((lo, hi)) = self.reward_range else {
+            return r.is_finite();
+        };
+        let steps = self.max_episode_steps as f32;
+        // Episodes may be short: 0 is always within reach.
+        let (min, max) = ((steps * lo).min(0.0), (steps * hi).max(0.0));
+        r.is_finite() && r >= min - 1e-3 * min.abs() && r <= max + 1e-3 * max.abs()
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -621,10 +641,37 @@ mod tests {
             num_actions: 2,
             max_episode_steps: 500,
             reward_threshold: Some(475.0),
+            reward_range: None,
             frame_stack: 1,
         };
         let text = serde_json::to_string(&spec).unwrap();
         assert_eq!(serde_json::from_str::<EnvSpec>(&text).unwrap(), spec);
         assert_eq!(spec.obs.row_bytes(), 16);
+    }
+
+    #[test]
+    fn a_return_is_plausible_within_the_reward_range_over_an_episode() {
+        let mut env = EnvSpec {
+            id: "CartPole-v1".into(),
+            obs: ObsSpec {
+                shape: vec![4],
+                dtype: DType::F32,
+            },
+            num_actions: 2,
+            max_episode_steps: 500,
+            reward_threshold: Some(475.0),
+            reward_range: Some((1.0, 1.0)),
+            frame_stack: 1,
+        };
+        for r in [0.0, 9.0, 500.0] {
+            assert!(env.plausible_return(r), "{r}");
+        }
+        for r in [-1.0, 501.0, 1e9, f32::NAN, f32::INFINITY] {
+            assert!(!env.plausible_return(r), "{r}");
+        }
+        env.reward_range = Some((-1.0, 0.0));
+        assert!(env.plausible_return(-500.0) && !env.plausible_return(1.0));
+        env.reward_range = None;
+        assert!(env.plausible_return(1e9) && !env.plausible_return(f32::NAN));
     }
 }

@@ -64,6 +64,7 @@ impl Shape {
                 num_actions: 6,
                 max_episode_steps: 27_000,
                 reward_threshold: None,
+                reward_range: None,
                 frame_stack: 1,
             },
         }

@@ -572,6 +572,8 @@ impl Connection {
         // Transitions received as of the last log line and the last stats report.
         let (mut log_mark, mut since) = (*received, Instant::now());
         let (mut window_mark, mut window_start) = (*received, Instant::now());
+        // Whether this session's implausible returns were logged (once is enough).
+        let mut flagged = false;
         loop {
             // Cancel-safe: stopping mid-frame loses nothing that matters (the session ends).
             let msg = tokio::select! {
@@ -664,12 +666,25 @@ impl Connection {
                     }
                 }
                 ActorMsg::Stats(stats) => {
-                    for r in stats
-                        .episode_returns
+                    // Returns the environment cannot give (not finite, or beyond its
+                    // reward range over a whole episode) are not counted: an actor
+                    // cannot make the run's train return say 1e9.
+                    let returns = &stats.episode_returns
+                        [..stats.episode_returns.len().min(MAX_RETURNS_PER_STATS)];
+                    let implausible = returns
                         .iter()
-                        .filter(|r| r.is_finite())
-                        .take(MAX_RETURNS_PER_STATS)
-                    {
+                        .filter(|r| !ctx.env.plausible_return(**r))
+                        .count();
+                    if implausible > 0 && !flagged {
+                        flagged = true;
+                        let example = returns.iter().find(|r| !ctx.env.plausible_return(**r));
+                        tracing::warn!(
+                            "{}: actor {name:?} reported {implausible} episode return(s) {} cannot give (e.g. {example:?}): not counted (said once per session)",
+                            self.peer,
+                            ctx.env.id
+                        );
+                    }
+                    for r in returns.iter().filter(|r| ctx.env.plausible_return(**r)) {
                         let _ = ctx.episodes.try_send(EpisodeStats {
                             actor_id: id,
                             episode_return: *r,

@@ -912,3 +912,26 @@ fn an_actor_of_the_previous_protocol_is_told_its_version_is_not_spoken() {
     assert_eq!(r.code, RefusalCode::ProtocolVersion, "{r}");
     assert!(r.message.contains("protocol version 6"), "{r}");
 }
+
+#[test]
+fn returns_the_environment_cannot_give_are_not_counted() {
+    let f = fixture(None);
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("");
+    // CartPole-v1 returns 0..=500: 1e9, -5 and NaN cannot be; 200 and 500 can.
+    c.send(&ActorMsg::Stats(ActorStats {
+        env_steps: 0,
+        episodes: 5,
+        episode_returns: vec![1e9, 200.0, -5.0, f32::NAN, 500.0],
+        params_version: 0,
+    }));
+    let got: Vec<f32> = (0..2)
+        .map(|_| f.episodes.recv_timeout(LIMIT).unwrap().episode_return)
+        .collect();
+    assert_eq!(got, [200.0, 500.0]);
+    assert!(
+        f.episodes.recv_timeout(Duration::from_millis(300)).is_err(),
+        "nothing else is counted"
+    );
+    good_actor_still_works(&f, &mut c);
+}

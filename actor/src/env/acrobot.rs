@@ -45,6 +45,7 @@ impl Acrobot {
                 num_actions: 3,
                 max_episode_steps: MAX_EPISODE_STEPS,
                 reward_threshold: Some(-100.0),
+                reward_range: Some((-1.0, 0.0)),
                 frame_stack: 1,
             },
             rng: rng(seed),

@@ -42,6 +42,7 @@ impl CartPole {
                 num_actions: 2,
                 max_episode_steps: MAX_EPISODE_STEPS,
                 reward_threshold: Some(475.0),
+                reward_range: Some((1.0, 1.0)),
                 frame_stack: 1,
             },
             rng: rng(seed),

@@ -97,6 +97,7 @@ impl CatchPixels {
                 num_actions: 3,
                 max_episode_steps: MAX_EPISODE_STEPS,
                 reward_threshold: Some(0.9),
+                reward_range: Some((-1.0, 1.0)),
                 frame_stack: STACK,
             },
             rng: super::rng(seed),

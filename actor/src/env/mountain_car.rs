@@ -36,6 +36,7 @@ impl MountainCar {
                 num_actions: 3,
                 max_episode_steps: MAX_EPISODE_STEPS,
                 reward_threshold: Some(-110.0),
+                reward_range: Some((-1.0, 0.0)),
                 frame_stack: 1,
             },
             rng: rng(seed),

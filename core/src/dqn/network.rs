@@ -88,6 +88,7 @@ mod tests {
             num_actions: 3,
             max_episode_steps: 100,
             reward_threshold: None,
+            reward_range: None,
             frame_stack: 1,
         }
     }

@@ -56,6 +56,7 @@ impl AtariVec {
                 num_actions,
                 max_episode_steps: MAX_AGENT_STEPS,
                 reward_threshold: None,
+                reward_range: None,
                 frame_stack: 4,
             };
             Ok(PyVecEnv::new(obj.unbind(), spec, n))

@@ -148,6 +148,7 @@ fn spec_from(obj: &Bound<'_, PyAny>, id: &str) -> PyResult<EnvSpec> {
             .filter(|m| *m > 0)
             .unwrap_or(u32::MAX),
         reward_threshold: obj.getattr("reward_threshold")?.extract()?,
+        reward_range: None,
         // A stacking wrapper's frames are not known to be frames: whole observations.
         frame_stack: 1,
     })
