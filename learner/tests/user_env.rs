@@ -129,3 +129,72 @@ fn a_users_registered_env_with_kwargs_trains_and_its_policy_evaluates() {
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["returns"].as_array().unwrap().len(), 3);
 }
+
+const NAN_ENV: &str = r#"
+import gymnasium as gym
+import numpy as np
+
+
+class NanAfter(gym.Env):
+    """Rewards 1, then NaN from the 3,000th step on: a user environment's bug."""
+
+    def __init__(self):
+        self.action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self.t = 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float("nan") if self.t > 3000 else 1.0
+        return np.zeros(3, np.float32), reward, False, self.t % 50 == 0, {}
+
+
+def register():
+    gym.register("MyPkg/NanAfter-v0", entry_point=NanAfter, max_episode_steps=50)
+"#;
+
+#[test]
+fn an_environment_that_keeps_giving_nan_stops_the_run_in_one_line_after_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("nan_after.py"), NAN_ENV).unwrap();
+    let logdir = dir.path().join("run");
+    let out = learner(
+        &[
+            "--env",
+            "gym:MyPkg/NanAfter-v0",
+            "--env-module",
+            "nan_after:register",
+            "--cpu",
+            "--actors",
+            "1",
+            "--envs-per-actor",
+            "1",
+            "--max-steps",
+            "100000",
+            "--logdir",
+            logdir.to_str().unwrap(),
+            "--no-progress",
+        ],
+        dir.path(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    for part in [
+        "gym:MyPkg/NanAfter-v0",
+        "non-finite reward",
+        "none was stored",
+        "a checkpoint was written",
+    ] {
+        assert!(line.contains(part), "{part:?} not in: {line}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(logdir.join("checkpoint/latest/meta.json").exists());
+}
