@@ -39,6 +39,8 @@ pub struct Metrics {
     checkpoints: Option<WriterStats>,
     /// Lock-step: this thread's ticks are the signs of life (`/livez`).
     live_on_tick: bool,
+    /// Lock-step: checkpoints this thread failed to write since its last one.
+    own_failed_in_a_row: u64,
     /// The learner thread's signs of life and the count last seen (`/livez`).
     learner_alive: Option<(Arc<AtomicU64>, u64)>,
 }
@@ -79,6 +81,7 @@ impl Metrics {
             checkpoints: None,
             learner_alive: None,
             live_on_tick: false,
+            own_failed_in_a_row: 0,
         })
     }
 
@@ -110,6 +113,22 @@ impl Metrics {
             m.set_warning(checkpoint_warning(&stats));
         }
         self.checkpoints = Some(stats);
+    }
+
+    /// A checkpoint this thread wrote itself (lock-step mode): failures in a row are
+    /// `/healthz`'s warning, as the writer thread's are.
+    pub fn own_checkpoint(&mut self, written: bool) {
+        self.own_failed_in_a_row = if written {
+            0
+        } else {
+            self.own_failed_in_a_row + 1
+        };
+        if let Some(m) = &self.monitor {
+            m.set_warning(checkpoint_warning(&WriterStats {
+                failed_in_a_row: self.own_failed_in_a_row,
+                ..WriterStats::default()
+            }));
+        }
     }
 
     /// `/livez` follows this thread's calls of [`Metrics::tick`]: in lock-step mode
@@ -385,6 +404,14 @@ mod tests {
         assert!(ep.warning().unwrap().contains("without replay"));
         stats.replay_failed_in_a_row = 0;
         m.checkpoints(stats);
+        assert_eq!(ep.warning(), None);
+        // Lock-step writes its own.
+        m.own_checkpoint(false);
+        assert!(ep
+            .warning()
+            .unwrap()
+            .contains("the last 1 checkpoint(s) failed"));
+        m.own_checkpoint(true);
         assert_eq!(ep.warning(), None);
     }
 }

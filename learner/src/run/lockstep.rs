@@ -205,16 +205,18 @@ pub fn run(
         if let Some(every) = cfg.learner.checkpoint_every {
             if last_ckpt.elapsed() >= every {
                 let k0 = Instant::now();
-                if let Err(e) = save(
+                let saved = save(
                     cfg,
                     &setup,
                     step.dqn(),
                     step.version(),
                     progress.tracker.last.clone(),
                     None,
-                ) {
+                );
+                if let Err(e) = &saved {
                     tracing::warn!("periodic checkpoint failed: {e}");
                 }
+                setup.metrics.own_checkpoint(saved.is_ok());
                 stalls.checkpoint += k0.elapsed().as_secs_f64();
                 report.checkpoint_stall_max =
                     report.checkpoint_stall_max.max(k0.elapsed().as_secs_f64());

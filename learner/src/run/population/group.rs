@@ -245,7 +245,12 @@ pub(super) fn train_group(
                 // `--resume`.
                 s.finish_priorities();
                 for (row, &a) in running.iter().enumerate() {
-                    match agents[a].save(&s.dqn().agent_state(row), &network, &env, s.version()) {
+                    let saved =
+                        agents[a].save(&s.dqn().agent_state(row), &network, &env, s.version());
+                    if let Some(m) = metrics {
+                        m.checkpoint(agents[a].index, saved.is_ok());
+                    }
+                    match saved {
                         Ok(()) => {}
                         Err(e) if stopping => return Err(RunError::FinalCheckpoint(e)),
                         // A periodic save that failed is retried at the next.

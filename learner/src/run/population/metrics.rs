@@ -34,6 +34,8 @@ pub struct AgentSeries {
 struct Page {
     agents: BTreeMap<usize, AgentSeries>,
     rendered: Option<Instant>,
+    /// Agents whose last checkpoints failed, and how many in a row.
+    failing: BTreeMap<usize, u64>,
 }
 
 /// Shared by the population's group threads.
@@ -50,6 +52,7 @@ impl PopulationMetrics {
             page: Mutex::new(Page {
                 agents: BTreeMap::new(),
                 rendered: None,
+                failing: BTreeMap::new(),
             }),
         }
     }
@@ -57,6 +60,29 @@ impl PopulationMetrics {
     /// `/healthz` answers ready from now on.
     pub fn ready(&self) {
         self.endpoint.set_ready();
+    }
+
+    /// An agent's checkpoint, written or not: while any agent's fail, `/healthz` says
+    /// which (the population stays ready).
+    pub fn checkpoint(&self, agent: usize, written: bool) {
+        let mut page = self.page.lock().unwrap_or_else(|p| p.into_inner());
+        if written {
+            page.failing.remove(&agent);
+        } else {
+            *page.failing.entry(agent).or_default() += 1;
+        }
+        let warning = (!page.failing.is_empty()).then(|| {
+            let agents: Vec<String> = page
+                .failing
+                .iter()
+                .map(|(a, n)| format!("{a:03} ({n} in a row)"))
+                .collect();
+            format!(
+                "checkpoints failing for agent(s) {} (see the log: a full disk?); their states saved before stand",
+                agents.join(", ")
+            )
+        });
+        self.endpoint.set_warning(warning);
     }
 
     /// Whether the page is due for a render: the group threads compute their agents'
@@ -174,6 +200,13 @@ mod tests {
         assert!(!ep.progressed(), "/livez waits for the first round");
         m.record([(0, AgentSeries::default())], false);
         assert!(ep.progressed());
+        m.checkpoint(3, false);
+        m.checkpoint(3, false);
+        m.checkpoint(5, true);
+        let w = ep.warning().expect("a warning");
+        assert!(w.contains("agent(s) 003 (2 in a row)"), "{w}");
+        m.checkpoint(3, true);
+        assert_eq!(ep.warning(), None);
     }
 
     #[test]
