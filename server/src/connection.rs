@@ -313,8 +313,9 @@ impl Connection {
     ) -> Result<(Hello, Welcome, SessionRoute, OwnedSemaphorePermit, Seal), (Refusal, Option<Seal>)>
     {
         let cfg = &self.shared.cfg;
-        let deadline = tokio::time::Instant::now() + cfg.handshake_timeout;
-        let authenticated = match authenticate(rd, wr, cfg.token.as_deref(), deadline).await {
+        let now = tokio::time::Instant::now();
+        let deadlines = (now + cfg.hello_timeout, now + cfg.handshake_timeout);
+        let authenticated = match authenticate(rd, wr, cfg.token.as_deref(), deadlines).await {
             Ok(a) => a,
             Err(failed) => {
                 if failed.wrong_token {

@@ -50,17 +50,17 @@ enum First {
     OtherVersion(u32),
 }
 
-/// Runs the handshake to `deadline`. With no `token` (a loopback learner started
+/// Runs the handshake: the `Hello` by `hello_by`, the rest by `deadline`. With no `token` (a loopback learner started
 /// without one) every proof holds, and the seal is keyed by the empty token, as the
 /// actor's is when it has none.
 pub(super) async fn authenticate(
     rd: &mut FrameReader<OwnedReadHalf>,
     wr: &mut OwnedWriteHalf,
     token: Option<&str>,
-    deadline: Instant,
+    (hello_by, deadline): (Instant, Instant),
 ) -> Result<Authenticated, Failed> {
     let first = tokio::time::timeout_at(
-        deadline,
+        hello_by.min(deadline),
         rd.read_with(|payload| match hello_version(payload) {
             Some(v) if v != PROTOCOL_VERSION => Ok(First::OtherVersion(v)),
             _ => codec::decode(payload).map(|m| First::Msg(Box::new(m))),

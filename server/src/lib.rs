@@ -66,6 +66,11 @@ pub struct ServerConfig {
     pub max_inflight_bytes: usize,
     #[serde(serialize_with = "secs")]
     pub handshake_timeout: Duration,
+    /// The `Hello` must arrive within this much of the connection (and within
+    /// `handshake_timeout`): an actor sends it at once, so a silent socket gives its
+    /// handshake place back soon.
+    #[serde(serialize_with = "secs")]
+    pub hello_timeout: Duration,
     /// A connection that sends nothing for this long is closed.
     #[serde(serialize_with = "secs")]
     pub idle_timeout: Duration,
@@ -116,6 +121,7 @@ impl ServerConfig {
             max_frame: codec::DEFAULT_MAX_FRAME,
             max_inflight_bytes: 256 << 20,
             handshake_timeout: Duration::from_secs(5),
+            hello_timeout: Duration::from_secs(2),
             idle_timeout: Duration::from_secs(60),
             // A 16 MiB batch then has 69 s: far more than any link an actor uses needs.
             frame_grace: Duration::from_secs(5),
@@ -446,7 +452,8 @@ async fn answer(stream: TcpStream, token: Option<String>, msg: LearnerMsg) {
     let (rd, mut wr) = stream.into_split();
     let mut rd = millrace_proto::io::FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let msg = match handshake::authenticate(&mut rd, &mut wr, token.as_deref(), deadline).await {
+    let deadlines = (deadline, deadline);
+    let msg = match handshake::authenticate(&mut rd, &mut wr, token.as_deref(), deadlines).await {
         Ok(mut a) => match a.seal.seal(&msg) {
             Ok(sealed) => sealed,
             Err(_) => return,

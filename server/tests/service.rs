@@ -935,3 +935,24 @@ fn returns_the_environment_cannot_give_are_not_counted() {
     );
     good_actor_still_works(&f, &mut c);
 }
+
+#[test]
+fn a_socket_that_sends_no_hello_gives_its_handshake_place_back_soon() {
+    let f = fixture_with(|cfg| {
+        cfg.handshake_timeout = Duration::from_secs(5);
+        cfg.hello_timeout = Duration::from_millis(300);
+    });
+    let start = std::time::Instant::now();
+    let mut quiet = WireClient::connect(f.addr);
+    let r = quiet.refused().expect("a typed refusal");
+    assert_eq!(r.code, RefusalCode::Timeout, "{r}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "held {:?}",
+        start.elapsed()
+    );
+    // An actor that sends its Hello at once has the whole handshake.
+    let mut c = WireClient::connect(f.addr);
+    let _ = c.join("");
+    good_actor_still_works(&f, &mut c);
+}
