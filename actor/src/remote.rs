@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use millrace_proto::auth::{actor_proof, fresh_nonce, AuthError, Seal};
 use millrace_proto::codec::DEFAULT_MAX_FRAME;
 use millrace_proto::env::{supported, Family};
-use millrace_proto::io::{write_msg, FrameReader, ReadError};
+use millrace_proto::io::{write_msg, FrameReader, MinRate, ReadError};
 use millrace_proto::peer_text::{peer_text, MAX_REASON_CHARS};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, Capabilities, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal,
@@ -122,6 +122,15 @@ enum End {
     Incompatible(String),
 }
 
+/// Where the handshake is, for what an unsealed refusal may say.
+#[derive(Clone, Copy, Debug)]
+enum Stage {
+    /// Answering the `Hello`.
+    Hello,
+    /// Answering the proof.
+    Proof,
+}
+
 impl End {
     /// What a refusal from the learner means for this actor.
     fn refused(mut r: Refusal) -> Self {
@@ -134,18 +143,27 @@ impl End {
         }
     }
 
-    /// A refusal before the learner has proved the token: only the kinds any peer may
-    /// send then (a relay could forge it, but not one that ends the actor for a reason
-    /// the learner alone knows).
-    fn unsealed_refusal(r: Refusal) -> Self {
-        match r.code {
-            RefusalCode::WrongToken
-            | RefusalCode::ProtocolVersion
-            | RefusalCode::ProtocolViolation
-            | RefusalCode::Timeout => End::refused(r),
-            code => End::Lost(format!(
-                "an unauthenticated {code:?} refusal was ignored (only a learner that proves the token is believed)"
-            )),
+    /// A refusal before the learner has proved the token: only the kinds a learner
+    /// sends at that step (`stage`), which the protocol keeps typed so that actors exit
+    /// on them rather than retry. A relay could forge one of these (the threat model
+    /// says so); it cannot forge any other.
+    fn unsealed_refusal(r: Refusal, stage: Stage) -> Self {
+        let expected = match stage {
+            Stage::Hello => matches!(
+                r.code,
+                RefusalCode::ProtocolVersion
+                    | RefusalCode::ProtocolViolation
+                    | RefusalCode::Timeout
+            ),
+            Stage::Proof => matches!(r.code, RefusalCode::WrongToken | RefusalCode::Timeout),
+        };
+        if expected {
+            End::refused(r)
+        } else {
+            End::Lost(format!(
+                "an unauthenticated {:?} refusal was ignored (only a learner that proves the token is believed)",
+                r.code
+            ))
         }
     }
 
@@ -287,7 +305,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     // The learner's challenge (or a typed refusal: another version, a flood).
     let challenge = match read_answer(cfg, &mut rd, shutdown).await {
         Ok(LearnerMsg::Challenge(c)) => c,
-        Ok(LearnerMsg::Refused(r)) => return End::unsealed_refusal(r),
+        Ok(LearnerMsg::Refused(r)) => return End::unsealed_refusal(r, Stage::Hello),
         Ok(other) => {
             return End::Lost(format!(
                 "unexpected answer to the handshake: {}",
@@ -322,7 +340,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             Err(e) => return End::forged(&e),
         },
         // Before the learner has proved itself, only what any peer may say.
-        Ok(LearnerMsg::Refused(r)) => return End::unsealed_refusal(r),
+        Ok(LearnerMsg::Refused(r)) => return End::unsealed_refusal(r, Stage::Proof),
         Ok(other) => {
             return End::Lost(format!(
                 "unexpected answer to the handshake: {}",
@@ -421,7 +439,14 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
 
     // From here the learner heartbeats: a link with no progress for `read_timeout` is
     // dead (progress, not whole frames: a large parameter frame may take a while).
-    let mut rd = rd.with_idle_timeout(cfg.read_timeout);
+    // A frame must also arrive whole at a minimum rate: a relay trickling bytes of one
+    // cannot hold the session open either.
+    let mut rd = rd
+        .with_idle_timeout(cfg.read_timeout)
+        .with_min_rate(MinRate {
+            grace: cfg.read_timeout,
+            bytes_per_s: 256 << 10,
+        });
     let mut actor_result = None;
     let end = loop {
         tokio::select! {
@@ -543,8 +568,9 @@ fn receive(
                 "protocol error: a seal without parameters".into(),
             )),
         },
-        LearnerMsg::Heartbeat => Received::Nothing,
         LearnerMsg::Sealed(s) => match seal.open(&s) {
+            // Sealed, so a relay cannot keep a dead link looking alive.
+            Ok(LearnerMsg::Heartbeat) => Received::Nothing,
             Ok(LearnerMsg::Refused(r)) => Received::End(End::refused(r)),
             Ok(LearnerMsg::Goodbye(g)) => Received::End(End::goodbye(g)),
             Ok(other) => Received::End(End::Lost(format!(

@@ -108,7 +108,14 @@ pub fn params_digest(p: &Params) -> Tag {
         h.update(field.to_le_bytes());
     }
     h.update((p.data.len() as u64).to_le_bytes());
-    h.update(bytemuck::cast_slice::<f32, u8>(&p.data));
+    // Little-endian on every host, as the wire carries them.
+    if cfg!(target_endian = "little") {
+        h.update(bytemuck::cast_slice::<f32, u8>(&p.data));
+    } else {
+        for x in &p.data {
+            h.update(x.to_le_bytes());
+        }
+    }
     h.finalize().into()
 }
 

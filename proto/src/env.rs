@@ -97,9 +97,11 @@ pub fn supported(capabilities: &[String], id: &str) -> bool {
         .any(|c| c == id || wildcard.is_some_and(|w| c == w))
 }
 
-/// The Python modules building `cfg` imports by name: its `module` (`pkg`, or the
-/// `pkg` of `pkg:register_fn`) and, for a `gym:pkg:Env-v0` id, `pkg` (Gymnasium imports
-/// the part before the colon). Native and Atari ids import none.
+/// The Python modules that building `cfg` imports because the configuration names
+/// them: its `module` (`pkg`, or the `pkg` of `pkg:register_fn`) and, for a
+/// `gym:pkg:Env-v0` id, `pkg` (Gymnasium imports the part before the colon). Native and
+/// Atari ids name none; the bridge's own fixed registrations (`minatar.gym` for
+/// `MinAtar/…` ids, ale-py) are not chosen by the configuration and are not listed.
 pub fn imported_modules(cfg: &EnvConfig) -> Vec<&str> {
     let mut modules = Vec::new();
     if let Some(m) = &cfg.module {

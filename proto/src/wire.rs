@@ -225,7 +225,7 @@ pub enum ActorMsg {
 }
 
 /// A learner message authenticated for one session ([`crate::auth::Seal`]): `body` is
-/// an encoded [`LearnerMsg`] (a `Welcome`, `Refused` or `Goodbye`).
+/// an encoded [`LearnerMsg`] (a `Welcome`, `Heartbeat`, `Refused` or `Goodbye`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sealed {
     #[serde(with = "serde_bytes")]
@@ -246,6 +246,7 @@ pub enum LearnerMsg {
     Params(Params),
     /// The tag of the `Params` just sent ([`crate::auth::Seal::seal_params`]).
     ParamsSeal(Tag),
+    /// Only ever inside a [`LearnerMsg::Sealed`].
     Heartbeat,
     /// The connection is refused or being closed; the code says whether to retry.
     /// Unsealed only before the actor has proved the token (`WrongToken`,
@@ -253,7 +254,7 @@ pub enum LearnerMsg {
     Refused(Refusal),
     /// Only ever inside a [`LearnerMsg::Sealed`].
     Goodbye(Goodbye),
-    /// A `Welcome`, `Refused` or `Goodbye` under the session's key.
+    /// A `Welcome`, `Heartbeat`, `Refused` or `Goodbye` under the session's key.
     Sealed(Sealed),
 }
 

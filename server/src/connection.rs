@@ -736,7 +736,7 @@ pub(super) fn variant(msg: &ActorMsg) -> &'static str {
 }
 
 /// Sends the newest parameters whenever they change, each followed by its seal, and
-/// heartbeats. Returns the write half and the seal (for the session's last word) when
+/// sealed heartbeats. Returns the write half and the seal (for the session's last word) when
 /// it stops for a reason other than a failed or stalled write.
 async fn send_loop(
     mut wr: OwnedWriteHalf,
@@ -748,11 +748,6 @@ async fn send_loop(
 ) -> Option<(OwnedWriteHalf, Seal)> {
     frames.mark_changed();
     let mut heartbeat = tokio::time::interval(heartbeat_every);
-    let Ok(heartbeat_frame) =
-        millrace_proto::codec::encode(&LearnerMsg::Heartbeat, HANDSHAKE_MAX_FRAME)
-    else {
-        return Some((wr, seal));
-    };
     loop {
         // A parameters frame and its seal, or a heartbeat.
         let params = tokio::select! {
@@ -780,7 +775,14 @@ async fn send_loop(
                     write_frame(&mut wr, &p.frame).await?;
                     write_frame(&mut wr, &tag).await
                 }
-                None => write_frame(&mut wr, &heartbeat_frame).await,
+                // Sealed (a 32-byte tag): a relay cannot fake a live link.
+                None => {
+                    let beat = seal
+                        .seal(&LearnerMsg::Heartbeat)
+                        .and_then(|m| millrace_proto::codec::encode(&m, HANDSHAKE_MAX_FRAME))
+                        .map_err(std::io::Error::other)?;
+                    write_frame(&mut wr, &beat).await
+                }
             }
         };
         match tokio::time::timeout(write_timeout, write).await {

@@ -396,7 +396,7 @@ async fn serve(
 async fn last_call(
     listener: TcpListener,
     goodbye: Option<Goodbye>,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     refusals: Arc<Semaphore>,
     mut closed: watch::Receiver<bool>,
 ) {
@@ -431,9 +431,9 @@ async fn last_call(
                     tracing::info!("{peer}: an actor came back after the run finished: telling it so");
                     if let Ok(p) = Arc::clone(&refusals).try_acquire_owned() {
                         let msg = LearnerMsg::Goodbye(goodbye.clone());
-                        let token = shared.cfg.token.clone();
+                        let shared = Arc::clone(shared);
                         tokio::spawn(async move {
-                            answer(stream, token, msg).await;
+                            answer(stream, peer, &shared, msg).await;
                             drop(p);
                         });
                     }
@@ -448,17 +448,29 @@ async fn last_call(
 /// Authenticates a fresh connection and sends it `msg` (sealed) instead of a welcome,
 /// then closes it without losing it to a reset, never waiting long: an actor believes
 /// "the run is finished" only from a learner that proved the token.
-async fn answer(stream: TcpStream, token: Option<String>, msg: LearnerMsg) {
+async fn answer(stream: TcpStream, peer: SocketAddr, shared: &Shared, msg: LearnerMsg) {
     let (rd, mut wr) = stream.into_split();
     let mut rd = millrace_proto::io::FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     let deadlines = (deadline, deadline);
-    let msg = match handshake::authenticate(&mut rd, &mut wr, token.as_deref(), deadlines).await {
+    let token = shared.cfg.token.as_deref();
+    let msg = match handshake::authenticate(&mut rd, &mut wr, token, deadlines).await {
         Ok(mut a) => match a.seal.seal(&msg) {
             Ok(sealed) => sealed,
             Err(_) => return,
         },
-        Err(failed) => LearnerMsg::Refused(failed.refusal),
+        Err(failed) => {
+            if failed.wrong_token {
+                // Throttled as during the run: guessing costs time here too.
+                let wait = shared
+                    .auth_failures
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .failed(peer.ip(), std::time::Instant::now());
+                tokio::time::sleep(wait).await;
+            }
+            LearnerMsg::Refused(failed.refusal)
+        }
     };
     let sent = tokio::time::timeout(
         Duration::from_secs(1),

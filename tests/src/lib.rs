@@ -396,6 +396,8 @@ pub enum Answer {
     Impersonate(millrace_proto::EnvConfig),
     /// Welcome the actor to `env` (a real learner's welcome) and serve it.
     WelcomeTo(millrace_proto::EnvConfig),
+    /// A relay's forgery: after the proof, a refusal without the seal.
+    RefuseUnsealed(Refusal),
 }
 
 /// What the fake learner saw.
@@ -487,6 +489,10 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
         _ => FAKE_TOKEN,
     };
     let mut seal = Seal::for_session(key, &hello, &challenge).expect("a session key");
+    if let Answer::RefuseUnsealed(r) = &answer {
+        last_word(stream, &LearnerMsg::Refused(r.clone()));
+        return;
+    }
     let bad_params = matches!(answer, Answer::WelcomeWithBadParams);
     let large = matches!(answer, Answer::LargeParamsThenGoodbye { .. });
     let mut env_config = millrace_proto::EnvConfig::new("CartPole-v1");
@@ -516,6 +522,7 @@ fn serve(mut stream: TcpStream, answer: Answer, seen: &Seen) {
             env_config = env;
             (None, None)
         }
+        Answer::RefuseUnsealed(_) => unreachable!("answered above"),
     };
     let mut env = millrace_actor::env::spec("CartPole-v1").expect("a known env");
     env.id = env_config.id.clone();

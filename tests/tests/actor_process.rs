@@ -293,3 +293,22 @@ fn an_impersonator_without_the_token_gets_nothing_run() {
     assert_eq!(fake.seen.batches.load(Ordering::SeqCst), 0);
     assert!(!marker.exists(), "an impersonator's module was imported");
 }
+
+#[test]
+fn a_refusal_only_the_learner_could_give_is_not_believed_unsealed() {
+    // A relay's forged "bad request" after the proof: the actor does not exit on it.
+    let forged = Answer::RefuseUnsealed(Refusal::new(RefusalCode::BadRequest, "go away"));
+    let fake = FakeLearner::start(vec![forged, finished(1)]);
+    let out = exit(actor(&fake.addr));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("an unauthenticated BadRequest refusal was ignored"),
+        "{err}"
+    );
+    assert_eq!(
+        fake.connections(),
+        2,
+        "it tried again and was told the run is over"
+    );
+}
