@@ -93,8 +93,11 @@ impl Drop for Tmpfs {
 
 #[test]
 fn a_full_disk_costs_the_replay_file_not_the_run_and_leaves_nothing_behind() {
-    // 700 KiB: the networks' file (272 KiB) fits, replay's (~1 MiB at 20,000 steps) not.
-    let Some(fs) = Tmpfs::mount(700) else {
+    // 900 KiB: the networks' file (272 KiB, twice while a resumed run replaces it) and
+    // the best policy (68 KiB, twice while replaced) fit, replay's (over 1 MiB at
+    // 20,000 steps) not. One checkpoint per run (the final one), so that no earlier
+    // replay file is kept to fill the disk instead.
+    let Some(fs) = Tmpfs::mount(900) else {
         eprintln!("SKIPPED (not passed): cannot mount a tmpfs here (needs root)");
         return;
     };
@@ -106,7 +109,7 @@ fn a_full_disk_costs_the_replay_file_not_the_run_and_leaves_nothing_behind() {
         "--max-steps",
         "20000",
         "--checkpoint-every-s",
-        "1",
+        "100000",
         "--target-return",
         "1e9",
     ])
@@ -138,6 +141,8 @@ fn a_full_disk_costs_the_replay_file_not_the_run_and_leaves_nothing_behind() {
         "--resume-if-present",
         "--max-steps",
         "22000",
+        "--checkpoint-every-s",
+        "100000",
         "--target-return",
         "1e9",
     ])

@@ -258,7 +258,11 @@ impl Progress {
         setup.metrics.eval(rec, done.purpose);
         let d = self.tracker.record(done);
         if d.new_best {
-            save_policy(Which::Best, setup, cfg.seed, &done.params, rec, None)?;
+            // A full disk must not end the run: the previous best/ stands (solved/, the
+            // run's result, is worth failing loudly for).
+            if let Err(e) = save_policy(Which::Best, setup, cfg.seed, &done.params, rec, None) {
+                tracing::warn!("{e}; the previous best/ stands, training goes on");
+            }
         }
         if let Some(s) = &d.solved {
             save_policy(

@@ -392,7 +392,13 @@ pub(super) fn evaluate_agent(
                 .map_err(|e| RunError::SavePolicy(which, e))
         };
         if d.new_best {
-            save(Which::Best, &done.params, &done.record, None)?;
+            // A full disk must not end the agent: its previous best/ stands.
+            if let Err(e) = save(Which::Best, &done.params, &done.record, None) {
+                tracing::warn!(
+                    "agent {}: {e}; its previous best/ stands, training goes on",
+                    agent.index
+                );
+            }
         }
         if let Some(s) = &d.solved {
             save(Which::Solved, &s.params, &s.first, Some(&s.confirm))?;
