@@ -309,7 +309,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         Ok(other) => {
             return End::Lost(format!(
                 "unexpected answer to the handshake: {}",
-                name(&other)
+                other.kind()
             ))
         }
         Err(end) => return end,
@@ -334,7 +334,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
             Ok(other) => {
                 return End::Lost(format!(
                     "unexpected answer to the handshake: {}",
-                    name(&other)
+                    other.kind()
                 ))
             }
             Err(e) => return End::forged(&e),
@@ -344,7 +344,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         Ok(other) => {
             return End::Lost(format!(
                 "unexpected answer to the handshake: {}",
-                name(&other)
+                other.kind()
             ))
         }
         Err(end) => return end,
@@ -575,28 +575,14 @@ fn receive(
             Ok(LearnerMsg::Goodbye(g)) => Received::End(End::goodbye(g)),
             Ok(other) => Received::End(End::Lost(format!(
                 "protocol error: a sealed {} after the welcome",
-                name(&other)
+                other.kind()
             ))),
             Err(e) => Received::End(End::forged(&e)),
         },
         other => Received::End(End::Lost(format!(
             "protocol error: an unsealed {} after the welcome",
-            name(&other)
+            other.kind()
         ))),
-    }
-}
-
-/// A learner message's kind, for logs (its contents come from the peer).
-fn name(msg: &LearnerMsg) -> &'static str {
-    match msg {
-        LearnerMsg::Challenge(_) => "Challenge",
-        LearnerMsg::Welcome(_) => "Welcome",
-        LearnerMsg::Params(_) => "Params",
-        LearnerMsg::ParamsSeal(_) => "ParamsSeal",
-        LearnerMsg::Heartbeat => "Heartbeat",
-        LearnerMsg::Refused(_) => "Refused",
-        LearnerMsg::Goodbye(_) => "Goodbye",
-        LearnerMsg::Sealed(_) => "Sealed",
     }
 }
 

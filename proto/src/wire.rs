@@ -258,6 +258,36 @@ pub enum LearnerMsg {
     Sealed(Sealed),
 }
 
+impl ActorMsg {
+    /// The message's kind, for logs (its contents come from the peer).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ActorMsg::Hello(_) => "Hello",
+            ActorMsg::Proof(_) => "Proof",
+            ActorMsg::Transitions(_) => "Transitions",
+            ActorMsg::Stats(_) => "Stats",
+            ActorMsg::Heartbeat => "Heartbeat",
+            ActorMsg::Goodbye(_) => "Goodbye",
+        }
+    }
+}
+
+impl LearnerMsg {
+    /// The message's kind, for logs (its contents come from the peer).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LearnerMsg::Challenge(_) => "Challenge",
+            LearnerMsg::Welcome(_) => "Welcome",
+            LearnerMsg::Params(_) => "Params",
+            LearnerMsg::ParamsSeal(_) => "ParamsSeal",
+            LearnerMsg::Heartbeat => "Heartbeat",
+            LearnerMsg::Refused(_) => "Refused",
+            LearnerMsg::Goodbye(_) => "Goodbye",
+            LearnerMsg::Sealed(_) => "Sealed",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

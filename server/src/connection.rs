@@ -672,20 +672,18 @@ impl Connection {
                     // cannot make the run's train return say 1e9.
                     let returns = &stats.episode_returns
                         [..stats.episode_returns.len().min(MAX_RETURNS_PER_STATS)];
-                    let implausible = returns
-                        .iter()
-                        .filter(|r| !ctx.env.plausible_return(**r))
-                        .count();
-                    if implausible > 0 && !flagged {
+                    let (plausible, implausible): (Vec<f32>, Vec<f32>) =
+                        returns.iter().partition(|r| ctx.env.plausible_return(**r));
+                    if let (Some(example), false) = (implausible.first(), flagged) {
                         flagged = true;
-                        let example = returns.iter().find(|r| !ctx.env.plausible_return(**r));
                         tracing::warn!(
-                            "{}: actor {name:?} reported {implausible} episode return(s) {} cannot give (e.g. {example:?}): not counted (said once per session)",
+                            "{}: actor {name:?} reported {} episode return(s) {} cannot give (e.g. {example:?}): not counted (said once per session)",
                             self.peer,
+                            implausible.len(),
                             ctx.env.id
                         );
                     }
-                    for r in returns.iter().filter(|r| ctx.env.plausible_return(**r)) {
+                    for r in &plausible {
                         let _ = ctx.episodes.try_send(EpisodeStats {
                             actor_id: id,
                             episode_return: *r,
@@ -721,17 +719,6 @@ impl Connection {
                 ActorMsg::Proof(_) => return Outcome::Refused(violation("a second Proof")),
             }
         }
-    }
-}
-
-pub(super) fn variant(msg: &ActorMsg) -> &'static str {
-    match msg {
-        ActorMsg::Hello(_) => "Hello",
-        ActorMsg::Proof(_) => "Proof",
-        ActorMsg::Transitions(_) => "Transitions",
-        ActorMsg::Stats(_) => "Stats",
-        ActorMsg::Heartbeat => "Heartbeat",
-        ActorMsg::Goodbye { .. } => "Goodbye",
     }
 }
 

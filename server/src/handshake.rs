@@ -44,14 +44,8 @@ fn timeout() -> Failed {
     Refusal::new(RefusalCode::Timeout, "no handshake within the timeout").into()
 }
 
-/// The first frame: a `Hello` of this version, or the version it claims.
-enum First {
-    Msg(Box<ActorMsg>),
-    OtherVersion(u32),
-}
-
-/// Runs the handshake: the `Hello` by `hello_by`, the rest by `deadline`. With no `token` (a loopback learner started
-/// without one) every proof holds, and the seal is keyed by the empty token, as the
+/// Runs the handshake: the `Hello` by `hello_by`, the rest by `deadline`. With no
+/// `token` (a loopback learner started without one) every proof holds, and the seal is keyed by the empty token, as the
 /// actor's is when it has none.
 pub(super) async fn authenticate(
     rd: &mut FrameReader<OwnedReadHalf>,
@@ -59,20 +53,18 @@ pub(super) async fn authenticate(
     token: Option<&str>,
     (hello_by, deadline): (Instant, Instant),
 ) -> Result<Authenticated, Failed> {
+    // The first frame: a message of this version, or `Err` with the version it claims.
     let first = tokio::time::timeout_at(
         hello_by.min(deadline),
         rd.read_with(|payload| match hello_version(payload) {
-            Some(v) if v != PROTOCOL_VERSION => Ok(First::OtherVersion(v)),
-            _ => codec::decode(payload).map(|m| First::Msg(Box::new(m))),
+            Some(v) if v != PROTOCOL_VERSION => Ok(Err(v)),
+            _ => codec::decode::<ActorMsg>(payload).map(Ok),
         }),
     )
     .await
     .map_err(|_| timeout())?
     .map_err(|e| violation(format!("bad handshake: {e}")))?;
-    let hello = match first.map(|f| match f {
-        First::Msg(m) => Ok(*m),
-        First::OtherVersion(v) => Err(v),
-    }) {
+    let hello = match first {
         Some(Ok(ActorMsg::Hello(h))) => h,
         Some(Err(v)) => {
             return Err(Refusal::new(
@@ -86,7 +78,7 @@ pub(super) async fn authenticate(
         Some(Ok(other)) => {
             return Err(violation(format!(
                 "expected Hello first, got {}",
-                super::connection::variant(&other)
+                other.kind()
             )))
         }
         None => return Err(violation("closed before the handshake")),
@@ -108,7 +100,7 @@ pub(super) async fn authenticate(
         Some(other) => {
             return Err(violation(format!(
                 "expected Proof after the challenge, got {}",
-                super::connection::variant(&other)
+                other.kind()
             )))
         }
         None => return Err(violation("closed during the handshake")),

@@ -119,34 +119,29 @@ pub fn load(path: &Path, env: &EnvSpec, table: &Table) -> Result<Restored, Check
     let (num_actions, obs_dtype) = (env.num_actions, env.obs.dtype);
     let file = File::open(path).map_err(io(path))?;
     let size = file.metadata().map_err(io(path))?.len();
-    let mut input = BufReader::new(file);
+    let mut file = BufReader::new(file);
     let mut restored = Restored::default();
-    // The header, or a version-1 file's first length.
+    // The header, or a version-1 file's first bytes (read again as its first record).
     let mut head = [0u8; 12];
-    let got = read_full(&mut input, &mut head).map_err(io(path))?;
-    let (checked, mut pending, mut offset): (bool, Vec<u8>, u64) =
-        if got == 12 && &head[..8] == MAGIC {
-            let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-            if version != VERSION {
-                return Err(invalid(
-                    path,
-                    format!("replay file version {version} (this build reads 1 and {VERSION})"),
-                ));
-            }
-            (true, Vec::new(), 12)
-        } else {
-            (false, head[..got].to_vec(), 0)
-        };
+    let got = read_full(&mut file, &mut head).map_err(io(path))?;
+    let checked = got == 12 && &head[..8] == MAGIC;
+    if checked {
+        let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+        if version != VERSION {
+            return Err(invalid(
+                path,
+                format!("replay file version {version} (this build reads 1 and {VERSION})"),
+            ));
+        }
+    }
+    let (again, mut offset, want) = if checked { (0, 12, 8) } else { (got, 0, 4) };
+    let mut input = std::io::Cursor::new(head[..again].to_vec()).chain(file);
     let mut payload = Vec::new();
     loop {
-        // The record's header: its length (and checksum), part of it maybe already read.
+        // The record's header: its length (and checksum).
         let mut header = [0u8; 8];
-        let want = if checked { 8 } else { 4 };
-        let carried = pending.len().min(want);
-        header[..carried].copy_from_slice(&pending[..carried]);
-        pending.drain(..carried);
-        let got = carried + read_full(&mut input, &mut header[carried..want]).map_err(io(path))?;
-        if got == 0 && pending.is_empty() {
+        let got = read_full(&mut input, &mut header[..want]).map_err(io(path))?;
+        if got == 0 {
             break;
         }
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
@@ -156,11 +151,7 @@ pub fn load(path: &Path, env: &EnvSpec, table: &Table) -> Result<Restored, Check
         }
         let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
         payload.resize(len, 0);
-        let carried = pending.len().min(len);
-        payload[..carried].copy_from_slice(&pending[..carried]);
-        pending.drain(..carried);
-        let got = carried + read_full(&mut input, &mut payload[carried..]).map_err(io(path))?;
-        if got < len {
+        if read_full(&mut input, &mut payload).map_err(io(path))? < len {
             restored.lost_bytes = size - offset;
             break;
         }
