@@ -157,6 +157,11 @@ impl Framer {
         self.header_len + self.filled
     }
 
+    /// Bytes of the current payload received so far.
+    pub fn payload_filled(&self) -> usize {
+        self.filled
+    }
+
     /// Where the next bytes of the stream go: exactly what the current frame still
     /// needs (read at most this much, so nothing of the next frame is consumed). The
     /// payload's space is allocated here, once its header passed the limit.
@@ -223,6 +228,15 @@ pub enum ReadError {
     #[error("a frame of {len} bytes did not arrive within {limit:?} (the minimum rate)")]
     TooSlow {
         len: usize,
+        limit: std::time::Duration,
+    },
+    #[error(
+        "a frame of {len} bytes held more than its fair share ({share} bytes) of the memory \
+         budget while other connections waited, and did not arrive within {limit:?} of that"
+    )]
+    OverShare {
+        len: usize,
+        share: usize,
         limit: std::time::Duration,
     },
     #[error(transparent)]

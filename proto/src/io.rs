@@ -3,7 +3,8 @@
 //!
 //! [`FrameReader`] drives the one framing state machine, [`codec::Framer`], from an
 //! async reader; with a [`MemoryBudget`] it also bounds the bytes that all connections
-//! together hold in frames being read or handled.
+//! together hold in frames being read or handled, each to its fair share while others
+//! wait (see [`crate::budget`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,68 +12,10 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+pub use crate::budget::{BudgetPermit, Contended, Lease, MemoryBudget};
 pub use crate::codec::ReadError;
 use crate::codec::{self, CodecError, Framer};
-
-/// Bytes that frames being received may occupy at once, across every connection that
-/// shares it. A reader takes a frame's size from the budget once its header is checked
-/// and before its payload is allocated, and gives it back when the handler drops the
-/// [`BudgetPermit`]; when the budget is spent, readers wait (and TCP pushes back).
-#[derive(Debug)]
-pub struct MemoryBudget {
-    bytes: usize,
-    permits: Arc<Semaphore>,
-}
-
-/// Bytes taken from a [`MemoryBudget`], returned on drop.
-#[derive(Debug)]
-pub struct BudgetPermit {
-    _held: Option<OwnedSemaphorePermit>,
-}
-
-impl BudgetPermit {
-    fn none() -> Self {
-        Self { _held: None }
-    }
-}
-
-impl MemoryBudget {
-    /// Semaphores count permits in `u32`: budgets are capped at 4 GiB − 1.
-    pub fn new(bytes: usize) -> Self {
-        let bytes = bytes.min(u32::MAX as usize);
-        Self {
-            bytes,
-            permits: Arc::new(Semaphore::new(bytes)),
-        }
-    }
-
-    /// Bytes not taken right now.
-    #[cfg(test)]
-    fn available(&self) -> usize {
-        self.permits.available_permits()
-    }
-
-    async fn take(&self, bytes: usize) -> Result<BudgetPermit, CodecError> {
-        if bytes > self.bytes {
-            return Err(CodecError::FrameTooLarge {
-                len: bytes,
-                max: self.bytes,
-            });
-        }
-        if bytes == 0 {
-            return Ok(BudgetPermit::none());
-        }
-        let permit = Arc::clone(&self.permits)
-            .acquire_many_owned(bytes as u32)
-            .await
-            .map_err(|_| CodecError::Malformed("memory budget closed".into()))?;
-        Ok(BudgetPermit {
-            _held: Some(permit),
-        })
-    }
-}
 
 /// Reads whole messages from an async stream, reusing one buffer.
 ///
@@ -83,7 +26,7 @@ impl MemoryBudget {
 pub struct FrameReader<R> {
     inner: R,
     framer: Framer,
-    budget: Option<Arc<MemoryBudget>>,
+    lease: Option<Lease>,
     /// The budget the frame being read holds, until it is handed out with the message.
     permit: Option<BudgetPermit>,
     /// A read that makes no progress for this long fails with [`ReadError::Idle`].
@@ -92,6 +35,9 @@ pub struct FrameReader<R> {
     min_rate: Option<MinRate>,
     /// When the frame being read must be complete.
     frame_deadline: Option<tokio::time::Instant>,
+    /// When the frame being read must be complete since its lease was squeezed, the
+    /// share it was over and the time it was given.
+    squeeze_deadline: Option<(tokio::time::Instant, usize, Duration)>,
 }
 
 /// A frame of `len` bytes has `grace + len / bytes_per_s` to arrive once its header
@@ -114,11 +60,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         Self {
             inner,
             framer: Framer::new(max_frame),
-            budget: None,
+            lease: None,
             permit: None,
             idle: None,
             min_rate: None,
             frame_deadline: None,
+            squeeze_deadline: None,
         }
     }
 
@@ -129,9 +76,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self
     }
 
-    /// Charges every frame's payload to `budget` while it is read and handled.
+    /// Charges every frame's payload to `budget` while it is read and handled, through
+    /// a lease of this reader's own (a frame over its fair share must hurry while
+    /// another reader waits).
     pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
-        self.budget = Some(budget);
+        self.lease = Some(budget.lease());
         self
     }
 
@@ -174,8 +123,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if let Some(len) = self.framer.payload_len() {
                 // The header passed the limit: charge the payload before allocating it.
                 if self.permit.is_none() {
-                    self.permit = Some(match &self.budget {
-                        Some(b) => b.take(len).await?,
+                    self.permit = Some(match &self.lease {
+                        Some(lease) => lease.take(len).await?,
                         None => BudgetPermit::none(),
                     });
                     // The clock starts once the budget is taken: waiting for it is the
@@ -183,9 +132,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     self.frame_deadline = self
                         .min_rate
                         .map(|r| tokio::time::Instant::now() + r.limit(len));
+                    self.squeeze_deadline = None;
                 }
                 if let Some(payload) = self.framer.frame() {
                     self.frame_deadline = None;
+                    self.squeeze_deadline = None;
                     let permit = self.permit.take().unwrap_or_else(BudgetPermit::none);
                     let msg = decode(payload);
                     // Decoded: a large payload buffer goes now, so that the permit
@@ -194,25 +145,47 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     self.framer.shrink();
                     return Ok(Some((msg?, permit)));
                 }
-            }
-            let frame = self.framer.payload_len().zip(self.frame_deadline);
-            let space = self.framer.space()?;
-            let read = self.inner.read(space);
-            let n = match (self.idle, frame) {
-                (_, Some((len, deadline)))
-                    if self
-                        .idle
-                        .is_none_or(|idle| deadline <= tokio::time::Instant::now() + idle) =>
-                {
-                    let limit = self.min_rate.map_or(Duration::ZERO, |r| r.limit(len));
-                    tokio::time::timeout_at(deadline, read)
-                        .await
-                        .map_err(|_| ReadError::TooSlow { len, limit })??
+                // Over its share while another reader waits: the rest must come fast.
+                if let (None, Some(lease)) = (self.squeeze_deadline, &self.lease) {
+                    if let Some(share) = lease.squeezed() {
+                        let left = len.saturating_sub(self.framer.payload_filled());
+                        let limit = lease.contended().limit(left);
+                        self.squeeze_deadline =
+                            Some((tokio::time::Instant::now() + limit, share, limit));
+                    }
                 }
-                (Some(idle), _) => tokio::time::timeout(idle, read)
-                    .await
-                    .map_err(|_| ReadError::Idle(idle))??,
-                (None, _) => read.await?,
+            }
+            let now = tokio::time::Instant::now();
+            let len = self.framer.payload_len();
+            // The earliest of the three deadlines decides how the read fails.
+            let mut cut: Option<(tokio::time::Instant, ReadError)> =
+                self.idle.map(|idle| (now + idle, ReadError::Idle(idle)));
+            let mut sooner = |at: tokio::time::Instant, err: ReadError| {
+                if cut.as_ref().is_none_or(|(t, _)| at <= *t) {
+                    cut = Some((at, err));
+                }
+            };
+            if let (Some(len), Some(at)) = (len, self.frame_deadline) {
+                let limit = self.min_rate.map_or(Duration::ZERO, |r| r.limit(len));
+                sooner(at, ReadError::TooSlow { len, limit });
+            }
+            if let (Some(len), Some((at, share, limit))) = (len, self.squeeze_deadline) {
+                sooner(at, ReadError::OverShare { len, share, limit });
+            }
+            if cut.as_ref().is_some_and(|(at, _)| *at <= now) {
+                return Err(cut.map(|c| c.1).expect("a deadline was set"));
+            }
+            let watch_squeeze = len.is_some() && self.squeeze_deadline.is_none();
+            let lease = self.lease.as_ref().filter(|_| watch_squeeze);
+            let space = self.framer.space()?;
+            let n = tokio::select! {
+                biased;
+                n = self.inner.read(space) => n?,
+                _ = tokio::time::sleep_until(cut.as_ref().map_or(now, |c| c.0)), if cut.is_some() => {
+                    return Err(cut.map(|c| c.1).expect("a deadline was set"));
+                }
+                _ = async { lease.expect("watched only with a lease").squeeze_notified().await },
+                    if lease.is_some() => continue,
             };
             if n == 0 {
                 return match self.framer.pending() {

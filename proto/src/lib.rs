@@ -9,6 +9,8 @@
 
 pub mod auth;
 pub mod batch;
+#[cfg(feature = "tokio")]
+pub mod budget;
 pub mod codec;
 pub mod durations;
 pub mod env;

@@ -596,9 +596,11 @@ impl Connection {
             let (msg, _budget) = match msg {
                 Ok(Some(m)) => m,
                 Ok(None) => return Outcome::Closed("actor disconnected".into()),
-                Err(e @ (ReadError::Idle(_) | ReadError::TooSlow { .. })) => {
-                    return Outcome::Refused(Refusal::new(RefusalCode::Timeout, e.to_string()))
-                }
+                Err(
+                    e @ (ReadError::Idle(_)
+                    | ReadError::TooSlow { .. }
+                    | ReadError::OverShare { .. }),
+                ) => return Outcome::Refused(Refusal::new(RefusalCode::Timeout, e.to_string())),
                 Err(ReadError::Io(e)) => return Outcome::Closed(format!("connection lost: {e}")),
                 Err(e @ ReadError::Truncated { .. }) => return Outcome::Closed(e.to_string()),
                 Err(e) => return Outcome::Refused(violation(e.to_string())),

@@ -29,7 +29,7 @@ use millrace_actor::remote::SOCKET_BUFFER_BYTES;
 use millrace_actor::EpisodeStats;
 use millrace_proto::auth::params_digest;
 use millrace_proto::codec;
-use millrace_proto::io::{write_msg, MemoryBudget};
+use millrace_proto::io::{write_msg, Contended, MemoryBudget};
 use millrace_proto::wire::{Goodbye, GoodbyeReason, LearnerMsg};
 use millrace_proto::{EnvSpec, NetworkSpec, ParamsCell};
 use serde::Serialize;
@@ -81,6 +81,15 @@ pub struct ServerConfig {
     pub frame_grace: Duration,
     /// Bytes per second (see `frame_grace`).
     pub min_frame_rate: u64,
+    /// Once a frame is found holding more than its fair share of `max_inflight_bytes`
+    /// (the budget over the connections holding or waiting for some) while another
+    /// connection waits, its rest must arrive within `contended_grace + rest /
+    /// contended_frame_rate`: a few peers trickling large frames cannot hold the budget
+    /// while honest actors wait.
+    #[serde(serialize_with = "secs")]
+    pub contended_grace: Duration,
+    /// Bytes per second (see `contended_grace`).
+    pub contended_frame_rate: u64,
     /// A write (parameters, heartbeat) that takes longer than this closes the connection.
     #[serde(serialize_with = "secs")]
     pub write_timeout: Duration,
@@ -126,6 +135,9 @@ impl ServerConfig {
             // A 16 MiB batch then has 69 s: far more than any link an actor uses needs.
             frame_grace: Duration::from_secs(5),
             min_frame_rate: 256 << 10,
+            // A 16 MiB frame then has 3 s: 100 Mbit/s or more meets it.
+            contended_grace: Duration::from_secs(1),
+            contended_frame_rate: 8 << 20,
             write_timeout: Duration::from_secs(30),
             heartbeat_every: Duration::from_secs(5),
             n_step: 3,
@@ -309,7 +321,12 @@ async fn serve(
         stop.clone(),
     ));
     let shared = Arc::new(Shared {
-        budget: Arc::new(MemoryBudget::new(cfg.max_inflight_bytes)),
+        budget: Arc::new(
+            MemoryBudget::new(cfg.max_inflight_bytes).with_contended(Contended {
+                grace: cfg.contended_grace,
+                bytes_per_s: cfg.contended_frame_rate,
+            }),
+        ),
         indices: ExplorationIndices::default(),
         cfg: Arc::clone(&cfg),
         ctx,

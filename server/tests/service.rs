@@ -841,6 +841,76 @@ fn a_frame_trickled_below_the_minimum_rate_is_cut_off_and_its_budget_freed() {
 }
 
 #[test]
+fn peers_trickling_large_frames_cannot_hold_the_budget_from_an_honest_actor() {
+    // Four authenticated peers each claim a 1 MiB frame of a 4 MiB budget and trickle
+    // it: at the minimum rate each may take 9 s. With the budget spent, an honest
+    // actor's small batch waits; the four are over their fair share (4 MiB over five
+    // contenders) and must finish within 0.5 s + 1 MiB / 8 MiB/s, or go.
+    let f = fixture_with(|cfg| {
+        cfg.max_inflight_bytes = 4 << 20;
+        cfg.contended_grace = Duration::from_millis(500);
+    });
+    // Each trickler's answers are read on a thread of its own, so that it stops
+    // writing as soon as it is refused.
+    let tricklers: Vec<_> = (0..4)
+        .map(|_| {
+            let mut c = WireClient::connect(f.addr);
+            let _ = c.join("");
+            c.send_bytes(&(1u32 << 20).to_le_bytes());
+            c.send_bytes(&[0; 64]);
+            let writer = c.stream.try_clone().unwrap();
+            let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = Arc::clone(&answered);
+            let reader = std::thread::spawn(move || loop {
+                match c.recv() {
+                    Some(LearnerMsg::Refused(r)) => {
+                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                        break Some(r);
+                    }
+                    Some(_) => continue,
+                    None => {
+                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                        break None;
+                    }
+                }
+            });
+            (writer, answered, reader)
+        })
+        .collect();
+    let mut honest = WireClient::connect(f.addr);
+    let _ = honest.join("");
+    let before = f.table.len();
+    let start = std::time::Instant::now();
+    honest.send(&ActorMsg::Transitions(batch(16, 4)));
+    // A byte from each trickler every 20 ms (never idle) until the batch is stored.
+    while f.table.len() < before + 16 && start.elapsed() < LIMIT {
+        for (writer, answered, _) in &tricklers {
+            if !answered.load(std::sync::atomic::Ordering::SeqCst) {
+                let mut w: &std::net::TcpStream = writer;
+                let _ = w.write_all(&[0]);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = start.elapsed();
+    eprintln!("the honest batch was stored {took:?} after it was sent");
+    assert!(
+        f.table.len() >= before + 16,
+        "the honest batch was never stored"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "the honest batch waited {took:?} behind the tricklers (9 s without fair shares)"
+    );
+    for (_, _, reader) in tricklers {
+        let r = reader.join().unwrap().expect("a typed refusal");
+        assert_eq!(r.code, RefusalCode::Timeout, "{r}");
+        assert!(r.message.contains("fair share"), "{r}");
+    }
+    good_actor_still_works(&f, &mut honest);
+}
+
+#[test]
 fn the_token_never_crosses_the_wire_and_a_recorded_exchange_does_not_replay() {
     let token = "s3cret-token-0123456789";
     let f = fixture(Some(token));
