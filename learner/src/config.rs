@@ -93,11 +93,14 @@ pub struct Faults {
     /// The device runs out of memory after a few updates, at one site, as libtorch
     /// reports it (CPU- or CUDA-shaped).
     pub oom: Option<OomFault>,
+    /// A population's group with agent 0 stops its rounds after the first (wedged)
+    /// until the run stops, while the other groups train.
+    pub stall_group: bool,
 }
 
 impl Faults {
-    /// Parses `evaluator`, `sampler`, `actor`, `learner-panic`, `learner-oom` (the
-    /// update, CPU-shaped) or `oom:SITE[:cuda]` with SITE one of copy, update,
+    /// Parses `evaluator`, `sampler`, `actor`, `learner-panic`, `stall-group`,
+    /// `learner-oom` (the update, CPU-shaped) or `oom:SITE[:cuda]` with SITE one of copy, update,
     /// priorities, publish, stats (comma-separated).
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut f = Self::default();
@@ -108,6 +111,7 @@ impl Faults {
                 "sampler" => f.sampler = true,
                 "actor" => f.actor = true,
                 "learner-panic" => f.learner_panic = true,
+                "stall-group" => f.stall_group = true,
                 "learner-oom" => {
                     f.oom = Some(OomFault {
                         site: OomSite::Update,
@@ -130,7 +134,7 @@ impl Faults {
                 }
                 other => {
                     return Err(format!(
-                        "unknown fault {other:?} (evaluator, sampler, actor, learner-panic, learner-oom, oom:SITE[:cuda] with SITE {sites})"
+                        "unknown fault {other:?} (evaluator, sampler, actor, learner-panic, stall-group, learner-oom, oom:SITE[:cuda] with SITE {sites})"
                     ))
                 }
             }
@@ -219,6 +223,10 @@ pub struct RunConfig {
     pub server: Option<ServerConfig>,
     /// Serve Prometheus metrics and health here (`--metrics-addr`).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `/livez` fails once training shows no sign of life for this long
+    /// (`--live-limit-s`).
+    #[serde(serialize_with = "secs")]
+    pub live_limit: std::time::Duration,
     #[serde(skip)]
     pub faults: Faults,
 }

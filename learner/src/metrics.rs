@@ -37,17 +37,20 @@ pub struct Metrics {
     last_eval: Option<(f64, f64)>,
     /// The checkpoint writer's counts, for the page (threaded runs).
     checkpoints: Option<WriterStats>,
-    /// Lock-step: this thread's ticks are the signs of life (`/livez`).
-    live_on_tick: bool,
+    /// Lock-step: this thread's ticks are the signs of life (`/livez`), and how long it
+    /// may go without one.
+    live_on_tick: Option<Duration>,
     /// Lock-step: checkpoints this thread failed to write since its last one.
     own_failed_in_a_row: u64,
-    /// The learner thread's signs of life and the count last seen (`/livez`).
-    learner_alive: Option<(Arc<AtomicU64>, u64)>,
+    /// The learner thread's signs of life, the count last seen and how long it may go
+    /// without one (`/livez`).
+    learner_alive: Option<(Arc<AtomicU64>, u64, Duration)>,
 }
 
 /// How long the learner thread may show no sign of life, once it has shown one, before
-/// `/livez` fails (a wedged learner is restarted by its container's policy). It shows
-/// one per update and one per second while it waits for data.
+/// `/livez` fails (a wedged learner is restarted by its container's policy), unless
+/// `--live-limit-s` says otherwise. It shows one per update and one per second while
+/// it waits for data.
 pub const LIVE_LIMIT: Duration = Duration::from_secs(120);
 
 impl std::fmt::Debug for Metrics {
@@ -80,7 +83,7 @@ impl Metrics {
             last_eval: None,
             checkpoints: None,
             learner_alive: None,
-            live_on_tick: false,
+            live_on_tick: None,
             own_failed_in_a_row: 0,
         })
     }
@@ -100,9 +103,9 @@ impl Metrics {
     }
 
     /// `/livez` follows the learner thread's signs of life in `alive` from its first
-    /// on (see [`LIVE_LIMIT`]).
-    pub fn watch_learner(&mut self, alive: Arc<AtomicU64>) {
-        self.learner_alive = Some((alive, 0));
+    /// on, failing after `limit` without one (see [`LIVE_LIMIT`]).
+    pub fn watch_learner(&mut self, alive: Arc<AtomicU64>, limit: Duration) {
+        self.learner_alive = Some((alive, 0, limit));
     }
 
     /// The checkpoint writer's counts as of now, shown from the next tick on; failing
@@ -133,8 +136,8 @@ impl Metrics {
 
     /// `/livez` follows this thread's calls of [`Metrics::tick`]: in lock-step mode
     /// the one thread that ticks is the one that learns.
-    pub fn live_on_tick(&mut self) {
-        self.live_on_tick = true;
+    pub fn live_on_tick(&mut self, limit: Duration) {
+        self.live_on_tick = Some(limit);
     }
 
     /// Called often; records at most once per [`TICK_S`].
@@ -147,14 +150,16 @@ impl Metrics {
         replay: &Table,
         remote: Option<&ActorBoard>,
     ) {
-        if let (Some(monitor), Some((alive, seen))) = (&self.monitor, &mut self.learner_alive) {
+        if let (Some(monitor), Some((alive, seen, limit))) =
+            (&self.monitor, &mut self.learner_alive)
+        {
             let now = alive.load(Ordering::Relaxed);
             if now != *seen {
                 *seen = now;
-                monitor.progress(LIVE_LIMIT);
+                monitor.progress(*limit);
             }
-        } else if let (Some(monitor), true) = (&self.monitor, self.live_on_tick) {
-            monitor.progress(LIVE_LIMIT);
+        } else if let (Some(monitor), Some(limit)) = (&self.monitor, self.live_on_tick) {
+            monitor.progress(limit);
         }
         let dt = self.last_tick.elapsed().as_secs_f64();
         if dt < TICK_S {
@@ -370,7 +375,7 @@ mod tests {
         let ep = Endpoint::new("starting");
         let mut m = Metrics::new(dir.path(), None, Some(Arc::clone(&ep)), 0).unwrap();
         let alive = Arc::new(AtomicU64::new(0));
-        m.watch_learner(Arc::clone(&alive));
+        m.watch_learner(Arc::clone(&alive), LIVE_LIMIT);
         m.tick(0, &report, None, 1.0, &t, None);
         assert!(!ep.progressed());
         alive.fetch_add(1, Ordering::Relaxed);
@@ -381,7 +386,7 @@ mod tests {
         let mut m = Metrics::new(dir.path(), None, Some(Arc::clone(&ep)), 0).unwrap();
         m.tick(0, &report, None, 1.0, &t, None);
         assert!(!ep.progressed(), "not watched unless asked");
-        m.live_on_tick();
+        m.live_on_tick(LIVE_LIMIT);
         m.tick(0, &report, None, 1.0, &t, None);
         assert!(ep.progressed());
     }

@@ -12,7 +12,9 @@ use millrace_server::ActorEntry;
 /// What each TensorBoard scalar means, for the `# HELP` lines.
 fn help(tag: &str) -> &'static str {
     match tag {
-        "charts/episode_return" => "Mean return of the last 100 training episodes.",
+        "charts/episode_return" => {
+            "Median over actors of each one's mean return in the last 100 training episodes."
+        }
         "charts/epsilon" => "Exploration rate of the run's schedule now.",
         "charts/learning_rate" => "Learning rate now (--lr, decayed to --lr-final if set).",
         "losses/loss" => "Mean TD loss over the last report.",

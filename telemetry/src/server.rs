@@ -9,6 +9,7 @@
 //! open by a client that sends nothing cannot starve the health probes, as a thread
 //! per connection with a small cap would let them.
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,9 +33,12 @@ pub struct Endpoint {
     page: Mutex<Arc<str>>,
     /// `Ok` when ready; otherwise why not (the body of the 503).
     ready: Mutex<Result<(), String>>,
-    /// The process's last sign of progress and how long it may go without one, once it
-    /// has shown the first (see [`Endpoint::progress`]).
-    progress: Mutex<Option<(Instant, Duration)>>,
+    /// Each watched part's last sign of progress and how long it may go without one,
+    /// once it has shown the first (see [`Endpoint::progress_of`]); `""` is the
+    /// process as a whole.
+    progress: Mutex<BTreeMap<String, (Instant, Duration)>>,
+    /// Whether any part ever showed progress.
+    progressed: AtomicBool,
     /// Something an operator should know while the process stays ready (a checkpoint
     /// that failed): said in `/healthz`'s body, with status 200.
     warning: Mutex<Option<String>>,
@@ -50,7 +54,8 @@ impl Endpoint {
         Arc::new(Self {
             page: Mutex::new(Arc::from("")),
             ready: Mutex::new(Err(reason.into())),
-            progress: Mutex::new(None),
+            progress: Mutex::new(BTreeMap::new()),
+            progressed: AtomicBool::new(false),
             warning: Mutex::new(None),
         })
     }
@@ -85,25 +90,56 @@ impl Endpoint {
 
     /// Whether any progress has been recorded (`/livez` watches from then on).
     pub fn progressed(&self) -> bool {
-        lock(&self.progress).is_some()
+        self.progressed.load(Ordering::Relaxed)
     }
 
     /// Records progress now: from the first call on, `/livez` fails (503) once `limit`
     /// passes without another, so a wedged process is restarted. Before it (a
     /// checkpoint still loading, say), `/livez` answers as long as the process does.
     pub fn progress(&self, limit: Duration) {
-        *lock(&self.progress) = Some((Instant::now(), limit));
+        self.progress_of("", limit);
     }
 
-    /// `Ok` while alive; otherwise why not.
+    /// Records progress of one `part` of the process (a population's group of agents,
+    /// named as the failure should say): `/livez` fails once any part watched goes
+    /// `limit` without progress, even while the others progress, until the part is
+    /// [`finished`](Endpoint::finished).
+    pub fn progress_of(&self, part: &str, limit: Duration) {
+        let mut parts = lock(&self.progress);
+        match parts.get_mut(part) {
+            Some(p) => *p = (Instant::now(), limit),
+            None => {
+                parts.insert(part.to_owned(), (Instant::now(), limit));
+            }
+        }
+        self.progressed.store(true, Ordering::Relaxed);
+    }
+
+    /// `part` ended its work: its silence from now on is no failure.
+    pub fn finished(&self, part: &str) {
+        lock(&self.progress).remove(part);
+    }
+
+    /// `Ok` while alive; otherwise why not (the part most overdue).
     pub fn live(&self) -> Result<(), String> {
-        match *lock(&self.progress) {
-            Some((last, limit)) if last.elapsed() > limit => Err(format!(
-                "no progress for {:.0} s (the limit is {:.0} s)",
-                last.elapsed().as_secs_f64(),
+        let parts = lock(&self.progress);
+        let overdue = parts
+            .iter()
+            .map(|(part, (last, limit))| (part, last.elapsed(), *limit))
+            .filter(|(_, quiet, limit)| quiet > limit)
+            .max_by_key(|(_, quiet, limit)| quiet.saturating_sub(*limit));
+        match overdue {
+            Some((part, quiet, limit)) => Err(format!(
+                "{}no progress for {:.0} s (the limit is {:.0} s)",
+                if part.is_empty() {
+                    String::new()
+                } else {
+                    format!("{part}: ")
+                },
+                quiet.as_secs_f64(),
                 limit.as_secs_f64()
             )),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -487,6 +523,24 @@ mod tests {
         }
         ep.progress(Duration::from_millis(100));
         assert_eq!(live().unwrap(), "alive\n");
+    }
+
+    #[test]
+    fn one_wedged_part_fails_livez_while_the_others_progress() {
+        let ep = Endpoint::new("starting");
+        let limit = Duration::from_millis(100);
+        ep.progress_of("group 0", limit);
+        ep.progress_of("group 1", limit);
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(60));
+            ep.progress_of("group 1", limit);
+        }
+        let why = ep.live().unwrap_err();
+        assert!(why.starts_with("group 0: no progress"), "{why}");
+        // A part that finished its work is no longer watched.
+        ep.finished("group 0");
+        assert_eq!(ep.live(), Ok(()));
+        assert!(ep.progressed());
     }
 
     #[test]

@@ -51,6 +51,7 @@ fn counts(args: &TrainArgs, actor_batch: usize) -> anyhow::Result<usize> {
         ("lr", args.lr),
         ("max-grad-norm", args.max_grad_norm),
         ("samples-per-insert", args.samples_per_insert),
+        ("live-limit-s", args.live_limit_s),
     ] {
         positive(name, v)?;
     }
@@ -390,6 +391,8 @@ impl TrainArgs {
             resume: args.resume,
             server,
             metrics_addr: args.metrics_addr,
+            live_limit: std::time::Duration::try_from_secs_f64(args.live_limit_s)
+                .context("--live-limit-s")?,
             faults,
         };
         if cfg

@@ -285,6 +285,13 @@ pub struct TrainArgs {
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
+    /// Seconds without a sign of life, once training has started, before /livez fails
+    /// (503) and a liveness probe restarts the learner: the learner thread's (an
+    /// update, or a second of waiting for data), or any one group's round in a
+    /// population.
+    #[arg(long, default_value_t = 120.0)]
+    pub live_limit_s: f64,
+
     /// Hidden layer sizes. 128x128 is large enough to represent a stable balancing policy
     /// and small enough that an update costs well under a millisecond on one core.
     #[arg(long, value_delimiter = ',', default_value = "128,128")]

@@ -3,7 +3,6 @@
 //! decides when the run ends. Then [`Running::shutdown`], the one shutdown path that
 //! every end goes through: solved, out of steps, a signal, or any component failing.
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,6 +14,7 @@ use millrace_proto::Params;
 use millrace_replay::Table;
 
 use super::setup::Setup;
+use super::train_returns::TrainReturns;
 use super::{Component, Failure, RunError};
 use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter, WriterStats};
 use crate::checkpoint::{self, CheckpointError, Which};
@@ -202,7 +202,7 @@ fn save_policy(
 #[derive(Debug)]
 pub struct Progress {
     pub tracker: EvalTracker,
-    pub window: VecDeque<f32>,
+    pub returns: TrainReturns,
     pub episodes: u64,
     pub next_eval: u64,
 }
@@ -213,23 +213,20 @@ impl Progress {
         let every = cfg.eval.every.max(1);
         Self {
             tracker: EvalTracker::new(cfg.eval.target_return, best),
-            window: VecDeque::with_capacity(100),
+            returns: TrainReturns::default(),
             episodes: 0,
             next_eval: (start_steps / every + 1) * every,
         }
     }
 
-    pub fn episode(&mut self, episode_return: f32) {
+    pub fn episode(&mut self, actor: u32, episode_return: f32) {
         self.episodes += 1;
-        if self.window.len() == 100 {
-            self.window.pop_front();
-        }
-        self.window.push_back(episode_return);
+        self.returns.push(actor, episode_return);
     }
 
+    /// See [`TrainReturns::figure`].
     pub fn train_return(&self) -> Option<f32> {
-        (!self.window.is_empty())
-            .then(|| self.window.iter().sum::<f32>() / self.window.len() as f32)
+        self.returns.figure()
     }
 
     /// Whether an evaluation is due at `steps`; if so, moves the next one on.
@@ -340,7 +337,7 @@ pub fn run(
         std::thread::sleep(TICK);
         let steps = setup.steps.get();
         for ep in links.episodes.try_iter() {
-            progress.episode(ep.episode_return);
+            progress.episode(ep.actor_id, ep.episode_return);
         }
         for r in links.reports.try_iter() {
             report = r;

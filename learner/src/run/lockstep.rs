@@ -125,7 +125,7 @@ pub fn run(
     let mut stalls = StallTimes::default();
     let mut report = LearnerReport::default();
     // One thread steps, learns and ticks: its ticks are `/livez`'s signs of life.
-    setup.metrics.live_on_tick();
+    setup.metrics.live_on_tick(cfg.live_limit);
     let started = Instant::now();
     let mut last_ckpt = Instant::now();
     let mut failure: Option<Failure> = None;
@@ -136,7 +136,7 @@ pub fn run(
         }
         for actor in &mut actors {
             let batch = match actor.step(&mut source, &setup.steps, &mut |e| {
-                progress.episode(e.episode_return);
+                progress.episode(e.actor_id, e.episode_return);
             }) {
                 Ok(b) => b,
                 Err(e) => {

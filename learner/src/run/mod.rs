@@ -8,6 +8,7 @@ mod failure;
 mod lockstep;
 mod population;
 mod setup;
+mod train_returns;
 mod wiring;
 
 use std::sync::atomic::AtomicBool;
@@ -93,7 +94,7 @@ pub fn run_population(
     interrupt: Arc<AtomicBool>,
     monitor: Option<Arc<millrace_telemetry::Endpoint>>,
 ) -> Result<crate::population_results::PopulationSummary, RunError> {
-    let metrics = monitor.map(population::PopulationMetrics::new);
+    let metrics = monitor.map(|m| population::PopulationMetrics::new(m, cfg.live_limit));
     population::run(cfg, &interrupt, metrics.as_ref())
 }
 

@@ -130,7 +130,9 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
     let (report_tx, report_rx) = crossbeam_channel::bounded::<LearnerReport>(64);
     // `/livez` follows the learner thread's signs of life.
     let alive = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    setup.metrics.watch_learner(Arc::clone(&alive));
+    setup
+        .metrics
+        .watch_learner(Arc::clone(&alive), cfg.live_limit);
     let parts = LearnerParts {
         dqn,
         prefetcher,

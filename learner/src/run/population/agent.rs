@@ -3,7 +3,6 @@
 //! evaluations and saved policies, its TensorBoard run, and its state saved for and
 //! read back by `--resume`.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -20,6 +19,7 @@ use crate::config::{Agents, RunConfig};
 use crate::evaluation::{eval_seed, evaluate, EvalDone, EvalRecord, EvalTracker, Purpose};
 use crate::population_board::{self, AgentBoard};
 use crate::population_results::{AgentEnd, AgentResult, AgentSetup};
+use crate::run::train_returns::TrainReturns;
 use crate::run::RunError;
 use crate::sweep::{check_applied, Settings, Sweep, SweepAgent, SweepError};
 use millrace_core::dqn::agents::AgentHparams;
@@ -84,7 +84,8 @@ pub(super) struct Agent {
     pub(super) steps: Arc<StepCounter>,
     pub(super) tracker: EvalTracker,
     pub(super) next_eval: u64,
-    pub(super) returns: VecDeque<f32>,
+    /// Its train return (see [`TrainReturns`]).
+    pub(super) returns: TrainReturns,
     /// Its directory, and its checkpoint's layout (under it).
     pub(super) dir: PathBuf,
     pub(super) layout: Layout,
@@ -174,7 +175,7 @@ impl Agent {
             steps: Arc::new(StepCounter::new(start_steps)),
             tracker: EvalTracker::new(cfg.eval.target_return, best),
             next_eval: (start_steps / every + 1) * every,
-            returns: VecDeque::new(),
+            returns: TrainReturns::default(),
             dir,
             layout,
             end: None,
@@ -366,8 +367,7 @@ pub(super) fn evaluate_agent(
             done.record
         );
         if purpose == Purpose::Regular {
-            let returns = &agent.returns;
-            let train = returns.iter().map(|r| f64::from(*r)).sum::<f64>() / returns.len() as f64;
+            let train = agent.returns.figure().map_or(f64::NAN, f64::from);
             let (env_steps, mean, std) = (done.record.env_steps, done.record.mean, done.record.std);
             agent.board(|b| {
                 b.scalars(

@@ -13,7 +13,7 @@ use std::time::Instant;
 use millrace_proto::Params;
 
 use super::agent::{evaluate_agent, Agent, Live, Member};
-use super::metrics::{AgentSeries, PopulationMetrics};
+use super::metrics::{AgentSeries, GroupName, PopulationMetrics};
 
 use super::{oom, resume};
 use crate::config::{OomSite, RunConfig};
@@ -119,6 +119,10 @@ pub(super) fn train_group(
         }
         _ => None,
     };
+    // `/livez` watches this group from its first round until it returns, however.
+    let name = GroupName::of(&members.iter().map(|m| m.index).collect::<Vec<_>>());
+    let stalls = cfg.faults.stall_group && members.iter().any(|m| m.index == 0);
+    let _watched = metrics.map(|m| Watched(m, name.clone()));
     let mut queue: VecDeque<Member> = members.into();
 
     let mut agents: Vec<Agent> = Vec::with_capacity(queue.len());
@@ -295,10 +299,7 @@ pub(super) fn train_group(
                 for actor in actors.iter_mut() {
                     let returns = &mut agent.returns;
                     let batch = actor.step(params, &agent.steps, &mut |e| {
-                        if returns.len() == 100 {
-                            returns.pop_front();
-                        }
-                        returns.push_back(e.episode_return);
+                        returns.push(e.actor_id, e.episode_return);
                     })?;
                     if let Some(batch) = batch {
                         table.insert_unlimited(&batch)?;
@@ -415,6 +416,16 @@ pub(super) fn train_group(
                 }
             }
             evaluating += t2.elapsed().as_secs_f64();
+            if let Some(m) = metrics {
+                m.alive(&name);
+            }
+            if stalls {
+                // Wedged (the fault `stall-group`, a test of `/livez`): no further
+                // round until the run stops.
+                while !stop.iter().any(|s| s.load(Ordering::Relaxed)) {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
             if let Some(m) = metrics.filter(|m| m.due()) {
                 m.record(
                     running
@@ -491,22 +502,24 @@ pub(super) fn train_group(
     })
 }
 
+/// A group `/livez` watches; no longer once dropped.
+struct Watched<'a>(&'a PopulationMetrics, GroupName);
+
+impl Drop for Watched<'_> {
+    fn drop(&mut self) {
+        self.0.finished(&self.1);
+    }
+}
+
 /// Agent `agent`'s numbers for the metrics page, as row `row` of `dqn`.
 fn series(agent: &Agent, dqn: &Dqn, row: usize) -> (usize, AgentSeries) {
-    let mean = |r: &VecDeque<f32>| {
-        if r.is_empty() {
-            f64::NAN
-        } else {
-            r.iter().map(|x| f64::from(*x)).sum::<f64>() / r.len() as f64
-        }
-    };
     let replay = agent.live.as_ref().map(|l| l.table.stats());
     (
         agent.index,
         AgentSeries {
             env_steps: agent.steps.get(),
             updates: dqn.agent_updates(row),
-            episode_return: mean(&agent.returns),
+            episode_return: agent.returns.figure().map_or(f64::NAN, f64::from),
             eval_return: agent
                 .tracker
                 .last

@@ -18,7 +18,7 @@ pub struct AgentSeries {
     pub env_steps: u64,
     /// Its own stacked updates.
     pub updates: u64,
-    /// Mean return of its last 100 training episodes (NaN before the first).
+    /// Its train return (see `TrainReturns`; NaN before the first episode).
     pub episode_return: f64,
     /// Its last greedy evaluation's mean return (NaN before the first).
     pub eval_return: f64,
@@ -38,17 +38,35 @@ struct Page {
     failing: BTreeMap<usize, u64>,
 }
 
+/// How `/livez` names a group of agents: by the agents it was given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupName(String);
+
+impl GroupName {
+    pub fn of(agents: &[usize]) -> Self {
+        let listed: Vec<String> = agents.iter().take(4).map(|a| format!("{a:03}")).collect();
+        let more = match agents.len().saturating_sub(4) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        Self(format!("the group of agents {}{more}", listed.join(", ")))
+    }
+}
+
 /// Shared by the population's group threads.
 #[derive(Debug)]
 pub struct PopulationMetrics {
     endpoint: Arc<Endpoint>,
+    /// How long a group may go without a round (`--live-limit-s`).
+    live_limit: Duration,
     page: Mutex<Page>,
 }
 
 impl PopulationMetrics {
-    pub fn new(endpoint: Arc<Endpoint>) -> Self {
+    pub fn new(endpoint: Arc<Endpoint>, live_limit: Duration) -> Self {
         Self {
             endpoint,
+            live_limit,
             page: Mutex::new(Page {
                 agents: BTreeMap::new(),
                 rendered: None,
@@ -92,11 +110,19 @@ impl PopulationMetrics {
         page.rendered.is_none_or(|t| t.elapsed() >= RENDER_EVERY)
     }
 
-    /// Records `agents`' numbers; renders the page if it is due (or `now`). A group
-    /// thread records after each round: `/livez` takes that as the population's sign
-    /// of life (see [`crate::metrics::LIVE_LIMIT`]).
+    /// Group `group`'s sign of life, once per round: `/livez` fails when any group
+    /// shows none for the live limit, even while the others train, and names it.
+    pub fn alive(&self, group: &GroupName) {
+        self.endpoint.progress_of(&group.0, self.live_limit);
+    }
+
+    /// Group `group` ended (its agents finished, or the run stops): no longer watched.
+    pub fn finished(&self, group: &GroupName) {
+        self.endpoint.finished(&group.0);
+    }
+
+    /// Records `agents`' numbers; renders the page if it is due (or `now`).
     pub fn record(&self, agents: impl IntoIterator<Item = (usize, AgentSeries)>, now: bool) {
-        self.endpoint.progress(crate::metrics::LIVE_LIMIT);
         let mut page = self.page.lock().unwrap_or_else(|p| p.into_inner());
         page.agents.extend(agents);
         if now || page.rendered.is_none_or(|t| t.elapsed() >= RENDER_EVERY) {
@@ -149,7 +175,7 @@ pub fn render(agents: &BTreeMap<usize, AgentSeries>) -> String {
         (
             "millrace_agent_episode_return",
             Kind::Gauge,
-            "Mean return of the agent's last 100 training episodes.",
+            "Median over the agent's actors of each one's mean return in its last 100 training episodes.",
             |a| a.episode_return,
         ),
         (
@@ -194,12 +220,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_groups_round_is_the_populations_sign_of_life() {
+    fn each_groups_round_is_its_own_sign_of_life() {
         let ep = Endpoint::new("starting");
-        let m = PopulationMetrics::new(Arc::clone(&ep));
+        let m = PopulationMetrics::new(Arc::clone(&ep), crate::metrics::LIVE_LIMIT);
         assert!(!ep.progressed(), "/livez waits for the first round");
         m.record([(0, AgentSeries::default())], false);
+        assert!(!ep.progressed(), "a page is no round");
+        let (a, b) = (GroupName::of(&[0, 2]), GroupName::of(&[1, 3, 5, 7, 9, 11]));
+        assert_eq!(b.0, "the group of agents 001, 003, 005, 007 and 2 more");
+        m.alive(&a);
+        m.alive(&b);
         assert!(ep.progressed());
+        assert_eq!(ep.live(), Ok(()));
+        m.finished(&a);
+        m.finished(&b);
         m.checkpoint(3, false);
         m.checkpoint(3, false);
         m.checkpoint(5, true);
