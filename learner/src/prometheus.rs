@@ -170,6 +170,12 @@ pub fn page(
         Kind::Gauge,
         "Transitions per second received from the actor.",
         (0..actors.len()).map(|i| (labels(i), actors[i].1.transitions_per_s)),
+    )
+    .family(
+        "millrace_actor_episode_return",
+        Kind::Gauge,
+        "Mean of the actor's last 100 counted episode returns (NaN before the first).",
+        (0..actors.len()).map(|i| (labels(i), actors[i].1.mean_return())),
     );
     e.finish()
 }

@@ -1,7 +1,7 @@
 //! The actor board: per-connection statistics that connections write and the metrics
 //! read (progress line, TensorBoard, the summary).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 /// Every connected actor, by the connection's first exploration index.
@@ -20,6 +20,22 @@ pub struct ActorEntry {
     pub transitions_per_s: f64,
     /// Learner parameter version minus the version the actor last acted with.
     pub version_lag: u64,
+    /// Its last [`RETURNS_KEPT`] counted episode returns, oldest first: the operator's
+    /// view of what each actor claims (the run's figure takes the median over actors).
+    pub returns: VecDeque<f32>,
+}
+
+/// Episode returns kept per actor.
+pub const RETURNS_KEPT: usize = 100;
+
+impl ActorEntry {
+    /// The mean of its kept returns (NaN before the first).
+    pub fn mean_return(&self) -> f64 {
+        if self.returns.is_empty() {
+            return f64::NAN;
+        }
+        self.returns.iter().map(|r| f64::from(*r)).sum::<f64>() / self.returns.len() as f64
+    }
 }
 
 /// All connected actors together.
@@ -46,6 +62,18 @@ impl ActorBoard {
         if let Some(e) = self.lock().get_mut(&id) {
             e.transitions_per_s = transitions_per_s;
             e.version_lag = version_lag;
+        }
+    }
+
+    /// Episode returns an actor reported and the server counted.
+    pub fn returns(&self, id: u32, returns: &[f32]) {
+        if let Some(e) = self.lock().get_mut(&id) {
+            for r in returns {
+                if e.returns.len() == RETURNS_KEPT {
+                    e.returns.pop_front();
+                }
+                e.returns.push_back(*r);
+            }
         }
     }
 
@@ -97,5 +125,18 @@ mod tests {
         );
         board.leave(0);
         assert_eq!(board.entries().len(), 1);
+    }
+
+    #[test]
+    fn each_actor_keeps_its_last_returns() {
+        let board = ActorBoard::default();
+        board.join(1, ActorEntry::default());
+        assert!(board.entries()[0].1.mean_return().is_nan());
+        let many: Vec<f32> = (0..150).map(|r| r as f32).collect();
+        board.returns(1, &many);
+        board.returns(2, &[1e9]);
+        let (_, e) = &board.entries()[0];
+        assert_eq!(e.returns.len(), RETURNS_KEPT);
+        assert_eq!(e.mean_return(), 99.5, "returns 50..150");
     }
 }

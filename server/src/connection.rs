@@ -685,6 +685,7 @@ impl Connection {
                             ctx.env.id
                         );
                     }
+                    ctx.board.returns(id, &plausible);
                     for r in &plausible {
                         let _ = ctx.episodes.try_send(EpisodeStats {
                             actor_id: id,
