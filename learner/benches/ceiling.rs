@@ -4,20 +4,20 @@
 //!
 //! `cargo bench -p millrace-learner --bench ceiling -- [--hidden 64,64] [--batch 32]
 //!  [--obs 4] [--actions 2] [--seconds 3] [--min-updates 50] [--threads 1] [--cpu | --gpu N] [--tf32 off|conv|all] [--precision fp32,bf16]
-//!  [--net mlp|nature|minatar] [--layer-norm off,on]`
+//!  [--net mlp|nature|minatar] [--layer-norm off,on] [--target double,munchausen]`
 //! Prints one line per configuration: updates/s and microseconds per update (waiting
 //! for the device as the learner thread does, `millrace_core::ceiling`; the cadence
 //! is printed beside each figure), and with
-//! several precisions or LayerNorm settings each one's updates/s against the first's,
-//! measured one after the other in the same run (every precision with every LayerNorm
-//! setting, in the order given). `--net nature` is the Nature DQN on Atari's `[4, 84, 84]`
+//! several precisions, LayerNorm settings or TD targets each one's updates/s against
+//! the first's, measured one after the other in the same run (every precision with
+//! every LayerNorm setting and every target, in the order given). `--net nature` is the Nature DQN on Atari's `[4, 84, 84]`
 //! frames (6 actions), `--net minatar` MinAtar's network on `[4, 10, 10]` (3 actions);
 //! `--hidden`, `--obs` and `--actions` are the MLP's.
 
 mod common;
 
 use millrace_core::dqn::precision::Precision;
-use millrace_core::dqn::{Dqn, DqnConfig};
+use millrace_core::dqn::{Bootstrap, Dqn, DqnConfig, Munchausen};
 use millrace_proto::{DType, NetworkSpec, ObsSpec};
 use tch::Device;
 
@@ -33,6 +33,7 @@ struct Opts {
     device: Device,
     precision: Vec<Precision>,
     layer_norm: Vec<bool>,
+    targets: Vec<Bootstrap>,
     net: Net,
     tf32: millrace_core::torch_settings::Tf32,
 }
@@ -56,6 +57,7 @@ fn parse() -> Opts {
         device: Device::cuda_if_available(),
         precision: vec![Precision::Fp32],
         layer_norm: vec![false],
+        targets: vec![Bootstrap::Double],
         net: Net::Mlp,
         tf32: millrace_core::torch_settings::Tf32::Conv,
     };
@@ -105,6 +107,16 @@ fn parse() -> Opts {
                     })
                     .collect()
             }
+            "--target" => {
+                o.targets = next
+                    .split(',')
+                    .map(|x| match x {
+                        "double" => Bootstrap::Double,
+                        "munchausen" => Bootstrap::Munchausen(Munchausen::default()),
+                        other => panic!("--target double,munchausen, got {other}"),
+                    })
+                    .collect()
+            }
             "--net" => {
                 o.net = match next.as_str() {
                     "mlp" => Net::Mlp,
@@ -149,8 +161,8 @@ fn main() {
         o.device, o.threads, obs.shape
     );
     println!(
-        "{:<12} {:>6} {:>9} {:>5} {:>12} {:>10} {:>8}  waits (the learner's cadence)",
-        "network", "batch", "precision", "norm", "updates/s", "us/update", "vs first"
+        "{:<12} {:>6} {:>9} {:>5} {:>10} {:>12} {:>10} {:>8}  waits (the learner's cadence)",
+        "network", "batch", "precision", "norm", "target", "updates/s", "us/update", "vs first"
     );
     let hidden: Vec<Vec<usize>> = match o.net {
         Net::Mlp => o.hidden.clone(),
@@ -177,9 +189,14 @@ fn main() {
             let cadence = common::learner_cadence(&obs, b, o.device, false);
             let mut first = None;
             for &precision in &o.precision {
-                for &layer_norm in &o.layer_norm {
+                for (&layer_norm, &bootstrap) in o
+                    .layer_norm
+                    .iter()
+                    .flat_map(|n| o.targets.iter().map(move |t| (n, t)))
+                {
                     let cfg = DqnConfig {
                         precision,
+                        bootstrap,
                         ..DqnConfig::default()
                     };
                     let spec = NetworkSpec {
@@ -197,11 +214,15 @@ fn main() {
                     );
                     let base = *first.get_or_insert(rate);
                     println!(
-                        "{:<12} {:>6} {:>9} {:>5} {:>12.0} {:>10.1} {:>7.2}x  {}",
+                        "{:<12} {:>6} {:>9} {:>5} {:>10} {:>12.0} {:>10.1} {:>7.2}x  {}",
                         label,
                         b,
                         precision.to_string(),
                         if layer_norm { "on" } else { "off" },
+                        match bootstrap {
+                            Bootstrap::Double => "double",
+                            Bootstrap::Munchausen(_) => "munchausen",
+                        },
                         rate,
                         1e6 / rate,
                         rate / base,

@@ -16,6 +16,51 @@ pub enum TargetUpdate {
     Polyak { tau: f64 },
 }
 
+/// `learner --target`: which [`Bootstrap`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TargetKind {
+    Double,
+    Munchausen,
+}
+
+/// How the TD target bootstraps (`learner --target`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Bootstrap {
+    /// Double DQN (van Hasselt et al. 2016): the target network's value at the online
+    /// network's argmax.
+    Double,
+    /// Munchausen DQN (Vieillard et al. 2020): a soft target plus the scaled, clipped
+    /// log-policy of the action taken ([`Munchausen`]).
+    Munchausen(Munchausen),
+}
+
+/// Munchausen-DQN's settings, the paper's defaults: τ 0.03, α 0.9, clip −1.
+///
+/// With π = softmax(q̄/τ) of the target network q̄, the target of `(s, a, r, s')` is
+/// `r + α·clip(τ·log π(a|s), clip, 0) + γ Σ_a' π(a'|s') (q̄(s', a') − τ·log π(a'|s'))`.
+/// With n-step returns `r` is the n-step return, `γ` is `γⁿ`, and the bonus is the
+/// first step's only (the intermediate states are not stored).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Munchausen {
+    /// The entropy temperature τ.
+    pub tau: f64,
+    /// The bonus's scale α.
+    pub alpha: f64,
+    /// The bonus's lower clip l₀ (negative).
+    pub clip: f64,
+}
+
+impl Default for Munchausen {
+    fn default() -> Self {
+        Self {
+            tau: 0.03,
+            alpha: 0.9,
+            clip: -1.0,
+        }
+    }
+}
+
 /// The optimizer of the online network.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -51,6 +96,8 @@ pub struct DqnConfig {
     pub precision: Precision,
     /// The learning rate's decay over env steps (`None`: constant).
     pub lr_decay: Option<LrDecay>,
+    /// Double DQN's target, or Munchausen's.
+    pub bootstrap: Bootstrap,
 }
 
 impl Default for DqnConfig {
@@ -68,6 +115,7 @@ impl Default for DqnConfig {
             optimizer: Optimizer::Adam,
             precision: Precision::Fp32,
             lr_decay: None,
+            bootstrap: Bootstrap::Double,
         }
     }
 }

@@ -45,10 +45,13 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Reduction, Tensor};
 
-pub use config::{DqnConfig, Optimizer, TargetUpdate, RMSPROP_DECAY, RMSPROP_EPS};
+pub use config::{
+    Bootstrap, DqnConfig, Munchausen, Optimizer, TargetKind, TargetUpdate, RMSPROP_DECAY,
+    RMSPROP_EPS,
+};
 use net::Torso;
 pub(crate) use net::{conv_views, norm_views, param_views};
-pub use net::{double_dqn_targets, forward, torso_forward};
+pub use net::{double_dqn_targets, forward, munchausen_targets, torso_forward};
 
 use crate::dqn::agents::{AgentHparams, AgentTensors, Sync};
 use crate::dqn::dueling::DuelingHead;
@@ -482,6 +485,105 @@ mod tests {
         close(&y, &[7.0]);
     }
 
+    #[test]
+    fn munchausen_targets_add_the_clipped_log_policy_to_a_soft_bootstrap() {
+        // K=1, B=1, A=2, τ = 1: log π(0|s) = 1 − log(e + e²) = −1.3133, clipped to −1;
+        // π(·|s') = (½, ½) over q̄(s') = (0, 0): the soft value is log 2.
+        let m = Munchausen {
+            tau: 1.0,
+            alpha: 0.9,
+            clip: -1.0,
+        };
+        let y = munchausen_targets(
+            &t(&[1.0, 2.0], &[1, 1, 2]),
+            &t(&[0.0, 0.0], &[1, 1, 2]),
+            &Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
+            &t(&[1.0], &[1, 1, 1]),
+            &t(&[0.99], &[1, 1, 1]),
+            &m,
+        );
+        close(&y, &[1.0 - 0.9 + 0.99 * std::f32::consts::LN_2]);
+        // The bonus unclipped when τ·log π is above the clip: action 1, log π = −0.3133.
+        let y = munchausen_targets(
+            &t(&[1.0, 2.0], &[1, 1, 2]),
+            &t(&[0.0, 0.0], &[1, 1, 2]),
+            &Tensor::ones([1, 1, 1], (Kind::Int64, Device::Cpu)),
+            &t(&[0.0], &[1, 1, 1]),
+            &t(&[0.0], &[1, 1, 1]),
+            &m,
+        );
+        close(&y, &[0.9 * (2.0 - (1f32.exp() + 2f32.exp()).ln())]);
+    }
+
+    #[test]
+    fn munchausen_with_a_small_tau_and_no_bonus_is_the_max_bootstrap() {
+        // τ → 0 and α = 0: the soft value tends to max q̄(s') (here within τ·log A).
+        let m = Munchausen {
+            tau: 1e-3,
+            alpha: 0.0,
+            clip: -1.0,
+        };
+        let y = munchausen_targets(
+            &t(&[5.0, -3.0, 0.0], &[1, 1, 3]),
+            &t(&[1.0, 4.0, 2.0], &[1, 1, 3]),
+            &Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
+            &t(&[0.5], &[1, 1, 1]),
+            &t(&[0.9], &[1, 1, 1]),
+            &m,
+        );
+        close(&y, &[0.5 + 0.9 * 4.0]);
+        // A terminal transition (discount 0) keeps the reward and the bonus only.
+        let m = Munchausen::default();
+        let y = munchausen_targets(
+            &t(&[5.0, -3.0, 0.0], &[1, 1, 3]),
+            &t(&[1.0, 4.0, 2.0], &[1, 1, 3]),
+            &Tensor::ones([1, 1, 1], (Kind::Int64, Device::Cpu)),
+            &t(&[0.5], &[1, 1, 1]),
+            &t(&[0.0], &[1, 1, 1]),
+            &m,
+        );
+        // τ·log π(1|s) is about −8: clipped to −1.
+        close(&y, &[0.5 - 0.9]);
+    }
+
+    #[test]
+    fn munchausen_backward_matches_autograd_and_differs_from_double() {
+        for dueling in [false, true] {
+            let cfg = |bootstrap| DqnConfig {
+                bootstrap,
+                dueling,
+                ..config()
+            };
+            let m = Bootstrap::Munchausen(Munchausen::default());
+            let mut dqn = Dqn::new(spec(2), cfg(m), Device::Cpu, 5);
+            let other = Dqn::new(spec(2), cfg(m), Device::Cpu, 6);
+            dqn.target.copy_(&other.online);
+            let (k, b) = (2, 16);
+            tch::manual_seed(12);
+            let batch = Batch {
+                obs2: Tensor::randn([k, 2 * b, 3], (Kind::Float, Device::Cpu)),
+                actions: Tensor::randint(2, [k, b, 1], (Kind::Int64, Device::Cpu)),
+                rewards: Tensor::randn([k, b, 1], (Kind::Float, Device::Cpu)),
+                discounts: Tensor::rand([k, b, 1], (Kind::Float, Device::Cpu)).round() * 0.99,
+                weights: Some(Tensor::rand([k, b, 1], (Kind::Float, Device::Cpu))),
+            };
+            let (_, targets) = dqn.gradient(&batch);
+            let manual = dqn.grad.copy();
+            let auto = autograd_gradient(&dqn, &batch);
+            let scale = auto.abs().max().double_value(&[]);
+            let err = (&manual - &auto).abs().max().double_value(&[]);
+            assert!(
+                scale > 1e-3 && err < 1e-5 * scale.max(1.0),
+                "{err} of {scale}"
+            );
+            let mut double = Dqn::new(spec(2), cfg(Bootstrap::Double), Device::Cpu, 5);
+            double.target.copy_(&other.online);
+            let (_, plain) = double.gradient(&batch);
+            let apart = (&targets - &plain).abs().max().double_value(&[]);
+            assert!(apart > 1e-3, "the Munchausen targets are double DQN's");
+        }
+    }
+
     fn spec(k: usize) -> NetworkSpec {
         let obs = ObsSpec {
             shape: vec![3],
@@ -572,14 +674,7 @@ mod tests {
             &norm_views(&leaf, &layout, k),
             &batch.obs2,
         ));
-        let targets = tch::no_grad(|| {
-            double_dqn_targets(
-                &q_all.narrow(1, b, b),
-                &dqn.target_q(&batch.obs2.narrow(1, b, b)),
-                &batch.rewards,
-                &batch.discounts,
-            )
-        });
+        let targets = tch::no_grad(|| dqn.td_targets(&q_all.narrow(1, b, b), batch));
         let q = q_all.narrow(1, 0, b).gather(2, &batch.actions, false);
         let mut per_item = q.huber_loss(&targets, Reduction::None, 1.0);
         if let Some(w) = &batch.weights {

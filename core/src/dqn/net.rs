@@ -176,7 +176,57 @@ pub fn double_dqn_targets(
     rewards.addcmul(discounts, &bootstrap)
 }
 
+/// Munchausen-DQN targets `[K, B, 1]` (see [`Munchausen`]) from the target network's
+/// Q-values at `s` and at `s'` (`[K, B, A]` each, fp32), the actions taken `[K, B, 1]`,
+/// the (n-step) rewards and the discounts (`γⁿ`, 0 where the episode terminated).
+/// `τ·log π` is `τ·log_softmax(q/τ)`, stable for small τ.
+pub fn munchausen_targets(
+    q_target: &Tensor,
+    q_next_target: &Tensor,
+    actions: &Tensor,
+    rewards: &Tensor,
+    discounts: &Tensor,
+    m: &Munchausen,
+) -> Tensor {
+    let tau_log_pi = |q: &Tensor| (q / m.tau).log_softmax(-1, Kind::Float) * m.tau;
+    let bonus = tau_log_pi(q_target)
+        .gather(2, actions, false)
+        .clamp(m.clip, 0.0)
+        * m.alpha;
+    let next = tau_log_pi(q_next_target);
+    let pi_next = (&next / m.tau).exp();
+    let soft =
+        (pi_next * (q_next_target - next)).sum_dim_intlist([-1i64].as_slice(), true, Kind::Float);
+    (rewards + bonus).addcmul(discounts, &soft)
+}
+
 impl Dqn {
+    /// The TD targets `[K, B, 1]` of `batch` under the configured [`Bootstrap`], given
+    /// the online network's Q-values at the next observations (double DQN's argmax).
+    pub(crate) fn td_targets(&self, q_next_online: &Tensor, batch: &Batch) -> Tensor {
+        let b = batch.batch_size();
+        match &self.config.bootstrap {
+            Bootstrap::Double => double_dqn_targets(
+                q_next_online,
+                &self.target_q(&batch.obs2.narrow(1, b, b)),
+                &batch.rewards,
+                &batch.discounts,
+            ),
+            Bootstrap::Munchausen(m) => {
+                // One target pass over s and s' together.
+                let q = self.target_q(&batch.obs2);
+                munchausen_targets(
+                    &q.narrow(1, 0, b),
+                    &q.narrow(1, b, b),
+                    &batch.actions,
+                    &batch.rewards,
+                    &batch.discounts,
+                    m,
+                )
+            }
+        }
+    }
+
     /// The views the forward and backward passes read: the bf16 copies' under
     /// `--precision bf16`, else the fp32 parameters' own.
     pub(super) fn pass_views(&self) -> PassViews<'_> {
@@ -199,7 +249,7 @@ impl Dqn {
         }
     }
 
-    /// Writes the gradient of the double-DQN Huber loss (each agent's batch mean, each
+    /// Writes the gradient of the Huber loss against the TD targets (each agent's batch mean, each
     /// item's loss scaled by its importance weight where the batch has them) into
     /// the flat gradient buffer; returns `Q(s, a)` and the targets, both `[K, B, 1]`.
     ///
@@ -249,13 +299,7 @@ impl Dqn {
             Some(head) => head.q(&h),
             None => h,
         };
-        let q_next_target = self.target_q(&batch.obs2.narrow(1, b, b));
-        let targets = double_dqn_targets(
-            &q_all.narrow(1, b, b),
-            &q_next_target,
-            &batch.rewards,
-            &batch.discounts,
-        );
+        let targets = self.td_targets(&q_all.narrow(1, b, b), batch);
         let q = q_all.narrow(1, 0, b);
         let q_taken = q.gather(2, &batch.actions, false);
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use millrace_actor::EpsilonSchedule;
 use millrace_core::dqn::schedules::LrDecay;
-use millrace_core::dqn::{DqnConfig, TargetUpdate};
+use millrace_core::dqn::{Bootstrap, DqnConfig, Munchausen, TargetKind, TargetUpdate};
 use millrace_proto::env::Family;
 use millrace_proto::{EnvConfig, EnvSpec};
 use millrace_server::ServerConfig;
@@ -43,6 +43,29 @@ fn environment(args: &TrainArgs) -> anyhow::Result<(EnvConfig, EnvSpec)> {
     };
     let spec = millrace_actor::env::spec_of(&env)?;
     Ok((env, spec))
+}
+
+/// `--target` and its settings.
+fn bootstrap(args: &TrainArgs) -> anyhow::Result<Bootstrap> {
+    Ok(match args.target {
+        TargetKind::Double => Bootstrap::Double,
+        TargetKind::Munchausen => {
+            positive("munchausen-tau", args.munchausen_tau)?;
+            let alpha = args.munchausen_alpha;
+            if !(0.0..=1.0).contains(&alpha) {
+                bail!("--munchausen-alpha must be in [0, 1], got {alpha}");
+            }
+            let clip = args.munchausen_clip;
+            if !(clip.is_finite() && clip < 0.0) {
+                bail!("--munchausen-clip must be negative (τ·log π is at most 0), got {clip}");
+            }
+            Bootstrap::Munchausen(Munchausen {
+                tau: args.munchausen_tau,
+                alpha,
+                clip,
+            })
+        }
+    })
 }
 
 /// Counts and rates that must be positive; the actors' count.
@@ -316,6 +339,7 @@ impl TrainArgs {
             Ok(spec) => Faults::parse(&spec).map_err(anyhow::Error::msg)?,
             Err(_) => Faults::default(),
         };
+        let bootstrap = bootstrap(&args)?;
         let cfg = RunConfig {
             eval: EvalConfig {
                 every: args.eval_every,
@@ -350,6 +374,7 @@ impl TrainArgs {
             hidden: args.hidden,
             layer_norm: args.layer_norm,
             dqn: DqnConfig {
+                bootstrap,
                 lr: args.lr,
                 max_grad_norm: args.max_grad_norm,
                 target,

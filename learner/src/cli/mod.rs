@@ -16,6 +16,7 @@ use crate::config::DeviceChoice;
 use crate::config::RunConfig;
 use crate::replay_flags::ReplayFlags;
 use millrace_core::dqn::network::NetworkChoice;
+use millrace_core::dqn::TargetKind;
 
 /// Train a DQN agent with asynchronous actors (embedded mode: one process), or serve
 /// remote actors with --listen. `export`, `eval` and `doctor` work on saved runs and
@@ -338,6 +339,27 @@ pub struct TrainArgs {
     #[arg(long)]
     pub tau: Option<f64>,
 
+    /// The TD target: double (double DQN, van Hasselt et al. 2016: the target
+    /// network's value at the online network's argmax), or munchausen (M-DQN,
+    /// Vieillard et al. 2020: a soft target over softmax(q/τ) of the target network,
+    /// plus α·clip(τ·log π(a|s), clip, 0) for the action taken; with --n-step the
+    /// bonus is the first step's, as intermediate states are not stored). Munchausen
+    /// replaces double DQN's argmax: its soft value already averages over actions.
+    #[arg(long, value_enum, default_value_t = TargetKind::Double)]
+    pub target: TargetKind,
+
+    /// Munchausen's entropy temperature τ (the paper's 0.03).
+    #[arg(long, default_value_t = 0.03)]
+    pub munchausen_tau: f64,
+
+    /// Munchausen's bonus scale α, in [0, 1] (the paper's 0.9).
+    #[arg(long, default_value_t = 0.9)]
+    pub munchausen_alpha: f64,
+
+    /// Munchausen's lower clip of τ·log π, negative (the paper's −1).
+    #[arg(long, default_value_t = -1.0, allow_negative_numbers = true)]
+    pub munchausen_clip: f64,
+
     /// Gradient L2-norm clip.
     #[arg(long, default_value_t = 10.0)]
     pub max_grad_norm: f64,
@@ -500,6 +522,35 @@ mod tests {
         assert_eq!(json["dqn"]["lr"], 2.3e-3);
         assert_eq!(json["replay"]["capacity"], 100_000);
         assert_eq!(json["device"], "cpu");
+    }
+
+    #[test]
+    fn munchausen_targets_take_their_settings_and_refuse_bad_ones() {
+        let config = |extra: &[&str]| {
+            let mut all = vec!["learner", "--cpu", "--target", "munchausen"];
+            all.extend_from_slice(extra);
+            Args::try_parse_from(all).unwrap().train.into_config()
+        };
+        let cfg = config(&["--munchausen-clip", "-2"]).unwrap();
+        assert_eq!(
+            cfg.dqn.bootstrap,
+            millrace_core::dqn::Bootstrap::Munchausen(millrace_core::dqn::Munchausen {
+                tau: 0.03,
+                alpha: 0.9,
+                clip: -2.0,
+            })
+        );
+        let json: serde_json::Value = serde_json::from_str(&cfg.to_json()).unwrap();
+        assert_eq!(json["dqn"]["bootstrap"]["kind"], "munchausen");
+        let err = |extra: &[&str]| config(extra).unwrap_err().to_string();
+        assert!(err(&["--munchausen-tau", "0"]).contains("--munchausen-tau must be a positive"));
+        assert!(
+            err(&["--munchausen-alpha", "1.5"]).contains("--munchausen-alpha must be in [0, 1]")
+        );
+        assert!(err(&["--munchausen-clip", "0.5"]).contains("--munchausen-clip must be negative"));
+        let plain = Args::try_parse_from(["learner", "--cpu"]).unwrap();
+        let cfg = plain.train.into_config().unwrap();
+        assert_eq!(cfg.dqn.bootstrap, millrace_core::dqn::Bootstrap::Double);
     }
 
     #[test]
