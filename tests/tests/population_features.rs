@@ -4,15 +4,13 @@
 //! parser while it trains, has one series per agent; every agent solves, and each
 //! agent's saved `solved/` policy replays at the target in Gymnasium itself.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use millrace_tests::{binary, play_in_gymnasium, wait_until};
+use millrace_tests::{binary, play_in_gymnasium};
 
 mod common;
-use common::prometheus::{kind, metrics_addr, page, parsed, value};
+use common::prometheus::{kind, page, parsed, serving, value, Served};
 use common::reference::{assert_documented, sample_names, tensorboard_tags};
 
 const AGENTS: usize = 4;
@@ -21,40 +19,24 @@ const AGENTS: usize = 4;
 fn a_prioritized_dueling_population_with_decay_solves_and_serves_metrics_per_agent() {
     let dir = tempfile::tempdir().unwrap();
     let logdir = dir.path().join("pop");
-    let mut child = Command::new(binary("learner"))
-        .args(["--env", "CartPole-v1", "--cpu", "--seed", "1"])
-        .args(["--population", &AGENTS.to_string()])
-        .args(["--replay", "prioritized", "--dueling", "--lr-final", "1e-4"])
-        .args(["--max-steps", "100000", "--metrics-addr", "127.0.0.1:0"])
-        .arg("--logdir")
-        .arg(&logdir)
-        .arg("--no-progress")
-        .env("RUST_LOG", "info")
-        .env_remove("MILLRACE_INJECT_FAULT")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(Vec::<String>::new()));
-    let reader = {
-        let log = Arc::clone(&log);
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                log.lock().unwrap().push(line);
-            }
-        })
-    };
-    let mut addr = None;
-    wait_until(
-        "the learner logs its metrics address",
-        Duration::from_secs(60),
-        || {
-            addr = log.lock().unwrap().iter().find_map(|l| metrics_addr(l));
-            addr.is_some()
-        },
+    let Served {
+        mut child,
+        addr,
+        log,
+        reader,
+    } = serving(
+        Command::new(binary("learner"))
+            .args(["--env", "CartPole-v1", "--cpu", "--seed", "1"])
+            .args(["--population", &AGENTS.to_string()])
+            .args(["--replay", "prioritized", "--dueling", "--lr-final", "1e-4"])
+            .args(["--max-steps", "100000", "--metrics-addr", "127.0.0.1:0"])
+            .arg("--logdir")
+            .arg(&logdir)
+            .arg("--no-progress")
+            .env("RUST_LOG", "info")
+            .env_remove("MILLRACE_INJECT_FAULT")
+            .stdout(Stdio::piped()),
     );
-    let addr = addr.unwrap();
     // While it trains: every agent has its series, with steps and updates counted.
     let agent = |k: usize| format!("{k:03}");
     // Polled twice a second: each look runs the parser.

@@ -3,54 +3,36 @@
 //! trains, `learner --population 2 --population-threads 2 --live-limit-s 2` answers
 //! 503 naming the wedged group's agent, and the other agent's steps still grow.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use millrace_telemetry::{check, HealthError};
 use millrace_tests::{binary, signal, wait_until};
 
 mod common;
-use common::prometheus::{metrics_addr, page, parsed};
+use common::prometheus::{page, parsed, serving, Served};
 
 #[test]
 fn one_wedged_group_fails_livez_while_the_other_trains() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(binary("learner"))
-        .args(["--env", "CartPole-v1", "--cpu", "--seed", "3"])
-        .args(["--population", "2", "--population-threads", "2"])
-        .args(["--max-steps", "1000000", "--target-return", "1000"])
-        .args(["--live-limit-s", "2"])
-        .args(["--metrics-addr", "127.0.0.1:0", "--no-progress"])
-        .arg("--logdir")
-        .arg(dir.path().join("pop"))
-        .env("RUST_LOG", "info")
-        .env("MILLRACE_INJECT_FAULT", "stall-group")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(Vec::<String>::new()));
-    let reader = {
-        let log = Arc::clone(&log);
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                log.lock().unwrap().push(line);
-            }
-        })
-    };
-    let mut addr = None;
-    wait_until(
-        "the learner logs its metrics address",
-        Duration::from_secs(60),
-        || {
-            addr = log.lock().unwrap().iter().find_map(|l| metrics_addr(l));
-            addr.is_some()
-        },
+    let Served {
+        mut child,
+        addr,
+        log,
+        reader,
+    } = serving(
+        Command::new(binary("learner"))
+            .args(["--env", "CartPole-v1", "--cpu", "--seed", "3"])
+            .args(["--population", "2", "--population-threads", "2"])
+            .args(["--max-steps", "1000000", "--target-return", "1000"])
+            .args(["--live-limit-s", "2"])
+            .args(["--metrics-addr", "127.0.0.1:0", "--no-progress"])
+            .arg("--logdir")
+            .arg(dir.path().join("pop"))
+            .env("RUST_LOG", "info")
+            .env("MILLRACE_INJECT_FAULT", "stall-group")
+            .stdout(Stdio::null()),
     );
-    let addr = addr.unwrap();
     let steps = |agent: &str| {
         let f = parsed(&page(&addr));
         f.get("millrace_agent_env_steps")

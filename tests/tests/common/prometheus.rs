@@ -1,11 +1,56 @@
 //! Prometheus pages as Prometheus reads them: fetched over HTTP, parsed by the official
 //! client's parser (`prometheus_client`, through `scripts/parse_metrics.py`).
 
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use millrace_tests::venv_python;
+use millrace_tests::{venv_python, wait_until};
 use serde_json::Value;
+
+/// A process serving `--metrics-addr 127.0.0.1:0`, its log read as it runs.
+pub struct Served {
+    pub child: Child,
+    /// The address it logged.
+    pub addr: String,
+    /// Every line it logged (stderr).
+    pub log: Arc<Mutex<Vec<String>>>,
+    /// The thread reading the log: done once the process has exited.
+    pub reader: JoinHandle<()>,
+}
+
+/// Spawns `cmd` with its stderr piped and read line by line, and waits (up to 60 s)
+/// for the metrics address it logs.
+pub fn serving(cmd: &mut Command) -> Served {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let log = Arc::clone(&log);
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                log.lock().unwrap().push(line);
+            }
+        })
+    };
+    let mut addr = None;
+    wait_until(
+        "the process logs its metrics address",
+        Duration::from_secs(60),
+        || {
+            addr = log.lock().unwrap().iter().find_map(|l| metrics_addr(l));
+            addr.is_some()
+        },
+    );
+    Served {
+        child,
+        addr: addr.unwrap(),
+        log,
+        reader,
+    }
+}
 
 /// The address a process logged as `metrics on http://ADDR/metrics`.
 pub fn metrics_addr(line: &str) -> Option<String> {
