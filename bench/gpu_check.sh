@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one command a lent GPU machine runs, from the repository root, with the folder
-# bench/gpu_prepare.sh built here carried over (.gpu/), under a 480-second limit:
+# bench/gpu_prepare.sh built here carried over (.gpu/), under a 560-second limit:
 #
 #   bash bench/gpu_check.sh
 #
@@ -8,7 +8,7 @@
 # no network. This script finds that torch's lib/ with python3 and puts it first on
 # LD_LIBRARY_PATH (prepended: the driver may be found through that variable too),
 # stops within 30 s with one clear line if the binaries do not load or CUDA is not
-# visible, then runs each step under its own timeout and all of them under a 7-minute
+# visible, then runs each step under its own timeout and all of them under an 8-minute
 # deadline, most valuable first: the set-up (doctor, nvidia-smi, driver, glibc), the
 # device core's and the learner's lib tests with the GPU-only ones, the learner's
 # ceiling, the overlap
@@ -25,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 dry="${CPU_DRY:-0}"
 bin="${GPU_BIN:-.gpu}"
-deadline_s="${GPU_DEADLINE_S:-420}"
+deadline_s="${GPU_DEADLINE_S:-480}"
 start=$SECONDS
 if [[ -z "${OUT:-}" ]]; then
     OUT="$(mktemp -d)"
@@ -174,6 +174,16 @@ add_row ceiling-nature "$(figures '^nature |^GPU math')"
 run_step ceiling-nature-ieee 60 0 "$bin/ceiling" "${dev[@]}" --net nature --batch "$nature_batches" --precision fp32 --tf32 off --seconds "$secs" --min-updates "$min_updates"
 add_row ceiling-nature-ieee "$(figures '^nature |^GPU math')"
 
+# Issue 28's candidates against today's networks, side by side in one run: the IMPALA
+# network (×1 and ×2, Atari's pooled to 6×6) beside the MinAtar and Nature CNNs, and
+# the Munchausen target beside double DQN.
+run_step ceiling-impala 90 0 "$bin/ceiling" "${dev[@]}" --net minatar,impala-minatar,nature,impala --batch "$nature_batches" --precision fp32,bf16 --seconds "$secs" --min-updates "$min_updates"
+add_row ceiling-impala "$(figures '^minatar|^nature |^impala' 16)"
+run_step ceiling-impala-x2 60 0 "$bin/ceiling" "${dev[@]}" --net impala-minatar,impala --impala-width 2 --batch "$nature_batches" --precision fp32,bf16 --seconds "$secs" --min-updates "$min_updates"
+add_row ceiling-impala-x2 "$(figures '^minatar-impala|^impala' 8)"
+run_step ceiling-targets 60 0 "$bin/ceiling" "${dev[@]}" --net minatar,nature --batch "$nature_batches" --target double,munchausen --seconds "$secs" --min-updates "$min_updates"
+add_row ceiling-targets "$(figures '^minatar |^nature ' 8)"
+
 # Overlap: end-to-end against the ceiling with 64 actors, without and with the side
 # copy stream, and with as many actors as the cores keep busy.
 run_step "overlap-$actors" 120 0 "$bin/overlap" "${dev[@]}" --only cnn --actors "$actors" --batch "$overlap_batches" --seconds "$overlap_s"
@@ -195,6 +205,9 @@ run_step cartpole 90 ran "$bin/learner" "${dev[@]}" --env CartPole-v1 --replay p
 add_row cartpole "$(figures 'result:|learner time:|priorities:' 3); deprecation warnings: $(grep -ci 'deprecat' "$log")"
 run_step catchpixels 90 ran "$bin/learner" "${dev[@]}" --env CatchPixels-v0 --replay prioritized --precision bf16 --max-steps "$pixel_steps" --no-progress --logdir "$runs/catch"
 add_row catchpixels "$(figures 'result:|learner time:' 2); deprecation warnings: $(grep -ci 'deprecat' "$log")"
+# The IMPALA network end to end: the actors' CPU forward pass, the learner's on the device.
+run_step catchpixels-impala 90 ran "$bin/learner" "${dev[@]}" --env CatchPixels-v0 --network impala --replay prioritized --precision bf16 --max-steps "$pixel_steps" --no-progress --logdir "$runs/catch-impala"
+add_row catchpixels-impala "$(figures 'result:|learner time:|network:|IMPALA' 3)"
 
 # Out of memory: CUDA's message injected at the copy (exit 1, explained, checkpoint
 # kept), and a real over-allocation through PyTorch's allocator.

@@ -29,7 +29,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-FORMAT = "millrace-policy/1"
+# Version 2 added convolutions' padding, max-pools and residual blocks (the IMPALA
+# network); a version-1 file is read as well (no padding).
+FORMATS = ("millrace-policy/1", "millrace-policy/2")
 
 
 def load_bridge():
@@ -41,6 +43,17 @@ def load_bridge():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class Residual(torch.nn.Module):
+    """A residual block, x + body(x) (the IMPALA network's)."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        return x + self.body(x)
 
 
 def build(layers):
@@ -57,8 +70,17 @@ def build(layers):
                     layer["out_channels"],
                     layer["kernel"],
                     stride=layer["stride"],
+                    padding=layer.get("padding", 0),
                 )
             )
+        elif kind == "max_pool2d":
+            modules.append(
+                torch.nn.MaxPool2d(layer["kernel"], stride=layer["stride"], padding=layer["padding"])
+            )
+        elif kind == "adaptive_max_pool2d":
+            modules.append(torch.nn.AdaptiveMaxPool2d(layer["size"]))
+        elif kind == "residual":
+            modules.append(Residual(build(layer["body"])))
         elif kind == "layer_norm":
             modules.append(torch.nn.LayerNorm(layer["normalized_shape"], eps=layer["eps"]))
         elif kind == "relu":
@@ -78,8 +100,8 @@ def main():
     args = parser.parse_args()
 
     description = json.loads(args.weights.with_suffix(".json").read_text())
-    if description.get("format") != FORMAT:
-        raise SystemExit(f"not a {FORMAT} description: {description.get('format')!r}")
+    if description.get("format") not in FORMATS:
+        raise SystemExit(f"not a {' or '.join(FORMATS)} description: {description.get('format')!r}")
     net = build(description["layers"])
     net.load_state_dict(load_file(str(args.weights)), strict=True)
     net.eval()

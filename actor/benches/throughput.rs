@@ -71,7 +71,7 @@ fn infer_only(net: &NetworkSpec, params: &Params, n: usize, stop: &AtomicBool, d
     };
     let mut rng = rand::rngs::SmallRng::seed_from_u64(2);
     let mut q = vec![0.0f32; n * net.num_actions];
-    if net.conv.is_empty() {
+    if !net.has_torso() {
         let mut policy = MlpPolicy::new(net.clone(), 0).unwrap();
         policy.load(params).unwrap();
         let obs: Vec<f32> = (0..n * d).map(|_| rng.random_range(-1.0..1.0)).collect();

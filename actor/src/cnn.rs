@@ -1,8 +1,10 @@
-//! Batched CPU inference for convolutional Q-networks (the Nature DQN) over `u8` image
-//! observations: each convolution is an im2col followed by one SGEMM, in `C, H, W`
-//! layout as PyTorch's `conv2d`, so the flattened features match the learner's.
+//! Batched CPU inference for convolutional Q-networks (the Nature, MinAtar and IMPALA
+//! networks) over `u8` image observations. The torso is the spec's plan of steps
+//! ([`NetworkSpec::torso_plan`], as the learner runs it); each convolution is an im2col
+//! followed by one SGEMM, in `C, H, W` layout as PyTorch's `conv2d`, and max-pools pad
+//! with −∞ as PyTorch's do, so the flattened features match the learner's.
 
-use millrace_proto::{ConvLayer, NetworkSpec, ParamLayout, Params};
+use millrace_proto::{NetworkSpec, ParamLayout, Params, TorsoStep};
 
 use crate::policy::{MlpPolicy, Policy, PolicyError};
 
@@ -11,43 +13,48 @@ use crate::policy::{MlpPolicy, Policy, PolicyError};
 #[derive(Debug)]
 pub struct CnnPolicy {
     layout: ParamLayout,
-    conv: Vec<ConvLayer>,
-    /// `(channels, height, width)` of the input and after each convolution.
+    plan: Vec<TorsoStep>,
+    /// `(channels, height, width)` of the input and after each step.
     shapes: Vec<(usize, usize, usize)>,
     head: MlpPolicy,
     /// im2col matrix `[in·k·k, out_h·out_w]` and two activation buffers.
     cols: Vec<f32>,
     act: [Vec<f32>; 2],
+    /// Residual blocks' inputs, innermost last; `depth` of them in use.
+    saved: Vec<Vec<f32>>,
     features: Vec<f32>,
 }
 
 impl CnnPolicy {
     /// # Errors
-    /// If `spec` has no torso.
+    /// If `spec` has no torso, or its torso does not fit its images.
     pub fn new(spec: NetworkSpec) -> Result<Self, PolicyError> {
         let [c, h, w] = spec.image[..] else {
             return Err(PolicyError::NotConvolutional);
         };
+        if !spec.has_torso() || spec.torso_features() != Some(spec.obs_dim) {
+            return Err(PolicyError::NotConvolutional);
+        }
         let mut shapes = vec![(c, h, w)];
-        shapes.extend(spec.conv_shapes());
+        shapes.extend(spec.torso_shapes().into_iter().flatten());
         Ok(Self {
             layout: spec.layout(),
-            conv: spec.conv.clone(),
+            plan: spec.torso_plan(),
             shapes,
             head: MlpPolicy::new(spec, 0)?,
             cols: Vec::new(),
             act: [Vec::new(), Vec::new()],
+            saved: Vec::new(),
             features: Vec::new(),
         })
     }
 
-    /// The torso on `m` observations at once (`images` is `[m, C, H, W]`): each layer is
-    /// one im2col over all of them and one SGEMM. Activations are kept channel-major
-    /// across the batch (`[C, m, H·W]`), so a layer's output is the next one's input
-    /// as it stands; the flattened features of each image (`C, H, W` order, as PyTorch
-    /// flattens) are appended to `self.features`.
+    /// The torso on `m` observations at once (`images` is `[m, C, H, W]`): each
+    /// convolution is one im2col over all of them and one SGEMM. Activations are kept
+    /// channel-major across the batch (`[C, m, H·W]`), so a step's output is the next
+    /// one's input as it stands; the flattened features of each image (`C, H, W`
+    /// order, as PyTorch flattens) are appended to `self.features`.
     fn torso(&mut self, images: &[u8], m: usize) {
-        let params = self.head.params();
         let [mut cur, mut next] = std::mem::take(&mut self.act);
         let (c0, h0, w0) = self.shapes[0];
         let plane = h0 * w0;
@@ -62,66 +69,70 @@ impl CnnPolicy {
                 }
             }
         }
-        for (l, layer) in self.conv.iter().enumerate() {
-            let (ic, ih, iw) = self.shapes[l];
-            let (oc, oh, ow) = self.shapes[l + 1];
-            let (k, s) = (layer.kernel, layer.stride);
-            let (kk, p) = (ic * k * k, oh * ow);
-            let cols_n = m * p;
-            self.cols.resize(kk * cols_n, 0.0);
-            for c in 0..ic {
-                for ky in 0..k {
-                    for kx in 0..k {
-                        let row = &mut self.cols[((c * k + ky) * k + kx) * cols_n..][..cols_n];
-                        for b in 0..m {
-                            let input = &cur[(c * m + b) * ih * iw..][..ih * iw];
-                            let out = &mut row[b * p..(b + 1) * p];
-                            for oy in 0..oh {
-                                let src = &input[(oy * s + ky) * iw + kx..];
-                                for (ox, v) in out[oy * ow..(oy + 1) * ow].iter_mut().enumerate() {
-                                    *v = src[ox * s];
-                                }
-                            }
-                        }
+        let mut depth = 0;
+        for (i, step) in self.plan.iter().enumerate() {
+            let (input, output) = (self.shapes[i], self.shapes[i + 1]);
+            match *step {
+                TorsoStep::Conv {
+                    index,
+                    kernel,
+                    stride,
+                    padding,
+                    ..
+                } => {
+                    let (we, be) = (
+                        &self.layout.conv[2 * index],
+                        &self.layout.conv[2 * index + 1],
+                    );
+                    let params = self.head.params();
+                    let weight = &params[we.offset..we.offset + we.len];
+                    let bias = &params[be.offset..be.offset + be.len];
+                    let window = Window {
+                        input,
+                        output,
+                        kernel,
+                        stride,
+                        padding,
+                    };
+                    conv(&cur, &mut next, &mut self.cols, m, window, weight, bias);
+                    std::mem::swap(&mut cur, &mut next);
+                }
+                TorsoStep::Relu => {
+                    for v in &mut cur {
+                        *v = v.max(0.0);
+                    }
+                }
+                TorsoStep::MaxPool {
+                    kernel,
+                    stride,
+                    padding,
+                } => {
+                    let bins = |o: usize, n: usize| {
+                        let lo = (o * stride).saturating_sub(padding);
+                        (lo, (o * stride + kernel).saturating_sub(padding).min(n))
+                    };
+                    max_pool(&cur, &mut next, m, input, output, bins);
+                    std::mem::swap(&mut cur, &mut next);
+                }
+                TorsoStep::AdaptiveMaxPool { size } => {
+                    let bins = |o: usize, n: usize| (o * n / size, ((o + 1) * n).div_ceil(size));
+                    max_pool(&cur, &mut next, m, input, output, bins);
+                    std::mem::swap(&mut cur, &mut next);
+                }
+                TorsoStep::Save => {
+                    if self.saved.len() == depth {
+                        self.saved.push(Vec::new());
+                    }
+                    self.saved[depth].clone_from(&cur);
+                    depth += 1;
+                }
+                TorsoStep::AddSaved => {
+                    depth -= 1;
+                    for (v, s) in cur.iter_mut().zip(&self.saved[depth]) {
+                        *v += s;
                     }
                 }
             }
-            let (we, be) = (&self.layout.conv[2 * l], &self.layout.conv[2 * l + 1]);
-            let weight = &params[we.offset..we.offset + we.len];
-            let bias = &params[be.offset..be.offset + be.len];
-            next.clear();
-            for b in bias {
-                next.extend(std::iter::repeat_n(*b, cols_n));
-            }
-            assert!(
-                weight.len() == oc * kk
-                    && self.cols.len() == kk * cols_n
-                    && next.len() == oc * cols_n
-            );
-            // SAFETY: `weight` is [oc, kk], `cols` is [kk, cols_n] and `next` is
-            // [oc, cols_n], all row-major with the strides given; lengths checked above.
-            unsafe {
-                matrixmultiply::sgemm(
-                    oc,
-                    kk,
-                    cols_n,
-                    1.0,
-                    weight.as_ptr(),
-                    kk as isize,
-                    1,
-                    self.cols.as_ptr(),
-                    cols_n as isize,
-                    1,
-                    1.0,
-                    next.as_mut_ptr(),
-                    cols_n as isize,
-                    1,
-                );
-            }
-            for v in &mut next {
-                *v = v.max(0.0);
-            }
-            std::mem::swap(&mut cur, &mut next);
         }
         // [C, m, H·W] -> m rows of [C, H, W].
         let (oc, oh, ow) = *self.shapes.last().expect("input shape");
@@ -133,6 +144,123 @@ impl CnnPolicy {
             }
         }
         self.act = [cur, next];
+    }
+}
+
+/// A convolution's or pool's geometry: `(channels, height, width)` in and out.
+#[derive(Clone, Copy)]
+struct Window {
+    input: (usize, usize, usize),
+    output: (usize, usize, usize),
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+}
+
+/// One convolution of `m` images `[C, m, H·W]` into `out` (biases added, no ReLU):
+/// im2col into `cols` (zeros where the window reaches into the padding), one SGEMM.
+fn conv(
+    input: &[f32],
+    out: &mut Vec<f32>,
+    cols: &mut Vec<f32>,
+    m: usize,
+    g: Window,
+    weight: &[f32],
+    bias: &[f32],
+) {
+    let ((ic, ih, iw), (oc, oh, ow)) = (g.input, g.output);
+    let (k, s, pad) = (g.kernel, g.stride, g.padding);
+    let (kk, p) = (ic * k * k, oh * ow);
+    let cols_n = m * p;
+    cols.resize(kk * cols_n, 0.0);
+    for c in 0..ic {
+        for ky in 0..k {
+            for kx in 0..k {
+                let row = &mut cols[((c * k + ky) * k + kx) * cols_n..][..cols_n];
+                for b in 0..m {
+                    let image = &input[(c * m + b) * ih * iw..][..ih * iw];
+                    let dst = &mut row[b * p..(b + 1) * p];
+                    for oy in 0..oh {
+                        let line = &mut dst[oy * ow..(oy + 1) * ow];
+                        if pad == 0 {
+                            // Every window lies inside the image.
+                            let src = &image[(oy * s + ky) * iw + kx..];
+                            for (ox, v) in line.iter_mut().enumerate() {
+                                *v = src[ox * s];
+                            }
+                            continue;
+                        }
+                        let y = (oy * s + ky).checked_sub(pad).filter(|y| *y < ih);
+                        let Some(y) = y else {
+                            line.fill(0.0);
+                            continue;
+                        };
+                        let src = &image[y * iw..(y + 1) * iw];
+                        for (ox, v) in line.iter_mut().enumerate() {
+                            *v = (ox * s + kx)
+                                .checked_sub(pad)
+                                .and_then(|x| src.get(x))
+                                .copied()
+                                .unwrap_or(0.0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out.clear();
+    for b in bias {
+        out.extend(std::iter::repeat_n(*b, cols_n));
+    }
+    assert!(weight.len() == oc * kk && cols.len() == kk * cols_n && out.len() == oc * cols_n);
+    // SAFETY: `weight` is [oc, kk], `cols` is [kk, cols_n] and `out` is [oc, cols_n],
+    // all row-major with the strides given; lengths checked above.
+    unsafe {
+        matrixmultiply::sgemm(
+            oc,
+            kk,
+            cols_n,
+            1.0,
+            weight.as_ptr(),
+            kk as isize,
+            1,
+            cols.as_ptr(),
+            cols_n as isize,
+            1,
+            1.0,
+            out.as_mut_ptr(),
+            cols_n as isize,
+            1,
+        );
+    }
+}
+
+/// A max-pool of `m` images `[C, m, H·W]` into `out`: output cell `o` of an axis of
+/// length `n` is the max over input cells `bins(o, n)` (a half-open range, never
+/// empty for a plan that fits).
+fn max_pool(
+    input: &[f32],
+    out: &mut Vec<f32>,
+    m: usize,
+    (ic, ih, iw): (usize, usize, usize),
+    (_, oh, ow): (usize, usize, usize),
+    bins: impl Fn(usize, usize) -> (usize, usize),
+) {
+    out.clear();
+    for plane in input.chunks_exact(ih * iw).take(ic * m) {
+        for oy in 0..oh {
+            let (y0, y1) = bins(oy, ih);
+            for ox in 0..ow {
+                let (x0, x1) = bins(ox, iw);
+                let mut best = f32::NEG_INFINITY;
+                for row in plane[y0 * iw..y1 * iw].chunks_exact(iw) {
+                    for v in &row[x0..x1] {
+                        best = best.max(*v);
+                    }
+                }
+                out.push(best);
+            }
+        }
     }
 }
 
@@ -262,6 +390,12 @@ mod tests {
                 NetworkSpec::minatar_cnn as fn(&ObsSpec, usize) -> _,
             ),
             (vec![4, 36, 36], NetworkSpec::nature_cnn),
+            (vec![4, 10, 10], |obs: &ObsSpec, actions| {
+                NetworkSpec::impala_cnn(obs, &millrace_proto::ImpalaTorso::new(1, 0), actions)
+            }),
+            (vec![4, 20, 20], |obs: &ObsSpec, actions| {
+                NetworkSpec::impala_cnn(obs, &millrace_proto::ImpalaTorso::new(1, 2), actions)
+            }),
         ] {
             let obs = ObsSpec {
                 shape: obs,

@@ -167,7 +167,7 @@ pub fn evaluate_params(
     episodes: usize,
     seed: u64,
 ) -> Result<EvalResult, String> {
-    if network.conv.is_empty() {
+    if !network.has_torso() {
         let mut policy = MlpPolicy::new(network.clone(), 0).map_err(|e| e.to_string())?;
         policy.load(params).map_err(|e| e.to_string())?;
         let vector = |e| match e {

@@ -510,7 +510,7 @@ impl AnyActor {
     pub fn new(cfg: &ActorConfig, network: &NetworkSpec) -> Result<Self, ActorError> {
         Ok(match make_envs(cfg)? {
             env::AnyVecEnv::Vector(envs) => {
-                if !network.conv.is_empty() {
+                if network.has_torso() {
                     return Err(ActorError::Network(format!(
                         "{} has vector observations, the network is convolutional",
                         cfg.env.id

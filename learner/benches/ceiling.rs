@@ -4,21 +4,23 @@
 //!
 //! `cargo bench -p millrace-learner --bench ceiling -- [--hidden 64,64] [--batch 32]
 //!  [--obs 4] [--actions 2] [--seconds 3] [--min-updates 50] [--threads 1] [--cpu | --gpu N] [--tf32 off|conv|all] [--precision fp32,bf16]
-//!  [--net mlp|nature|minatar] [--layer-norm off,on] [--target double,munchausen]`
+//!  [--net mlp,nature,minatar,impala,impala-minatar] [--impala-width 1] [--impala-pool 6]
+//!  [--layer-norm off,on] [--target double,munchausen]`
 //! Prints one line per configuration: updates/s and microseconds per update (waiting
 //! for the device as the learner thread does, `millrace_core::ceiling`; the cadence
-//! is printed beside each figure), and with
-//! several precisions, LayerNorm settings or TD targets each one's updates/s against
-//! the first's, measured one after the other in the same run (every precision with
-//! every LayerNorm setting and every target, in the order given). `--net nature` is the Nature DQN on Atari's `[4, 84, 84]`
-//! frames (6 actions), `--net minatar` MinAtar's network on `[4, 10, 10]` (3 actions);
-//! `--hidden`, `--obs` and `--actions` are the MLP's.
+//! is printed beside each figure), and each one's updates/s against the first
+//! configuration's at the same batch size, measured one after the other in the same
+//! run (every network, then every precision with every LayerNorm setting and every
+//! target, in the order given). `nature` is the Nature DQN on Atari's `[4, 84, 84]`
+//! frames (6 actions), `minatar` MinAtar's network on `[4, 10, 10]` (3 actions),
+//! `impala` and `impala-minatar` the IMPALA network on each (`--impala-width`,
+//! `--impala-pool`); `--hidden`, `--obs` and `--actions` are the MLP's.
 
 mod common;
 
 use millrace_core::dqn::precision::Precision;
 use millrace_core::dqn::{Bootstrap, Dqn, DqnConfig, Munchausen};
-use millrace_proto::{DType, NetworkSpec, ObsSpec};
+use millrace_proto::{DType, ImpalaTorso, NetworkSpec, ObsSpec};
 use tch::Device;
 
 struct Opts {
@@ -34,7 +36,8 @@ struct Opts {
     precision: Vec<Precision>,
     layer_norm: Vec<bool>,
     targets: Vec<Bootstrap>,
-    net: Net,
+    nets: Vec<Net>,
+    impala: ImpalaTorso,
     tf32: millrace_core::torch_settings::Tf32,
 }
 
@@ -43,6 +46,8 @@ enum Net {
     Mlp,
     Nature,
     Minatar,
+    Impala,
+    ImpalaMinatar,
 }
 
 fn parse() -> Opts {
@@ -58,7 +63,8 @@ fn parse() -> Opts {
         precision: vec![Precision::Fp32],
         layer_norm: vec![false],
         targets: vec![Bootstrap::Double],
-        net: Net::Mlp,
+        nets: vec![Net::Mlp],
+        impala: ImpalaTorso::new(1, 6),
         tf32: millrace_core::torch_settings::Tf32::Conv,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -118,13 +124,25 @@ fn parse() -> Opts {
                     .collect()
             }
             "--net" => {
-                o.net = match next.as_str() {
-                    "mlp" => Net::Mlp,
-                    "nature" => Net::Nature,
-                    "minatar" => Net::Minatar,
-                    other => panic!("--net mlp|nature|minatar, got {other}"),
-                }
+                o.nets = next
+                    .split(',')
+                    .map(|x| match x {
+                        "mlp" => Net::Mlp,
+                        "nature" => Net::Nature,
+                        "minatar" => Net::Minatar,
+                        "impala" => Net::Impala,
+                        "impala-minatar" => Net::ImpalaMinatar,
+                        other => {
+                            panic!("--net mlp,nature,minatar,impala,impala-minatar, got {other}")
+                        }
+                    })
+                    .collect()
             }
+            "--impala-width" => {
+                let width = next.parse().expect("--impala-width N");
+                o.impala = ImpalaTorso::new(width, o.impala.pool);
+            }
+            "--impala-pool" => o.impala.pool = next.parse().expect("--impala-pool N"),
             "--cpu" => {
                 o.device = Device::Cpu;
                 i -= 1;
@@ -143,40 +161,43 @@ fn main() {
     let o = parse();
     tch::set_num_threads(o.threads);
     common::gpu_math(o.device, o.tf32);
-    let (obs, actions) = match o.net {
-        Net::Mlp => (vec![o.obs], o.actions),
-        Net::Nature => (vec![4, 84, 84], 6),
-        Net::Minatar => (vec![4, 10, 10], 3),
-    };
-    let obs = ObsSpec {
-        shape: obs,
-        dtype: if o.net == Net::Mlp {
-            DType::F32
-        } else {
-            DType::U8
-        },
-    };
+    println!("device {:?}, {} intra-op thread(s)", o.device, o.threads);
     println!(
-        "device {:?}, {} intra-op thread(s), obs {:?}, actions {actions}",
-        o.device, o.threads, obs.shape
-    );
-    println!(
-        "{:<12} {:>6} {:>9} {:>5} {:>10} {:>12} {:>10} {:>8}  waits (the learner's cadence)",
+        "{:<18} {:>6} {:>9} {:>5} {:>10} {:>12} {:>10} {:>8}  waits (the learner's cadence)",
         "network", "batch", "precision", "norm", "target", "updates/s", "us/update", "vs first"
     );
-    let hidden: Vec<Vec<usize>> = match o.net {
-        Net::Mlp => o.hidden.clone(),
-        Net::Nature | Net::Minatar => vec![Vec::new()],
-    };
-    for hidden in &hidden {
-        for &b in &o.batch {
-            let spec = match o.net {
+    // The first configuration's rate at each batch size.
+    let mut first = std::collections::HashMap::new();
+    for &net in &o.nets {
+        let (obs, actions) = match net {
+            Net::Mlp => (vec![o.obs], o.actions),
+            Net::Nature | Net::Impala => (vec![4, 84, 84], 6),
+            Net::Minatar | Net::ImpalaMinatar => (vec![4, 10, 10], 3),
+        };
+        let obs = ObsSpec {
+            shape: obs,
+            dtype: if net == Net::Mlp {
+                DType::F32
+            } else {
+                DType::U8
+            },
+        };
+        let hidden: Vec<Vec<usize>> = match net {
+            Net::Mlp => o.hidden.clone(),
+            _ => vec![Vec::new()],
+        };
+        for hidden in &hidden {
+            let spec = match net {
                 Net::Mlp => NetworkSpec::mlp(&obs, hidden, actions, 1),
                 Net::Nature => NetworkSpec::nature_cnn(&obs, actions),
                 Net::Minatar => NetworkSpec::minatar_cnn(&obs, actions),
+                Net::Impala | Net::ImpalaMinatar => {
+                    NetworkSpec::impala_cnn(&obs, &o.impala, actions)
+                }
             }
             .expect("valid network");
-            let label = match o.net {
+            let width = o.impala.channels[0] / millrace_proto::torso::IMPALA_CHANNELS[0];
+            let label = match net {
                 Net::Mlp => hidden
                     .iter()
                     .map(|h| h.to_string())
@@ -184,50 +205,53 @@ fn main() {
                     .join("x"),
                 Net::Nature => "nature".into(),
                 Net::Minatar => "minatar".into(),
+                Net::Impala => format!("impala-x{width}"),
+                Net::ImpalaMinatar => format!("minatar-impala-x{width}"),
             };
-            let batch = common::random_batch(&obs, actions, b, o.device);
-            let cadence = common::learner_cadence(&obs, b, o.device, false);
-            let mut first = None;
-            for &precision in &o.precision {
-                for (&layer_norm, &bootstrap) in o
-                    .layer_norm
-                    .iter()
-                    .flat_map(|n| o.targets.iter().map(move |t| (n, t)))
-                {
-                    let cfg = DqnConfig {
-                        precision,
-                        bootstrap,
-                        ..DqnConfig::default()
-                    };
-                    let spec = NetworkSpec {
-                        layer_norm,
-                        ..spec.clone()
-                    };
-                    let mut dqn = Dqn::new(spec, cfg, o.device, 0);
-                    let rate = common::updates_per_s(
-                        &mut dqn,
-                        &batch,
-                        o.device,
-                        o.seconds,
-                        o.min_updates,
-                        cadence,
-                    );
-                    let base = *first.get_or_insert(rate);
-                    println!(
-                        "{:<12} {:>6} {:>9} {:>5} {:>10} {:>12.0} {:>10.1} {:>7.2}x  {}",
-                        label,
-                        b,
-                        precision.to_string(),
-                        if layer_norm { "on" } else { "off" },
-                        match bootstrap {
-                            Bootstrap::Double => "double",
-                            Bootstrap::Munchausen(_) => "munchausen",
-                        },
-                        rate,
-                        1e6 / rate,
-                        rate / base,
-                        cadence.describe()
-                    );
+            for &b in &o.batch {
+                let batch = common::random_batch(&obs, actions, b, o.device);
+                let cadence = common::learner_cadence(&obs, b, o.device, false);
+                for &precision in &o.precision {
+                    for (&layer_norm, &bootstrap) in o
+                        .layer_norm
+                        .iter()
+                        .flat_map(|n| o.targets.iter().map(move |t| (n, t)))
+                    {
+                        let cfg = DqnConfig {
+                            precision,
+                            bootstrap,
+                            ..DqnConfig::default()
+                        };
+                        let spec = NetworkSpec {
+                            layer_norm,
+                            ..spec.clone()
+                        };
+                        let mut dqn = Dqn::new(spec, cfg, o.device, 0);
+                        let rate = common::updates_per_s(
+                            &mut dqn,
+                            &batch,
+                            o.device,
+                            o.seconds,
+                            o.min_updates,
+                            cadence,
+                        );
+                        let base = *first.entry(b).or_insert(rate);
+                        println!(
+                            "{:<18} {:>6} {:>9} {:>5} {:>10} {:>12.0} {:>10.1} {:>7.2}x  {}",
+                            label,
+                            b,
+                            precision.to_string(),
+                            if layer_norm { "on" } else { "off" },
+                            match bootstrap {
+                                Bootstrap::Double => "double",
+                                Bootstrap::Munchausen(_) => "munchausen",
+                            },
+                            rate,
+                            1e6 / rate,
+                            rate / base,
+                            cadence.describe()
+                        );
+                    }
                 }
             }
         }

@@ -209,6 +209,8 @@ pub struct RunConfig {
     pub hidden: Vec<usize>,
     /// A LayerNorm in each hidden layer, before its ReLU (`--layer-norm`).
     pub layer_norm: bool,
+    /// The residual torso of `--network impala` (`--impala-width`, `--impala-pool`).
+    pub impala: millrace_proto::ImpalaTorso,
     pub dqn: DqnConfig,
     pub batch_size: usize,
     pub replay: ReplayOptions,
@@ -239,6 +241,7 @@ impl RunConfig {
             &self.env_spec,
             &self.hidden,
             self.layer_norm,
+            &self.impala,
         )
     }
 

@@ -7,13 +7,15 @@
 //! keys `0.weight`, `0.bias`, `2.weight`, … with weights `[out, in]` (millrace keeps
 //! them `[in, out]`, so they are transposed). A convolutional torso comes first,
 //! `Sequential(Conv2d, ReLU, Conv2d, ReLU, Conv2d, ReLU, Flatten, Linear, ReLU, Linear)`,
-//! its filters already in PyTorch's `[out, in, k, k]`. A network with LayerNorm has a
-//! `LayerNorm` between each hidden `Linear` and its `ReLU` (keys `<index>.weight` for
-//! the gain, `<index>.bias`).
+//! its filters already in PyTorch's `[out, in, k, k]`. The IMPALA torso adds
+//! `MaxPool2d`, `AdaptiveMaxPool2d` and `residual` modules, each a block `x + body(x)`
+//! whose `body` is a `Sequential` of its own (keys `<index>.body.<index>.weight`). A
+//! network with LayerNorm has a `LayerNorm` between each hidden `Linear` and its `ReLU`
+//! (keys `<index>.weight` for the gain, `<index>.bias`).
 
 use std::path::{Path, PathBuf};
 
-use millrace_proto::{DType, NetworkSpec};
+use millrace_proto::{DType, NetworkSpec, TorsoStep};
 use serde::Serialize;
 use tch::Tensor;
 
@@ -21,8 +23,9 @@ use crate::checkpoint::files::{tensor_err, write_atomic, write_json};
 use crate::checkpoint::{load_policy, CheckpointError, SavedPolicy, Which};
 use crate::evaluation::EvalRecord;
 
-/// Format name in the JSON, bumped on incompatible changes.
-pub const EXPORT_FORMAT: &str = "millrace-policy/1";
+/// Format name in the JSON, bumped on incompatible changes (2: convolutions' padding,
+/// max-pools and residual blocks, for the IMPALA network).
+pub const EXPORT_FORMAT: &str = "millrace-policy/2";
 
 /// One module of the `nn.Sequential`, in order.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -33,8 +36,25 @@ pub enum Layer {
         out_channels: usize,
         kernel: usize,
         stride: usize,
+        /// Zeros on every side (PyTorch's `padding`).
+        padding: usize,
     },
     Relu,
+    /// PyTorch's `nn.MaxPool2d(kernel, stride, padding)`.
+    MaxPool2d {
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    },
+    /// PyTorch's `nn.AdaptiveMaxPool2d(size)`.
+    AdaptiveMaxPool2d {
+        size: usize,
+    },
+    /// A residual block, `x + body(x)`; its parameters are `body.<index>.weight` and
+    /// `body.<index>.bias` under the block's index.
+    Residual {
+        body: Vec<Layer>,
+    },
     Flatten,
     Linear {
         in_features: usize,
@@ -93,37 +113,78 @@ pub struct Description {
     pub source: Source,
 }
 
-/// The `nn.Sequential` for `spec`, and the index of each parameterised module: the
+/// The `nn.Sequential` for `spec`, and the key prefix (`<index>`, or
+/// `<index>.body.<index>` inside a residual block) of each parameterised module: the
 /// convolutions and the linear layers in order, then the LayerNorms.
-pub fn sequential(spec: &NetworkSpec) -> (Vec<Layer>, Vec<usize>) {
-    let mut layers = Vec::new();
+pub fn sequential(spec: &NetworkSpec) -> (Vec<Layer>, Vec<String>) {
+    // The open blocks, outermost first: each one's layers so far, and its prefix.
+    let mut stack: Vec<(Vec<Layer>, String)> = vec![(Vec::new(), String::new())];
     let mut indexed = Vec::new();
-    let mut in_channels = spec.image.first().copied().unwrap_or(0);
-    for c in &spec.conv {
-        indexed.push(layers.len());
-        layers.push(Layer::Conv2d {
-            in_channels,
-            out_channels: c.out_channels,
-            kernel: c.kernel,
-            stride: c.stride,
-        });
-        layers.push(Layer::Relu);
-        in_channels = c.out_channels;
+    let here = |stack: &[(Vec<Layer>, String)]| {
+        let (layers, prefix) = stack.last().expect("the top level stays open");
+        format!("{prefix}{}", layers.len())
+    };
+    for step in spec.torso_plan() {
+        let layer = match step {
+            TorsoStep::Conv {
+                in_channels,
+                out_channels,
+                kernel,
+                stride,
+                padding,
+                ..
+            } => {
+                indexed.push(here(&stack));
+                Layer::Conv2d {
+                    in_channels,
+                    out_channels,
+                    kernel,
+                    stride,
+                    padding,
+                }
+            }
+            TorsoStep::Relu => Layer::Relu,
+            TorsoStep::MaxPool {
+                kernel,
+                stride,
+                padding,
+            } => Layer::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+            },
+            TorsoStep::AdaptiveMaxPool { size } => Layer::AdaptiveMaxPool2d { size },
+            TorsoStep::Save => {
+                let prefix = format!("{}.body.", here(&stack));
+                stack.push((Vec::new(), prefix));
+                continue;
+            }
+            TorsoStep::AddSaved => {
+                let (body, _) = stack.pop().expect("a residual sum follows its save");
+                Layer::Residual { body }
+            }
+        };
+        stack
+            .last_mut()
+            .expect("the top level stays open")
+            .0
+            .push(layer);
     }
-    if !spec.conv.is_empty() {
+    let (mut layers, _) = stack.pop().expect("the top level stays open");
+    if spec.has_torso() {
         layers.push(Layer::Flatten);
     }
     let widths = spec.widths();
     let mut norms = Vec::new();
     for (i, w) in widths.windows(2).enumerate() {
-        indexed.push(layers.len());
+        indexed.push(layers.len().to_string());
         layers.push(Layer::Linear {
             in_features: w[0],
             out_features: w[1],
         });
         if i + 2 < widths.len() {
             if spec.layer_norm {
-                norms.push(layers.len());
+                norms.push(layers.len().to_string());
                 layers.push(Layer::LayerNorm {
                     normalized_shape: w[1],
                     eps: millrace_proto::LAYER_NORM_EPS,
@@ -247,31 +308,56 @@ mod tests {
     use tch::{Device, Kind};
 
     /// Runs the exported `state_dict` as PyTorch's `nn.Sequential` would: `x @ W.T + b`
-    /// for a Linear, `conv2d` for a Conv2d.
+    /// for a Linear, `conv2d` for a Conv2d, `x + body(x)` for a residual block.
     fn sequential_forward(spec: &NetworkSpec, dict: &[(String, Tensor)], x: &Tensor) -> Tensor {
-        let (layers, _) = sequential(spec);
-        let get = |name: String| &dict.iter().find(|(n, _)| *n == name).unwrap().1;
+        run_layers(&sequential(spec).0, "", dict, x)
+    }
+
+    fn run_layers(layers: &[Layer], prefix: &str, dict: &[(String, Tensor)], x: &Tensor) -> Tensor {
+        let get = |name: String| {
+            &dict
+                .iter()
+                .find(|(n, _)| *n == name)
+                .unwrap_or_else(|| panic!("no {name} in the state_dict"))
+                .1
+        };
         let mut h = x.shallow_clone();
         for (i, layer) in layers.iter().enumerate() {
+            let key = |what: &str| format!("{prefix}{i}.{what}");
             h = match layer {
-                Layer::Linear { .. } => {
-                    h.linear(get(format!("{i}.weight")), Some(get(format!("{i}.bias"))))
-                }
-                Layer::Conv2d { stride, .. } => h.conv2d(
-                    get(format!("{i}.weight")),
-                    Some(get(format!("{i}.bias"))),
+                Layer::Linear { .. } => h.linear(get(key("weight")), Some(get(key("bias")))),
+                Layer::Conv2d {
+                    stride, padding, ..
+                } => h.conv2d(
+                    get(key("weight")),
+                    Some(get(key("bias"))),
                     [*stride as i64; 2],
-                    [0, 0],
+                    [*padding as i64; 2],
                     [1, 1],
                     1,
                 ),
+                Layer::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                } => h.max_pool2d(
+                    [*kernel as i64; 2],
+                    [*stride as i64; 2],
+                    [*padding as i64; 2],
+                    [1, 1],
+                    false,
+                ),
+                Layer::AdaptiveMaxPool2d { size } => h.adaptive_max_pool2d([*size as i64; 2]).0,
+                Layer::Residual { body } => {
+                    &h + run_layers(body, &format!("{prefix}{i}.body."), dict, &h)
+                }
                 Layer::LayerNorm {
                     normalized_shape,
                     eps,
                 } => h.layer_norm(
                     [*normalized_shape as i64].as_slice(),
-                    Some(get(format!("{i}.weight"))),
-                    Some(get(format!("{i}.bias"))),
+                    Some(get(key("weight"))),
+                    Some(get(key("bias"))),
                     *eps,
                     false,
                 ),
@@ -312,7 +398,7 @@ mod tests {
         let mut spec = NetworkSpec::mlp(&obs, &[8, 6], 3, 1).unwrap();
         spec.layer_norm = true;
         let (layers, indexed) = sequential(&spec);
-        assert_eq!(indexed, [0, 3, 6, 1, 4]);
+        assert_eq!(indexed, ["0", "3", "6", "1", "4"]);
         assert_eq!(
             layers[1],
             Layer::LayerNorm {
@@ -366,7 +452,7 @@ mod tests {
         };
         let spec = NetworkSpec::nature_cnn(&obs, 2).unwrap();
         let (layers, indexed) = sequential(&spec);
-        assert_eq!(indexed, [0, 2, 4, 7, 9]);
+        assert_eq!(indexed, ["0", "2", "4", "7", "9"]);
         assert_eq!(layers[6], Layer::Flatten);
         let dqn = Dqn::new(spec.clone(), DqnConfig::default(), Device::Cpu, 3);
         let dict = state_dict(&spec, &dqn.online_params());
@@ -377,5 +463,52 @@ mod tests {
             ours.allclose(&theirs, 1e-4, 1e-5, false),
             "{ours} vs {theirs}"
         );
+    }
+
+    #[test]
+    fn the_impala_network_exports_with_nested_residual_blocks() {
+        let obs = ObsSpec {
+            shape: vec![4, 20, 20],
+            dtype: DType::U8,
+        };
+        // 20 → 10 → 5 → 3, pooled to 2×2.
+        let spec =
+            NetworkSpec::impala_cnn(&obs, &millrace_proto::ImpalaTorso::new(1, 2), 3).unwrap();
+        let (layers, indexed) = sequential(&spec);
+        // Stage one: conv, pool, two blocks; the first block's convolutions are
+        // body.1 and body.3 (after its ReLUs).
+        assert_eq!(&indexed[..4], ["0", "2.body.1", "2.body.3", "3.body.1"]);
+        assert!(matches!(
+            layers[1],
+            Layer::MaxPool2d {
+                kernel: 3,
+                stride: 2,
+                padding: 1
+            }
+        ));
+        assert!(matches!(&layers[2], Layer::Residual { body } if body.len() == 4));
+        assert_eq!(
+            layers[layers.len() - 5..layers.len() - 3],
+            [Layer::AdaptiveMaxPool2d { size: 2 }, Layer::Flatten]
+        );
+        let dqn = Dqn::new(spec.clone(), DqnConfig::default(), Device::Cpu, 3);
+        let dict = state_dict(&spec, &dqn.online_params());
+        assert_eq!(
+            dict.len(),
+            2 * (15 + 2),
+            "every convolution and linear layer"
+        );
+        let x = Tensor::randint(256, [3, 4, 20, 20], (Kind::Uint8, Device::Cpu));
+        let ours = dqn.q_values(&x.unsqueeze(0)).squeeze_dim(0);
+        let theirs = sequential_forward(&spec, &dict, &(x.to_kind(Kind::Float) / 255.0));
+        assert!(
+            ours.allclose(&theirs, 1e-4, 1e-5, false),
+            "{ours} vs {theirs}"
+        );
+        // The JSON's shape of a block.
+        let json = serde_json::to_value(&layers[2]).unwrap();
+        assert_eq!(json["type"], "residual");
+        assert_eq!(json["body"][1]["type"], "conv2d");
+        assert_eq!(json["body"][1]["padding"], 1);
     }
 }

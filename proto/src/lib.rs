@@ -22,6 +22,7 @@ pub mod params;
 pub mod peer_text;
 pub mod seeds;
 pub mod spec;
+pub mod torso;
 pub mod wire;
 
 pub use batch::TransitionBatch;
@@ -32,3 +33,4 @@ pub use spec::{
     ConvLayer, DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError,
     LAYER_NORM_EPS, MINATAR_CONV, NATURE_CONV,
 };
+pub use torso::{ImpalaTorso, TorsoStep};

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::torso::{ImpalaTorso, TorsoStep};
+
 /// Element type of an observation column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DType {
@@ -157,7 +159,8 @@ pub const MINATAR_CONV: [ConvLayer; 1] = [ConvLayer {
 }];
 
 /// A Q-network for a population of `population` independent agents (stacked
-/// parameters, see design.md): an optional convolutional torso over `u8` image
+/// parameters, see design.md): an optional convolutional torso (plain convolutions or
+/// the IMPALA network's residual stages, see [`crate::torso`]) over `u8` image
 /// observations `[C, H, W]` (scaled to `[0, 1]`), flattened in `C, H, W` order, then an
 /// MLP `obs_dim -> hidden... -> num_actions` with ReLU between layers, each hidden
 /// layer `Linear -> LayerNorm -> ReLU` where `layer_norm` is set (as PQN's, Gallici
@@ -179,6 +182,9 @@ pub struct NetworkSpec {
     /// linear layer, before its ReLU.
     #[serde(default)]
     pub layer_norm: bool,
+    /// The IMPALA network's residual torso, instead of `conv`.
+    #[serde(default)]
+    pub impala: Option<ImpalaTorso>,
 }
 
 /// The LayerNorm's ε (PyTorch's default).
@@ -208,6 +214,7 @@ impl NetworkSpec {
             image: Vec::new(),
             conv: Vec::new(),
             layer_norm: false,
+            impala: None,
         })
     }
 
@@ -232,6 +239,26 @@ impl NetworkSpec {
         hidden: &[usize],
         num_actions: usize,
     ) -> Result<Self, SpecError> {
+        Self::with_torso(obs, conv.to_vec(), None, hidden, num_actions)
+    }
+
+    /// The IMPALA network (Espeholt et al. 2018): the residual torso `torso` over `u8`
+    /// observations `[C, H, W]`, then 256 hidden units. One agent.
+    pub fn impala_cnn(
+        obs: &ObsSpec,
+        torso: &ImpalaTorso,
+        num_actions: usize,
+    ) -> Result<Self, SpecError> {
+        Self::with_torso(obs, Vec::new(), Some(torso.clone()), &[256], num_actions)
+    }
+
+    fn with_torso(
+        obs: &ObsSpec,
+        conv: Vec<ConvLayer>,
+        impala: Option<ImpalaTorso>,
+        hidden: &[usize],
+        num_actions: usize,
+    ) -> Result<Self, SpecError> {
         let [c, h, w] = obs.shape[..] else {
             return Err(SpecError::BadValue(format!(
                 "a convolutional network needs [C, H, W] observations, got {:?}",
@@ -250,20 +277,17 @@ impl NetworkSpec {
             num_actions,
             population: 1,
             image: vec![c, h, w],
-            conv: conv.to_vec(),
+            conv,
             layer_norm: false,
+            impala,
         };
-        let dims = spec.conv_shapes();
-        let size = dims
-            .last()
-            .filter(|(_, h, w)| *h > 0 && *w > 0)
-            .and_then(|&(c, h, w)| c.checked_mul(h)?.checked_mul(w));
-        match size {
-            Some(n) => spec.obs_dim = n,
+        match spec.torso_features() {
+            Some(n) if n > 0 => spec.obs_dim = n,
             _ => {
                 return Err(SpecError::BadValue(format!(
-                    "{:?} is too small for the convolutions {conv:?}",
-                    obs.shape
+                    "{:?} is too small for the torso {:?}",
+                    obs.shape,
+                    spec.torso_plan()
                 )))
             }
         }
@@ -297,27 +321,8 @@ impl NetworkSpec {
                 "a convolution needs a positive kernel, stride and channel count, got {l:?}"
             ));
         }
-        if !self.conv.is_empty() {
-            if self.image.len() != 3 || self.image.contains(&0) {
-                return bad(format!(
-                    "a convolutional network needs [C, H, W] observations, got {:?}",
-                    self.image
-                ));
-            }
-            match self.conv_shapes().last() {
-                Some(&(c, h, w))
-                    if h > 0
-                        && w > 0
-                        && c.checked_mul(h).and_then(|x| x.checked_mul(w))
-                            == Some(self.obs_dim) => {}
-                _ => {
-                    return bad(format!(
-                        "the convolutions {:?} over {:?} do not give the head's {} inputs",
-                        self.conv, self.image, self.obs_dim
-                    ))
-                }
-            }
-        } else if self.obs_dim == 0 {
+        self.validate_torso()?;
+        if !self.has_torso() && self.obs_dim == 0 {
             return bad("a network needs at least one input".into());
         }
         match self
@@ -346,17 +351,22 @@ impl NetworkSpec {
         } else {
             0
         };
-        let mut in_channels = self.image.first().copied().unwrap_or(0);
-        self.conv
+        self.torso_plan()
             .iter()
-            .try_fold(mlp.checked_add(norms)?, |acc, l| {
-                let w = l
-                    .out_channels
-                    .checked_mul(in_channels)?
-                    .checked_mul(l.kernel)?
-                    .checked_mul(l.kernel)?;
-                in_channels = l.out_channels;
-                acc.checked_add(w)?.checked_add(l.out_channels)
+            .try_fold(mlp.checked_add(norms)?, |acc, step| match *step {
+                TorsoStep::Conv {
+                    in_channels,
+                    out_channels,
+                    kernel,
+                    ..
+                } => {
+                    let w = out_channels
+                        .checked_mul(in_channels)?
+                        .checked_mul(kernel)?
+                        .checked_mul(kernel)?;
+                    acc.checked_add(w)?.checked_add(out_channels)
+                }
+                _ => Some(acc),
             })
     }
 
@@ -389,15 +399,23 @@ impl NetworkSpec {
 
     pub fn layout(&self) -> ParamLayout {
         let mut layout = ParamLayout::new(&self.widths());
-        let mut in_channels = self.image.first().copied().unwrap_or(0);
-        for (i, l) in self.conv.iter().enumerate() {
-            let k = l.kernel;
+        for step in self.torso_plan() {
+            let TorsoStep::Conv {
+                index,
+                in_channels,
+                out_channels,
+                kernel: k,
+                ..
+            } = step
+            else {
+                continue;
+            };
             for (name, shape) in [
                 (
-                    format!("conv{i}.w"),
-                    vec![l.out_channels, in_channels, k, k],
+                    format!("conv{index}.w"),
+                    vec![out_channels, in_channels, k, k],
                 ),
-                (format!("conv{i}.b"), vec![l.out_channels]),
+                (format!("conv{index}.b"), vec![out_channels]),
             ] {
                 let len = shape.iter().product();
                 layout.conv.push(ParamEntry {
@@ -408,7 +426,6 @@ impl NetworkSpec {
                 });
                 layout.len += len;
             }
-            in_channels = l.out_channels;
         }
         if self.layer_norm {
             for (i, &width) in self.hidden.iter().enumerate() {

@@ -31,7 +31,7 @@ use crate::params::Params;
 use crate::spec::{EnvSpec, NetworkSpec};
 
 /// Bumped on any incompatible change to these messages or the framing.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Most environments one actor connection may ask for (a learner refuses more; an
 /// actor checks its `--n` against it).

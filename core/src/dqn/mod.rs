@@ -40,7 +40,7 @@ mod optimizer;
 pub mod precision;
 pub mod schedules;
 
-use millrace_proto::{NetworkSpec, ParamLayout, LAYER_NORM_EPS};
+use millrace_proto::{NetworkSpec, ParamLayout, TorsoStep, LAYER_NORM_EPS};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Reduction, Tensor};
@@ -923,43 +923,65 @@ mod tests {
         NetworkSpec::nature_cnn(&obs, 2).unwrap()
     }
 
-    fn images(n: i64) -> Tensor {
-        Tensor::randint(256, [1, n, 4, 36, 36], (Kind::Uint8, Device::Cpu))
+    /// The IMPALA network, one residual block a stage, on 13×13 images (feature maps
+    /// 7, 4, 2), its last stage max-pooled to 1×1: every kind of step in the plan.
+    fn impala_spec() -> NetworkSpec {
+        let obs = ObsSpec {
+            shape: vec![4, 13, 13],
+            dtype: DType::U8,
+        };
+        let torso = millrace_proto::ImpalaTorso {
+            channels: vec![4, 8, 8],
+            blocks: 1,
+            pool: 1,
+        };
+        let mut spec = NetworkSpec::impala_cnn(&obs, &torso, 2).unwrap();
+        spec.hidden = vec![16];
+        spec
+    }
+
+    fn images_of(spec: &NetworkSpec, n: i64) -> Tensor {
+        let mut shape = vec![1, n];
+        shape.extend(spec.image.iter().map(|d| *d as i64));
+        Tensor::randint(256, shape.as_slice(), (Kind::Uint8, Device::Cpu))
     }
 
     #[test]
     fn cnn_gradient_matches_autograd_end_to_end() {
-        check_cnn_gradient(false, false);
+        check_cnn_gradient(cnn_spec(), false, false);
     }
 
     #[test]
     fn cnn_dueling_gradient_matches_autograd_end_to_end() {
-        check_cnn_gradient(true, false);
+        check_cnn_gradient(cnn_spec(), true, false);
     }
 
     #[test]
     fn cnn_layer_norm_dueling_gradient_matches_autograd_end_to_end() {
-        check_cnn_gradient(true, true);
+        check_cnn_gradient(cnn_spec(), true, true);
     }
 
-    fn check_cnn_gradient(dueling: bool, layer_norm: bool) {
+    #[test]
+    fn impala_gradient_matches_autograd_end_to_end() {
+        check_cnn_gradient(impala_spec(), false, false);
+        check_cnn_gradient(impala_spec(), true, true);
+    }
+
+    fn check_cnn_gradient(spec: NetworkSpec, dueling: bool, layer_norm: bool) {
         let cfg = DqnConfig {
             dueling,
             ..config()
         };
-        let spec = NetworkSpec {
-            layer_norm,
-            ..cnn_spec()
-        };
+        let spec = NetworkSpec { layer_norm, ..spec };
         let mut dqn = Dqn::new(spec.clone(), cfg.clone(), Device::Cpu, 5);
-        let other = Dqn::new(spec, cfg, Device::Cpu, 6);
+        let other = Dqn::new(spec.clone(), cfg, Device::Cpu, 6);
         dqn.target.copy_(&other.online);
         tch::manual_seed(10);
         scramble_norms(&dqn);
         let b = 6;
         tch::manual_seed(12);
         let batch = Batch {
-            obs2: images(2 * b),
+            obs2: images_of(&spec, 2 * b),
             actions: Tensor::randint(2, [1, b, 1], (Kind::Int64, Device::Cpu)),
             rewards: Tensor::randn([1, b, 1], (Kind::Float, Device::Cpu)) * 3.0,
             discounts: Tensor::full([1, b, 1], 0.99, (Kind::Float, Device::Cpu)),
@@ -978,7 +1000,7 @@ mod tests {
         let q_all = dqn.head(forward(
             &head,
             &norm_views(&leaf, &layout, 1),
-            &torso_forward(&conv, &t.strides, &t.image, &batch.obs2),
+            &torso_forward(&conv, &t.plan, &t.image, &batch.obs2),
         ));
         let targets = tch::no_grad(|| {
             double_dqn_targets(
@@ -1017,16 +1039,34 @@ mod tests {
 
     #[test]
     fn cnn_forward_matches_the_actor_cpu_policy_and_learns() {
+        check_forward_matches_the_actor_and_learns(cnn_spec());
+    }
+
+    #[test]
+    fn impala_forward_matches_the_actor_cpu_policy_and_learns() {
+        check_forward_matches_the_actor_and_learns(impala_spec());
+        // Atari's size, twice the width, pooled to 6×6 (Beyond The Rainbow's torso).
+        let obs = ObsSpec {
+            shape: vec![4, 84, 84],
+            dtype: DType::U8,
+        };
+        let torso = millrace_proto::ImpalaTorso::new(2, 6);
+        check_forward_matches_the_actor_and_learns(
+            NetworkSpec::impala_cnn(&obs, &torso, 6).unwrap(),
+        );
+    }
+
+    fn check_forward_matches_the_actor_and_learns(spec: NetworkSpec) {
         use millrace_actor::{CnnPolicy, Policy};
-        let mut dqn = Dqn::new(cnn_spec(), config(), Device::Cpu, 3);
+        let mut dqn = Dqn::new(spec.clone(), config(), Device::Cpu, 3);
         tch::manual_seed(4);
-        let obs = images(3);
+        let obs = images_of(&spec, 3);
         let host: Vec<u8> = Vec::try_from(obs.view([-1])).unwrap();
-        let mut policy = CnnPolicy::new(cnn_spec()).unwrap();
+        let mut policy = CnnPolicy::new(spec.clone()).unwrap();
         policy
             .load(&millrace_proto::Params::of_one(0, dqn.online_params()))
             .unwrap();
-        let mut q = [0.0f32; 6];
+        let mut q = vec![0.0f32; 3 * spec.num_actions];
         policy.q_values(&host, &mut q);
         let want = Vec::<f32>::try_from(dqn.q_values(&obs).view([-1])).unwrap();
         for (a, b) in q.iter().zip(&want) {

@@ -81,7 +81,8 @@ pub(super) struct Torso {
     pub(super) online: Vec<Tensor>,
     pub(super) target: Vec<Tensor>,
     pub(super) grad: Vec<Tensor>,
-    pub(super) strides: Vec<i64>,
+    /// The steps every pass takes ([`NetworkSpec::torso_plan`]).
+    pub(super) plan: Vec<TorsoStep>,
     pub(super) image: Vec<i64>,
 }
 
@@ -92,7 +93,7 @@ impl Torso {
         target: &Tensor,
         grad: &Tensor,
     ) -> Option<Self> {
-        if spec.conv.is_empty() {
+        if !spec.has_torso() {
             return None;
         }
         let layout = spec.layout();
@@ -104,21 +105,22 @@ impl Torso {
                 .collect(),
             target: conv_views(target, &layout, k),
             grad: conv_views(grad, &layout, k),
-            strides: spec.conv.iter().map(|c| c.stride as i64).collect(),
+            plan: spec.torso_plan(),
             image: spec.image.iter().map(|d| *d as i64).collect(),
         })
     }
 }
 
 /// The torso of K agents at once: `x` is `[K, N, C, H, W]` `u8` (or `[K, N, C·H·W]`),
-/// `views` alternate filters `[K, out, in, kh, kw]` and biases `[K, out]`; returns
-/// features `[K, N, F]` (ReLU'd, each agent's flattened in `C, H, W` order), computed
-/// in the filters' element type.
+/// `views` alternate filters `[K, out, in, kh, kw]` and biases `[K, out]`, `plan` is
+/// the torso's steps ([`NetworkSpec::torso_plan`]); returns features `[K, N, F]` (each
+/// agent's flattened in `C, H, W` order), computed in the filters' element type.
 ///
 /// The agents' images go side by side along the channels, `[N, K·C, H, W]`, and each
-/// layer is one grouped convolution with K groups: agent k's filters see only agent k's
-/// channels, so K small torsos are one large convolution.
-pub fn torso_forward(views: &[Tensor], strides: &[i64], image: &[i64], x: &Tensor) -> Tensor {
+/// convolution is one grouped convolution with K groups: agent k's filters see only
+/// agent k's channels, so K small torsos are one large convolution. ReLUs, max-pools
+/// and residual sums act channel by channel, so they need no grouping.
+pub fn torso_forward(views: &[Tensor], plan: &[TorsoStep], image: &[i64], x: &Tensor) -> Tensor {
     let (k, n) = (views[0].size()[0], x.size()[1]);
     let mut shape = vec![k, n];
     shape.extend_from_slice(image);
@@ -130,13 +132,39 @@ pub fn torso_forward(views: &[Tensor], strides: &[i64], image: &[i64], x: &Tenso
         .reshape(side_by_side.as_slice())
         .to_kind(views[0].kind())
         * (1.0 / 255.0);
-    for (l, s) in strides.iter().enumerate() {
-        let w = views[2 * l].size();
-        let filters = views[2 * l].reshape([k * w[1], w[2], w[3], w[4]]);
-        let bias = views[2 * l + 1].reshape([k * w[1]]);
-        h = h
-            .conv2d(&filters, Some(&bias), [*s, *s], [0, 0], [1, 1], k)
-            .relu();
+    let mut saved = Vec::new();
+    for step in plan {
+        h = match *step {
+            TorsoStep::Conv {
+                index,
+                stride,
+                padding,
+                ..
+            } => {
+                let w = views[2 * index].size();
+                let filters = views[2 * index].reshape([k * w[1], w[2], w[3], w[4]]);
+                let bias = views[2 * index + 1].reshape([k * w[1]]);
+                let (s, p) = (stride as i64, padding as i64);
+                h.conv2d(&filters, Some(&bias), [s, s], [p, p], [1, 1], k)
+            }
+            TorsoStep::Relu => h.relu(),
+            TorsoStep::MaxPool {
+                kernel,
+                stride,
+                padding,
+            } => {
+                let (k, s, p) = (kernel as i64, stride as i64, padding as i64);
+                h.max_pool2d([k, k], [s, s], [p, p], [1, 1], false)
+            }
+            TorsoStep::AdaptiveMaxPool { size } => {
+                h.adaptive_max_pool2d([size as i64, size as i64]).0
+            }
+            TorsoStep::Save => {
+                saved.push(h.shallow_clone());
+                h
+            }
+            TorsoStep::AddSaved => h + saved.pop().expect("a residual sum follows its save"),
+        };
     }
     h.reshape([n, k, -1]).permute([1, 0, 2])
 }
@@ -266,9 +294,9 @@ impl Dqn {
         let (features, head_input) = match &self.torso {
             Some(t) => {
                 let on = views.torso_online;
-                let f = torso_forward(on, &t.strides, &t.image, &batch.obs2.narrow(1, 0, b));
+                let f = torso_forward(on, &t.plan, &t.image, &batch.obs2.narrow(1, 0, b));
                 let f_next = tch::no_grad(|| {
-                    torso_forward(on, &t.strides, &t.image, &batch.obs2.narrow(1, b, b))
+                    torso_forward(on, &t.plan, &t.image, &batch.obs2.narrow(1, b, b))
                 });
                 let input = Tensor::cat(&[f.detach(), f_next], 1);
                 (Some(f), input)
@@ -391,7 +419,7 @@ impl Dqn {
                 Some(t) => forward(
                     views.target,
                     norms,
-                    &torso_forward(views.torso_target, &t.strides, &t.image, next_obs),
+                    &torso_forward(views.torso_target, &t.plan, &t.image, next_obs),
                 ),
                 None => forward(views.target, norms, next_obs),
             };
@@ -408,7 +436,7 @@ impl Dqn {
                 Some(t) => forward(
                     &self.online_views,
                     norms,
-                    &torso_forward(&t.online, &t.strides, &t.image, &obs),
+                    &torso_forward(&t.online, &t.plan, &t.image, &obs),
                 ),
                 None => forward(&self.online_views, norms, &obs),
             })

@@ -1,6 +1,6 @@
 //! Which Q-network a run trains, picked from the observation space unless a flag says.
 
-use millrace_proto::{DType, EnvSpec, NetworkSpec, SpecError};
+use millrace_proto::{DType, EnvSpec, ImpalaTorso, NetworkSpec, SpecError};
 use serde::Serialize;
 
 /// `--network`: the architecture.
@@ -16,15 +16,20 @@ pub enum NetworkChoice {
     Nature,
     /// The MinAtar DQN (Young & Tian 2019): one 3×3 convolution, 128 hidden units.
     Minatar,
+    /// The IMPALA network (Espeholt et al. 2018): three residual stages of 16, 32 and
+    /// 32 channels (times `--impala-width`), 256 hidden units.
+    Impala,
 }
 
 /// The network for `env`: `choice`, or the one its observations call for, with a
-/// LayerNorm in each hidden layer if `layer_norm`.
+/// LayerNorm in each hidden layer if `layer_norm`; `impala` is the residual torso that
+/// `NetworkChoice::Impala` uses.
 pub fn build(
     choice: NetworkChoice,
     env: &EnvSpec,
     hidden: &[usize],
     layer_norm: bool,
+    impala: &ImpalaTorso,
 ) -> Result<NetworkSpec, SpecError> {
     let image = env.obs.dtype == DType::U8;
     let choice = match choice {
@@ -37,7 +42,7 @@ pub fn build(
     };
     let spec = match choice {
         NetworkChoice::Mlp if image => Err(SpecError::BadValue(format!(
-            "{} has image observations {:?}: use --network nature or minatar",
+            "{} has image observations {:?}: use --network nature, minatar or impala",
             env.id, env.obs.shape
         ))),
         NetworkChoice::Mlp | NetworkChoice::Auto => {
@@ -45,6 +50,7 @@ pub fn build(
         }
         NetworkChoice::Nature => NetworkSpec::nature_cnn(&env.obs, env.num_actions),
         NetworkChoice::Minatar => NetworkSpec::minatar_cnn(&env.obs, env.num_actions),
+        NetworkChoice::Impala => NetworkSpec::impala_cnn(&env.obs, impala, env.num_actions),
     }?;
     Ok(NetworkSpec { layer_norm, ..spec })
 }
@@ -56,10 +62,20 @@ pub fn describe(spec: &NetworkSpec) -> String {
         .iter()
         .map(|c| format!("{}x{}x{}/{}", c.out_channels, c.kernel, c.kernel, c.stride))
         .collect();
-    let torso = if conv.is_empty() {
-        String::new()
-    } else {
-        format!("conv [{}] over {:?}, then ", conv.join(", "), spec.image)
+    let torso = match &spec.impala {
+        Some(t) => format!(
+            "IMPALA torso {:?} ({} residual blocks a stage{}) over {:?}, then ",
+            t.channels,
+            t.blocks,
+            match spec.torso_plan().last() {
+                Some(millrace_proto::TorsoStep::AdaptiveMaxPool { size }) =>
+                    format!(", max-pooled to {size}x{size}"),
+                _ => String::new(),
+            },
+            spec.image
+        ),
+        None if conv.is_empty() => String::new(),
+        None => format!("conv [{}] over {:?}, then ", conv.join(", "), spec.image),
     };
     format!(
         "{torso}MLP {:?}{}: {} parameters",
@@ -78,6 +94,10 @@ mod tests {
     use super::*;
     use millrace_proto::ObsSpec;
 
+    fn impala() -> ImpalaTorso {
+        ImpalaTorso::new(1, 6)
+    }
+
     fn env(shape: &[usize], dtype: DType) -> EnvSpec {
         EnvSpec {
             id: "test".into(),
@@ -95,9 +115,23 @@ mod tests {
 
     #[test]
     fn observations_pick_the_network() {
-        let vector = build(NetworkChoice::Auto, &env(&[4], DType::F32), &[64], false).unwrap();
+        let vector = build(
+            NetworkChoice::Auto,
+            &env(&[4], DType::F32),
+            &[64],
+            false,
+            &impala(),
+        )
+        .unwrap();
         assert!(vector.conv.is_empty() && vector.hidden == [64] && !vector.layer_norm);
-        let normed = build(NetworkChoice::Mlp, &env(&[4], DType::F32), &[64], true).unwrap();
+        let normed = build(
+            NetworkChoice::Mlp,
+            &env(&[4], DType::F32),
+            &[64],
+            true,
+            &impala(),
+        )
+        .unwrap();
         assert!(normed.layer_norm);
         assert_eq!(
             describe(&normed),
@@ -108,6 +142,7 @@ mod tests {
             &env(&[4, 84, 84], DType::U8),
             &[64],
             false,
+            &impala(),
         )
         .unwrap();
         assert_eq!(
@@ -119,6 +154,7 @@ mod tests {
             &env(&[4, 10, 10], DType::U8),
             &[64],
             false,
+            &impala(),
         )
         .unwrap();
         assert_eq!(
@@ -129,20 +165,49 @@ mod tests {
             NetworkChoice::Mlp,
             &env(&[4, 10, 10], DType::U8),
             &[64],
-            false
+            false,
+            &impala()
         )
         .is_err());
         assert!(build(
             NetworkChoice::Nature,
             &env(&[4, 10, 10], DType::U8),
             &[64],
-            false
+            false,
+            &impala()
         )
         .is_err());
-        assert!(build(NetworkChoice::Minatar, &env(&[4], DType::F32), &[64], false).is_err());
+        assert!(build(
+            NetworkChoice::Minatar,
+            &env(&[4], DType::F32),
+            &[64],
+            false,
+            &impala()
+        )
+        .is_err());
         assert_eq!(
             describe(&minatar),
             "conv [16x3x3/1] over [4, 10, 10], then MLP [1024, 128, 3]: 132179 parameters"
         );
+        let atari = build(
+            NetworkChoice::Impala,
+            &env(&[4, 84, 84], DType::U8),
+            &[64],
+            false,
+            &ImpalaTorso::new(2, 6),
+        )
+        .unwrap();
+        assert_eq!((atari.hidden.clone(), atari.obs_dim), (vec![256], 64 * 36));
+        assert!(describe(&atari).starts_with(
+            "IMPALA torso [32, 64, 64] (2 residual blocks a stage, max-pooled to 6x6) over [4, 84, 84], then MLP [2304, 256, 3]"
+        ));
+        assert!(build(
+            NetworkChoice::Impala,
+            &env(&[4], DType::F32),
+            &[64],
+            false,
+            &impala()
+        )
+        .is_err());
     }
 }

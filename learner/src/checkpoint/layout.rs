@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::files::{invalid, read_json};
-use super::{CheckpointError, FORMAT_VERSION, META};
+use super::{CheckpointError, FORMAT_VERSION, META, OLDEST_FORMAT};
 
 /// A saved policy in a checkpoint directory, named as its directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -95,10 +95,12 @@ impl Layout {
             return Err(invalid(
                 &dir.join(META),
                 match format {
-                    Some(f) if f == u64::from(FORMAT_VERSION) => format!(
-                        "a {FORMAT_VERSION} checkpoint's files, but not in latest/, best/ or solved/"
+                    Some(f) if (u64::from(OLDEST_FORMAT)..=u64::from(FORMAT_VERSION)).contains(&f) => format!(
+                        "a format {f} checkpoint's files, but not in latest/, best/ or solved/"
                     ),
-                    Some(f) => format!("checkpoint format {f} (this build reads {FORMAT_VERSION})"),
+                    Some(f) => format!(
+                        "checkpoint format {f} (this build reads {OLDEST_FORMAT} to {FORMAT_VERSION})"
+                    ),
                     None => "no checkpoint format".into(),
                 },
             ));

@@ -36,8 +36,12 @@ pub use state::{
 pub use files::CheckpointError;
 
 /// Bumped when the layout changes incompatibly (1: one flat directory; 2: `latest/`,
-/// `best/`, `solved/`).
-pub const FORMAT_VERSION: u32 = 2;
+/// `best/`, `solved/`; 3: the network's IMPALA torso in `meta.json`, which a build that
+/// reads only 2 would silently drop).
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest format this build still reads: a format-2 checkpoint is a format-3 one
+/// without an IMPALA torso.
+pub const OLDEST_FORMAT: u32 = 2;
 pub(crate) const META: &str = "meta.json";
 pub(crate) const TENSORS: [&str; 4] = ["online", "target", "adam_m", "adam_v"];
 

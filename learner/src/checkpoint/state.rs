@@ -14,7 +14,7 @@ use super::files::{
     invalid, io, plain_name, read_json, remove_unreferenced, tensor_err, write_atomic, write_json,
 };
 use super::Layout;
-use super::{CheckpointError, FORMAT_VERSION, META, TENSORS};
+use super::{CheckpointError, FORMAT_VERSION, META, OLDEST_FORMAT, TENSORS};
 use crate::evaluation::EvalRecord;
 use millrace_core::dqn::dueling::DuelingHead;
 use millrace_core::dqn::DqnState;
@@ -245,12 +245,12 @@ pub(super) fn read_tensors(
 
 /// Refuses metadata of another checkpoint format than this build's.
 pub(super) fn check_format(meta_path: &Path, format: u32) -> Result<(), CheckpointError> {
-    if format == FORMAT_VERSION {
+    if (OLDEST_FORMAT..=FORMAT_VERSION).contains(&format) {
         Ok(())
     } else {
         Err(invalid(
             meta_path,
-            format!("format {format} (this build reads {FORMAT_VERSION})"),
+            format!("format {format} (this build reads {OLDEST_FORMAT} to {FORMAT_VERSION})"),
         ))
     }
 }

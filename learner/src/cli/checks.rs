@@ -148,12 +148,38 @@ fn replay_shards(args: &TrainArgs, actor_batch: usize) -> anyhow::Result<usize> 
     Ok(batch_rows)
 }
 
+/// The residual torso `--network impala` builds (`--impala-width`, `--impala-pool`).
+fn impala_torso(args: &TrainArgs) -> anyhow::Result<millrace_proto::ImpalaTorso> {
+    if !(1..=16).contains(&args.impala_width) {
+        bail!(
+            "--impala-width must be in 1..=16, got {}",
+            args.impala_width
+        );
+    }
+    if args.impala_pool > 64 {
+        bail!(
+            "--impala-pool must be in 0..=64 (0: none), got {}",
+            args.impala_pool
+        );
+    }
+    Ok(millrace_proto::ImpalaTorso::new(
+        args.impala_width,
+        args.impala_pool,
+    ))
+}
+
 /// The network and the DQN's own numbers; how the target follows.
 fn network_and_targets(args: &TrainArgs, spec: &EnvSpec) -> anyhow::Result<TargetUpdate> {
     if args.hidden.is_empty() || args.hidden.contains(&0) {
         bail!("--hidden needs positive layer sizes, e.g. 128,128");
     }
-    millrace_core::dqn::network::build(args.network, spec, &args.hidden, args.layer_norm)?;
+    millrace_core::dqn::network::build(
+        args.network,
+        spec,
+        &args.hidden,
+        args.layer_norm,
+        &impala_torso(args)?,
+    )?;
     if !(0.0..=1.0).contains(&args.gamma) {
         bail!("--gamma must be in [0, 1], got {}", args.gamma);
     }
@@ -282,8 +308,13 @@ fn server(
 /// The dueling head fits the network; the learning rate's decay, if any.
 fn dueling_and_decay(args: &TrainArgs, spec: &EnvSpec) -> anyhow::Result<Option<LrDecay>> {
     if args.dueling {
-        let network =
-            millrace_core::dqn::network::build(args.network, spec, &args.hidden, args.layer_norm)?;
+        let network = millrace_core::dqn::network::build(
+            args.network,
+            spec,
+            &args.hidden,
+            args.layer_norm,
+            &impala_torso(args)?,
+        )?;
         millrace_core::dqn::dueling::DuelingHead::new(&network, tch::Device::Cpu)
             .map_err(|e| anyhow::anyhow!("--dueling: {e}"))?;
     }
@@ -322,6 +353,7 @@ impl TrainArgs {
         });
         let actors = counts(&args, actor_batch)?;
         let population = population_flags(&args)?;
+        let impala = impala_torso(&args)?;
         let batch_rows = replay_shards(&args, actor_batch)?;
         let target = network_and_targets(&args, &spec)?;
         let devices = devices(&args, population)?;
@@ -373,6 +405,7 @@ impl TrainArgs {
             },
             hidden: args.hidden,
             layer_norm: args.layer_norm,
+            impala,
             dqn: DqnConfig {
                 bootstrap,
                 lr: args.lr,

@@ -130,9 +130,20 @@ pub struct TrainArgs {
     pub clip_rewards: Option<bool>,
 
     /// Q-network: auto picks the MLP for vector observations, the Nature CNN for
-    /// 84x84 frames and the MinAtar CNN for 10x10 ones.
+    /// 84x84 frames and the MinAtar CNN for 10x10 ones; impala is the IMPALA network's
+    /// residual torso (Espeholt et al. 2018) for image observations of any size.
     #[arg(long, value_enum, default_value_t = NetworkChoice::Auto)]
     pub network: NetworkChoice,
+
+    /// --network impala: its channels (16, 32, 32) times this (2 in Schmidt & Schmied
+    /// 2021 and Beyond The Rainbow).
+    #[arg(long, default_value_t = 1)]
+    pub impala_width: usize,
+
+    /// --network impala: an adaptive max-pool of the last stage's output to NxN where
+    /// it is larger (Beyond The Rainbow's 6: Atari's 11x11 becomes 6x6); 0 for none.
+    #[arg(long, default_value_t = 6)]
+    pub impala_pool: usize,
 
     /// Actor threads in this process, each stepping --envs-per-actor environments with
     /// batched inference. Default: 1, or 0 with --listen (remote actors only).
