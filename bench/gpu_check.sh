@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one command a lent GPU machine runs, from the repository root, with the folder
-# bench/gpu_prepare.sh built here carried over (.gpu/), under a 560-second limit:
+# bench/gpu_prepare.sh built here carried over (.gpu/), under a 600-second limit:
 #
 #   bash bench/gpu_check.sh
 #
@@ -8,7 +8,7 @@
 # no network. This script finds that torch's lib/ with python3 and puts it first on
 # LD_LIBRARY_PATH (prepended: the driver may be found through that variable too),
 # stops within 30 s with one clear line if the binaries do not load or CUDA is not
-# visible, then runs each step under its own timeout and all of them under an 8-minute
+# visible, then runs each step under its own timeout and all of them under a 9-minute
 # deadline, most valuable first: the set-up (doctor, nvidia-smi, driver, glibc), the
 # device core's and the learner's lib tests with the GPU-only ones, the learner's
 # ceiling, the overlap
@@ -25,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 dry="${CPU_DRY:-0}"
 bin="${GPU_BIN:-.gpu}"
-deadline_s="${GPU_DEADLINE_S:-480}"
+deadline_s="${GPU_DEADLINE_S:-540}"
 start=$SECONDS
 if [[ -z "${OUT:-}" ]]; then
     OUT="$(mktemp -d)"
@@ -186,7 +186,7 @@ add_row ceiling-targets "$(figures '^minatar |^nature ' 8)"
 
 # Overlap: end-to-end against the ceiling with 64 actors, without and with the side
 # copy stream, and with as many actors as the cores keep busy.
-run_step "overlap-$actors" 120 0 "$bin/overlap" "${dev[@]}" --only cnn --actors "$actors" --batch "$overlap_batches" --seconds "$overlap_s"
+run_step "overlap-$actors" 150 0 "$bin/overlap" "${dev[@]}" --only cnn --actors "$actors" --batch "$overlap_batches" --seconds "$overlap_s"
 add_row "overlap-$actors" "$(figures '^\| nature|^\| cnn|b[0-9]+: ceiling' 4)"
 if [[ "$dry" == 1 ]]; then
     # No side stream on a CPU: the flag is checked, and refused in one line.
@@ -195,7 +195,7 @@ if [[ "$dry" == 1 ]]; then
         || status="**not refused as meant (exit $rc)**"
     add_row "overlap-$actors-copy-stream" "$(figures 'copy-stream' 1)"
 else
-    run_step "overlap-$actors-copy-stream" 120 0 "$bin/overlap" "${dev[@]}" --only cnn --actors "$actors" --batch "$overlap_batches" --seconds "$overlap_s" --copy-stream
+    run_step "overlap-$actors-copy-stream" 150 0 "$bin/overlap" "${dev[@]}" --only cnn --actors "$actors" --batch "$overlap_batches" --seconds "$overlap_s" --copy-stream
     add_row "overlap-$actors-copy-stream" "$(figures '^\| nature|^\| cnn|b[0-9]+: ceiling' 4)"
 fi
 

@@ -80,4 +80,4 @@ for f in "$out"/*; do
     fi
 done
 echo "gpu_prepare: none of them needs libpython; libraries needed: $(readelf -d "$out"/* | grep -o 'NEEDED.*\[.*\]' | grep -o '\[.*\]' | sort -u | tr -d '[]' | tr '\n' ' ')"
-echo "gpu_prepare: ready; carry $out (run: bash bench/gpu_check.sh, timeout 560 s)"
+echo "gpu_prepare: ready; carry $out (run: bash bench/gpu_check.sh, timeout 600 s)"
