@@ -30,7 +30,8 @@ import torch
 from safetensors.torch import load_file
 
 # Version 2 added convolutions' padding, max-pools and residual blocks (the IMPALA
-# network); a version-1 file is read as well (no padding).
+# network) and the IQN head's embedding and quantile mean; a version-1 file is read as
+# well (no padding).
 FORMATS = ("millrace-policy/1", "millrace-policy/2")
 
 
@@ -54,6 +55,33 @@ class Residual(torch.nn.Module):
 
     def forward(self, x):
         return x + self.body(x)
+
+
+class IqnEmbedding(torch.nn.Module):
+    """IQN's fraction embedding (Dabney et al. 2018): each row x becomes `quantiles`
+    rows x * ReLU(cos(pi * i * tau_j) @ W.T + b), tau_j = (j + 1/2) / quantiles."""
+
+    def __init__(self, embedding, width, quantiles):
+        super().__init__()
+        self.linear = torch.nn.Linear(embedding, width)
+        taus = (torch.arange(quantiles, dtype=torch.float32) + 0.5) / quantiles
+        i = torch.arange(embedding, dtype=torch.float32)
+        self.register_buffer("cosines", torch.cos(math.pi * i[None, :] * taus[:, None]), persistent=False)
+
+    def forward(self, x):
+        phi = torch.relu(self.linear(self.cosines))
+        return (x[:, None, :] * phi[None, :, :]).reshape(-1, x.shape[-1])
+
+
+class QuantileMean(torch.nn.Module):
+    """The mean over each observation's `quantiles` rows: Q-values from quantiles."""
+
+    def __init__(self, quantiles):
+        super().__init__()
+        self.quantiles = quantiles
+
+    def forward(self, x):
+        return x.reshape(-1, self.quantiles, x.shape[-1]).mean(1)
 
 
 def build(layers):
@@ -81,6 +109,10 @@ def build(layers):
             modules.append(torch.nn.AdaptiveMaxPool2d(layer["size"]))
         elif kind == "residual":
             modules.append(Residual(build(layer["body"])))
+        elif kind == "iqn_embedding":
+            modules.append(IqnEmbedding(layer["embedding"], layer["width"], layer["quantiles"]))
+        elif kind == "quantile_mean":
+            modules.append(QuantileMean(layer["quantiles"]))
         elif kind == "layer_norm":
             modules.append(torch.nn.LayerNorm(layer["normalized_shape"], eps=layer["eps"]))
         elif kind == "relu":

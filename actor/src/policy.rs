@@ -44,6 +44,9 @@ pub struct MlpPolicy {
     version: Option<u64>,
     /// Two activation buffers, ping-ponged between layers.
     scratch: [Vec<f32>; 2],
+    /// With an IQN head: its embedding of each acting fraction, `[m, H₀]`
+    /// (`ReLU(cos(π·i·τ_j) · W + b)`, remade on each `load`).
+    iqn_phi: Option<Vec<f32>>,
 }
 
 impl MlpPolicy {
@@ -64,7 +67,35 @@ impl MlpPolicy {
             agent,
             version: None,
             scratch: [Vec::new(), Vec::new()],
+            iqn_phi: None,
         })
+    }
+
+    /// The IQN head's embedding of each acting fraction, `[m, H₀]`, from the loaded
+    /// parameters.
+    fn iqn_embedding(&self) -> Option<Vec<f32>> {
+        let head = self.spec.iqn?;
+        let (w, b) = (self.layout.iqn.first()?, self.layout.iqn.get(1)?);
+        let (n, width) = (head.embedding, b.len);
+        let weight = &self.params[w.offset..w.offset + w.len];
+        let bias = &self.params[b.offset..b.offset + b.len];
+        let mut cos = vec![0.0f32; n];
+        let mut phi = Vec::with_capacity(head.quantiles * width);
+        for tau in head.act_fractions() {
+            millrace_proto::IqnHead::cosines(tau, &mut cos);
+            let start = phi.len();
+            phi.extend_from_slice(bias);
+            let row = &mut phi[start..];
+            for (c, wrow) in cos.iter().zip(weight.chunks_exact(width)) {
+                for (v, w) in row.iter_mut().zip(wrow) {
+                    *v += c * w;
+                }
+            }
+            for v in row {
+                *v = v.max(0.0);
+            }
+        }
+        Some(phi)
     }
 
     /// Agent `agent`'s flat parameters (zeros before the first `load`).
@@ -121,6 +152,7 @@ impl Policy for MlpPolicy {
         }
         self.params.copy_from_slice(params.agent(self.agent));
         self.version = Some(params.version);
+        self.iqn_phi = self.iqn_embedding();
         Ok(())
     }
 
@@ -137,6 +169,9 @@ impl Policy for MlpPolicy {
         let [mut cur, mut next] = std::mem::take(&mut self.scratch);
         cur.clear();
         cur.extend_from_slice(obs);
+        // Rows in flight: one per observation, then with an IQN head one per
+        // observation and acting fraction after the first layer.
+        let mut rows = batch;
         for l in 0..layers {
             let (fan_in, fan_out) = (widths[l], widths[l + 1]);
             let w = &self.layout.entries[2 * l];
@@ -144,15 +179,15 @@ impl Policy for MlpPolicy {
             let weight = &self.params[w.offset..w.offset + w.len];
             let bias = &self.params[b.offset..b.offset + b.len];
             next.clear();
-            for _ in 0..batch {
+            for _ in 0..rows {
                 next.extend_from_slice(bias);
             }
-            assert!(cur.len() >= batch * fan_in && weight.len() == fan_in * fan_out);
+            assert!(cur.len() >= rows * fan_in && weight.len() == fan_in * fan_out);
             // SAFETY: `cur` is [batch, fan_in], `weight` is [fan_in, fan_out] and `next` is
             // [batch, fan_out], all row-major with the strides given, lengths checked above.
             unsafe {
                 matrixmultiply::sgemm(
-                    batch,
+                    rows,
                     fan_in,
                     fan_out,
                     1.0,
@@ -181,6 +216,35 @@ impl Policy for MlpPolicy {
                 }
             }
             std::mem::swap(&mut cur, &mut next);
+            if let (0, Some(phi)) = (l, &self.iqn_phi) {
+                // ψ(s) times each fraction's embedding: [batch, H₀] -> [batch·m, H₀].
+                next.clear();
+                for psi in cur.chunks_exact(fan_out).take(batch) {
+                    for embedding in phi.chunks_exact(fan_out) {
+                        next.extend(psi.iter().zip(embedding).map(|(p, e)| p * e));
+                    }
+                }
+                rows = next.len() / fan_out;
+                std::mem::swap(&mut cur, &mut next);
+            }
+        }
+        if rows > batch {
+            // The mean over each observation's fractions.
+            let m = rows / batch;
+            let a = self.spec.num_actions;
+            for (out, quantiles) in q.chunks_exact_mut(a).zip(cur.chunks_exact(m * a)) {
+                out.fill(0.0);
+                for row in quantiles.chunks_exact(a) {
+                    for (o, v) in out.iter_mut().zip(row) {
+                        *o += v;
+                    }
+                }
+                for o in out.iter_mut() {
+                    *o /= m as f32;
+                }
+            }
+            self.scratch = [cur, next];
+            return;
         }
         q.copy_from_slice(&cur[..q.len()]);
         self.scratch = [cur, next];

@@ -5,7 +5,7 @@
 //! `cargo bench -p millrace-learner --bench ceiling -- [--hidden 64,64] [--batch 32]
 //!  [--obs 4] [--actions 2] [--seconds 3] [--min-updates 50] [--threads 1] [--cpu | --gpu N] [--tf32 off|conv|all] [--precision fp32,bf16]
 //!  [--net mlp,nature,minatar,impala,impala-minatar] [--impala-width 1] [--impala-pool 6]
-//!  [--layer-norm off,on] [--target double,munchausen]`
+//!  [--layer-norm off,on] [--target double,munchausen] [--head q,iqn]`
 //! Prints one line per configuration: updates/s and microseconds per update (waiting
 //! for the device as the learner thread does, `millrace_core::ceiling`; the cadence
 //! is printed beside each figure), and each one's updates/s against the first
@@ -14,7 +14,9 @@
 //! target, in the order given). `nature` is the Nature DQN on Atari's `[4, 84, 84]`
 //! frames (6 actions), `minatar` MinAtar's network on `[4, 10, 10]` (3 actions),
 //! `impala` and `impala-minatar` the IMPALA network on each (`--impala-width`,
-//! `--impala-pool`); `--hidden`, `--obs` and `--actions` are the MLP's.
+//! `--impala-pool`); `--hidden`, `--obs` and `--actions` are the MLP's. `--head iqn`
+//! gives each network the IQN head (64 cosines, 8 + 8 sampled fractions), labelled
+//! `+iqn`.
 
 mod common;
 
@@ -38,6 +40,8 @@ struct Opts {
     targets: Vec<Bootstrap>,
     nets: Vec<Net>,
     impala: ImpalaTorso,
+    /// Whether each configuration has the IQN head, in order.
+    heads: Vec<bool>,
     tf32: millrace_core::torch_settings::Tf32,
 }
 
@@ -65,6 +69,7 @@ fn parse() -> Opts {
         targets: vec![Bootstrap::Double],
         nets: vec![Net::Mlp],
         impala: ImpalaTorso::new(1, 6),
+        heads: vec![false],
         tf32: millrace_core::torch_settings::Tf32::Conv,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -143,6 +148,16 @@ fn parse() -> Opts {
                 o.impala = ImpalaTorso::new(width, o.impala.pool);
             }
             "--impala-pool" => o.impala.pool = next.parse().expect("--impala-pool N"),
+            "--head" => {
+                o.heads = next
+                    .split(',')
+                    .map(|x| match x {
+                        "q" => false,
+                        "iqn" => true,
+                        other => panic!("--head q,iqn, got {other}"),
+                    })
+                    .collect()
+            }
             "--cpu" => {
                 o.device = Device::Cpu;
                 i -= 1;
@@ -186,7 +201,10 @@ fn main() {
             Net::Mlp => o.hidden.clone(),
             _ => vec![Vec::new()],
         };
-        for hidden in &hidden {
+        for (hidden, &iqn) in hidden
+            .iter()
+            .flat_map(|h| o.heads.iter().map(move |i| (h, i)))
+        {
             let spec = match net {
                 Net::Mlp => NetworkSpec::mlp(&obs, hidden, actions, 1),
                 Net::Nature => NetworkSpec::nature_cnn(&obs, actions),
@@ -196,8 +214,12 @@ fn main() {
                 }
             }
             .expect("valid network");
+            let spec = NetworkSpec {
+                iqn: iqn.then(millrace_proto::IqnHead::default),
+                ..spec
+            };
             let width = o.impala.channels[0] / millrace_proto::torso::IMPALA_CHANNELS[0];
-            let label = match net {
+            let label: String = match net {
                 Net::Mlp => hidden
                     .iter()
                     .map(|h| h.to_string())
@@ -208,6 +230,7 @@ fn main() {
                 Net::Impala => format!("impala-x{width}"),
                 Net::ImpalaMinatar => format!("minatar-impala-x{width}"),
             };
+            let label = if iqn { label + "+iqn" } else { label };
             for &b in &o.batch {
                 let batch = common::random_batch(&obs, actions, b, o.device);
                 let cadence = common::learner_cadence(&obs, b, o.device, false);

@@ -211,6 +211,8 @@ pub struct RunConfig {
     pub layer_norm: bool,
     /// The residual torso of `--network impala` (`--impala-width`, `--impala-pool`).
     pub impala: millrace_proto::ImpalaTorso,
+    /// The IQN head of `--head iqn` (`--iqn-embedding`, `--iqn-quantiles`).
+    pub iqn: Option<millrace_proto::IqnHead>,
     pub dqn: DqnConfig,
     pub batch_size: usize,
     pub replay: ReplayOptions,
@@ -236,13 +238,19 @@ pub struct RunConfig {
 impl RunConfig {
     /// The Q-network these settings give for their environment.
     pub fn network_spec(&self) -> Result<millrace_proto::NetworkSpec, millrace_proto::SpecError> {
-        millrace_core::dqn::network::build(
+        let spec = millrace_core::dqn::network::build(
             self.network,
             &self.env_spec,
             &self.hidden,
             self.layer_norm,
             &self.impala,
-        )
+        )?;
+        let spec = millrace_proto::NetworkSpec {
+            iqn: self.iqn,
+            ..spec
+        };
+        spec.validate()?;
+        Ok(spec)
     }
 
     /// The population's settings, in population mode.

@@ -55,6 +55,18 @@ pub enum Layer {
     Residual {
         body: Vec<Layer>,
     },
+    /// IQN's fraction embedding (`--head iqn`): each row `x` becomes `quantiles` rows
+    /// `x · ReLU(Linear(embedding → width)(cos(π·i·τ_j)))`, `τ_j = (j + ½)/quantiles`;
+    /// its parameters are `linear.weight` and `linear.bias` under its index.
+    IqnEmbedding {
+        embedding: usize,
+        width: usize,
+        quantiles: usize,
+    },
+    /// The mean over each observation's `quantiles` rows: IQN's Q-values.
+    QuantileMean {
+        quantiles: usize,
+    },
     Flatten,
     Linear {
         in_features: usize,
@@ -176,6 +188,7 @@ pub fn sequential(spec: &NetworkSpec) -> (Vec<Layer>, Vec<String>) {
     }
     let widths = spec.widths();
     let mut norms = Vec::new();
+    let mut iqn = Vec::new();
     for (i, w) in widths.windows(2).enumerate() {
         indexed.push(layers.len().to_string());
         layers.push(Layer::Linear {
@@ -191,9 +204,23 @@ pub fn sequential(spec: &NetworkSpec) -> (Vec<Layer>, Vec<String>) {
                 });
             }
             layers.push(Layer::Relu);
+            if let (0, Some(head)) = (i, &spec.iqn) {
+                iqn.push(format!("{}.linear", layers.len()));
+                layers.push(Layer::IqnEmbedding {
+                    embedding: head.embedding,
+                    width: w[1],
+                    quantiles: head.quantiles,
+                });
+            }
         }
     }
+    if let Some(head) = &spec.iqn {
+        layers.push(Layer::QuantileMean {
+            quantiles: head.quantiles,
+        });
+    }
     indexed.extend(norms);
+    indexed.extend(iqn);
     (layers, indexed)
 }
 
@@ -208,7 +235,8 @@ pub fn state_dict(spec: &NetworkSpec, flat: &[f32]) -> Vec<(String, Tensor)> {
     let convs = layout.conv.chunks(2);
     let linears = layout.entries.chunks(2);
     let norms = layout.norm.chunks(2);
-    for (pair, index) in convs.chain(linears).chain(norms).zip(indexed) {
+    let iqn = layout.iqn.chunks(2);
+    for (pair, index) in convs.chain(linears).chain(norms).chain(iqn).zip(indexed) {
         let (w, b) = (&pair[0], &pair[1]);
         let shape: Vec<i64> = w.shape.iter().map(|d| *d as i64).collect();
         let weight = slice(w.offset, w.len).view(shape.as_slice());
@@ -363,6 +391,29 @@ mod tests {
                 ),
                 Layer::Relu => h.relu(),
                 Layer::Flatten => h.flatten(1, -1),
+                Layer::IqnEmbedding {
+                    embedding,
+                    quantiles,
+                    ..
+                } => {
+                    let m = *quantiles as i64;
+                    let taus = (Tensor::arange(m, (Kind::Float, Device::Cpu)) + 0.5) / m as f64;
+                    let i = Tensor::arange(*embedding as i64, (Kind::Float, Device::Cpu));
+                    let cos = (taus.unsqueeze(1) * i.unsqueeze(0) * std::f64::consts::PI).cos();
+                    let phi = cos
+                        .linear(get(key("linear.weight")), Some(get(key("linear.bias"))))
+                        .relu();
+                    let width = h.size()[1];
+                    (h.unsqueeze(1) * phi.unsqueeze(0)).reshape([-1, width])
+                }
+                Layer::QuantileMean { quantiles } => {
+                    let a = h.size()[1];
+                    h.reshape([-1, *quantiles as i64, a]).mean_dim(
+                        [1i64].as_slice(),
+                        false,
+                        Kind::Float,
+                    )
+                }
             };
         }
         h
@@ -510,5 +561,41 @@ mod tests {
         assert_eq!(json["type"], "residual");
         assert_eq!(json["body"][1]["type"], "conv2d");
         assert_eq!(json["body"][1]["padding"], 1);
+    }
+
+    #[test]
+    fn an_iqn_head_exports_with_its_embedding_and_quantile_mean() {
+        let obs = ObsSpec {
+            shape: vec![4],
+            dtype: DType::F32,
+        };
+        let mut spec = NetworkSpec::mlp(&obs, &[8, 6], 3, 1).unwrap();
+        spec.layer_norm = true;
+        spec.iqn = Some(millrace_proto::IqnHead {
+            embedding: 5,
+            quantiles: 7,
+        });
+        let (layers, indexed) = sequential(&spec);
+        assert_eq!(
+            layers[3],
+            Layer::IqnEmbedding {
+                embedding: 5,
+                width: 8,
+                quantiles: 7
+            }
+        );
+        assert_eq!(layers.last(), Some(&Layer::QuantileMean { quantiles: 7 }));
+        assert_eq!(indexed.last().map(String::as_str), Some("3.linear"));
+        let dqn = Dqn::new(spec.clone(), DqnConfig::default(), Device::Cpu, 3);
+        let dict = state_dict(&spec, &dqn.online_params());
+        let (_, w) = dict.iter().find(|(n, _)| n == "3.linear.weight").unwrap();
+        assert_eq!(w.size(), [8, 5], "PyTorch's Linear(5, 8)");
+        let x = Tensor::randn([5, 4], (Kind::Float, Device::Cpu));
+        let ours = dqn.q_values(&x.unsqueeze(0)).squeeze_dim(0);
+        let theirs = sequential_forward(&spec, &dict, &x);
+        assert!(
+            ours.allclose(&theirs, 1e-4, 1e-5, false),
+            "{ours} vs {theirs}"
+        );
     }
 }

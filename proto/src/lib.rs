@@ -17,6 +17,7 @@ pub mod env;
 pub mod frames;
 #[cfg(feature = "tokio")]
 pub mod io;
+pub mod iqn;
 pub mod panics;
 pub mod params;
 pub mod peer_text;
@@ -28,6 +29,7 @@ pub mod wire;
 pub use batch::TransitionBatch;
 pub use env::EnvConfig;
 pub use frames::{FrameLinks, NO_FRAME};
+pub use iqn::IqnHead;
 pub use params::{Params, ParamsCell, StepCounter};
 pub use spec::{
     ConvLayer, DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError,

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::iqn::IqnHead;
 use crate::torso::{ImpalaTorso, TorsoStep};
 
 /// Element type of an observation column.
@@ -185,6 +186,10 @@ pub struct NetworkSpec {
     /// The IMPALA network's residual torso, instead of `conv`.
     #[serde(default)]
     pub impala: Option<ImpalaTorso>,
+    /// An implicit quantile head (IQN, [`crate::iqn`]): the first hidden layer's output
+    /// times an embedding of the quantile fraction.
+    #[serde(default)]
+    pub iqn: Option<IqnHead>,
 }
 
 /// The LayerNorm's ε (PyTorch's default).
@@ -215,6 +220,7 @@ impl NetworkSpec {
             conv: Vec::new(),
             layer_norm: false,
             impala: None,
+            iqn: None,
         })
     }
 
@@ -280,6 +286,7 @@ impl NetworkSpec {
             conv,
             layer_norm: false,
             impala,
+            iqn: None,
         };
         match spec.torso_features() {
             Some(n) if n > 0 => spec.obs_dim = n,
@@ -322,6 +329,12 @@ impl NetworkSpec {
             ));
         }
         self.validate_torso()?;
+        if let Some(head) = &self.iqn {
+            head.check().map_err(SpecError::BadValue)?;
+            if self.hidden.is_empty() {
+                return bad("an IQN head needs at least one hidden layer".into());
+            }
+        }
         if !self.has_torso() && self.obs_dim == 0 {
             return bad("a network needs at least one input".into());
         }
@@ -344,6 +357,10 @@ impl NetworkSpec {
         let mlp = self.widths().windows(2).try_fold(0usize, |acc, w| {
             acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?)
         })?;
+        let iqn = match (&self.iqn, self.hidden.first()) {
+            (Some(head), Some(width)) => head.embedding.checked_add(1)?.checked_mul(*width)?,
+            _ => 0,
+        };
         let norms = if self.layer_norm {
             self.hidden
                 .iter()
@@ -353,21 +370,24 @@ impl NetworkSpec {
         };
         self.torso_plan()
             .iter()
-            .try_fold(mlp.checked_add(norms)?, |acc, step| match *step {
-                TorsoStep::Conv {
-                    in_channels,
-                    out_channels,
-                    kernel,
-                    ..
-                } => {
-                    let w = out_channels
-                        .checked_mul(in_channels)?
-                        .checked_mul(kernel)?
-                        .checked_mul(kernel)?;
-                    acc.checked_add(w)?.checked_add(out_channels)
-                }
-                _ => Some(acc),
-            })
+            .try_fold(
+                mlp.checked_add(norms)?.checked_add(iqn)?,
+                |acc, step| match *step {
+                    TorsoStep::Conv {
+                        in_channels,
+                        out_channels,
+                        kernel,
+                        ..
+                    } => {
+                        let w = out_channels
+                            .checked_mul(in_channels)?
+                            .checked_mul(kernel)?
+                            .checked_mul(kernel)?;
+                        acc.checked_add(w)?.checked_add(out_channels)
+                    }
+                    _ => Some(acc),
+                },
+            )
     }
 
     /// `(channels, height, width)` after each convolution (0 where it does not fit).
@@ -427,6 +447,26 @@ impl NetworkSpec {
                 layout.len += len;
             }
         }
+        self.push_norms(&mut layout);
+        if let (Some(head), Some(&width)) = (&self.iqn, self.hidden.first()) {
+            for (name, shape) in [
+                ("iqn.w".to_string(), vec![head.embedding, width]),
+                ("iqn.b".to_string(), vec![width]),
+            ] {
+                let len = shape.iter().product();
+                layout.iqn.push(ParamEntry {
+                    name,
+                    shape,
+                    offset: layout.len,
+                    len,
+                });
+                layout.len += len;
+            }
+        }
+        layout
+    }
+
+    fn push_norms(&self, layout: &mut ParamLayout) {
         if self.layer_norm {
             for (i, &width) in self.hidden.iter().enumerate() {
                 for name in [format!("ln{i}.g"), format!("ln{i}.b")] {
@@ -440,7 +480,6 @@ impl NetworkSpec {
                 }
             }
         }
-        layout
     }
 }
 
@@ -456,7 +495,7 @@ pub struct ParamEntry {
 
 /// The flat layout of one agent's parameters: `w0, b0, w1, b1, ...` (the MLP), then the
 /// torso's `conv0.w, conv0.b, ...` if any, then the LayerNorms' `ln0.g, ln0.b, ...`
-/// if any, each row-major.
+/// if any, then the IQN embedding's `iqn.w, iqn.b` if any, each row-major.
 ///
 /// The learner keeps all parameters of all agents in one `[K, P]` tensor (one fused
 /// optimizer step, one copy to sync the target network, one copy to publish) and slices
@@ -470,6 +509,9 @@ pub struct ParamLayout {
     /// The LayerNorms' gains and biases `[width]`, one pair per hidden layer (empty
     /// without LayerNorm).
     pub norm: Vec<ParamEntry>,
+    /// The IQN head's embedding: weight `[cosines, first hidden width]` and bias
+    /// (empty without an IQN head).
+    pub iqn: Vec<ParamEntry>,
     /// Parameters per agent, P.
     pub len: usize,
 }
@@ -498,6 +540,7 @@ impl ParamLayout {
             entries,
             conv: Vec::new(),
             norm: Vec::new(),
+            iqn: Vec::new(),
             len: offset,
         }
     }

@@ -98,6 +98,8 @@ pub struct DqnConfig {
     pub lr_decay: Option<LrDecay>,
     /// Double DQN's target, or Munchausen's.
     pub bootstrap: Bootstrap,
+    /// How an IQN head's update samples quantile fractions (used only with one).
+    pub iqn: crate::dqn::iqn::IqnSampling,
 }
 
 impl Default for DqnConfig {
@@ -116,6 +118,7 @@ impl Default for DqnConfig {
             precision: Precision::Fp32,
             lr_decay: None,
             bootstrap: Bootstrap::Double,
+            iqn: crate::dqn::iqn::IqnSampling::default(),
         }
     }
 }

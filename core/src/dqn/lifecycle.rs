@@ -39,7 +39,12 @@ impl Dqn {
         let mut values = vec![0.0f32; k * p];
         for (agent, hp) in values.chunks_exact_mut(p).zip(agents) {
             let mut rng = SmallRng::seed_from_u64(hp.seed);
-            for layer in layout.entries.chunks(2).chain(layout.conv.chunks(2)) {
+            for layer in layout
+                .entries
+                .chunks(2)
+                .chain(layout.conv.chunks(2))
+                .chain(layout.iqn.chunks(2))
+            {
                 // [in, out] for a linear layer, [out, in, k, k] for a convolution.
                 let fan_in: usize = match layer[0].shape.as_slice() {
                     [fan_in, _] => *fan_in,
@@ -240,6 +245,11 @@ impl Dqn {
             norm_views(&target, &layout, k),
             norm_views(&grad, &layout, k),
         );
+        let (online_iqn, target_iqn, grad_iqn) = (
+            iqn_views(&online, &layout, k),
+            iqn_views(&target, &layout, k),
+            iqn_views(&grad, &layout, k),
+        );
         let torso = Torso::new(&spec, &online, &target, &grad);
         let half = (config.precision == Precision::Bf16).then(|| {
             HalfCopies::new(
@@ -262,6 +272,9 @@ impl Dqn {
             online_norm,
             target_norm,
             grad_norm,
+            online_iqn,
+            target_iqn,
+            grad_iqn,
             target,
             target_views,
             adam_m: state

@@ -33,6 +33,7 @@ pub mod agents;
 mod config;
 pub mod dueling;
 pub mod host_adam;
+pub mod iqn;
 mod lifecycle;
 mod net;
 pub mod network;
@@ -50,7 +51,7 @@ pub use config::{
     RMSPROP_EPS,
 };
 use net::Torso;
-pub(crate) use net::{conv_views, norm_views, param_views};
+pub(crate) use net::{conv_views, iqn_views, norm_views, param_views};
 pub use net::{double_dqn_targets, forward, munchausen_targets, torso_forward};
 
 use crate::dqn::agents::{AgentHparams, AgentTensors, Sync};
@@ -115,6 +116,11 @@ pub struct Dqn {
     online_norm: Vec<Tensor>,
     target_norm: Vec<Tensor>,
     grad_norm: Vec<Tensor>,
+    /// The IQN head's embedding (weight `[K, n, H₀]`, bias `[K, 1, H₀]`), empty without
+    /// one.
+    online_iqn: Vec<Tensor>,
+    target_iqn: Vec<Tensor>,
+    grad_iqn: Vec<Tensor>,
     /// `[K, P]`.
     target: Tensor,
     /// Views of `target` per parameter, made once (the target never reallocates).
@@ -295,7 +301,13 @@ impl Dqn {
     ///
     /// About 60 tensor operations in all.
     pub fn update(&mut self, batch: &Batch) -> UpdateOutput {
-        let (q_taken, targets) = self.gradient(batch);
+        let (q_taken, targets, iqn_loss) = if self.spec.iqn.is_some() {
+            let (q, t, loss) = self.iqn_gradient(batch);
+            (q, t, Some(loss))
+        } else {
+            let (q, t) = self.gradient(batch);
+            (q, t, None)
+        };
         let td = &q_taken - &targets;
         self.adam_step(&td);
         if let Some(half) = &mut self.half {
@@ -310,7 +322,9 @@ impl Dqn {
             let k = self.spec.population as f64;
             let detail = Tensor::stack(
                 &[
-                    q_taken.huber_loss(&targets, Reduction::Mean, self.config.huber_delta) * k,
+                    iqn_loss.unwrap_or_else(|| {
+                        q_taken.huber_loss(&targets, Reduction::Mean, self.config.huber_delta) * k
+                    }),
                     (&q_taken - &targets).abs().mean(Kind::Float),
                     q_taken.mean(Kind::Float),
                 ],

@@ -19,6 +19,22 @@ pub(crate) fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) 
         .collect()
 }
 
+/// Views of the IQN embedding's weight `[K, n, H₀]` and bias `[K, 1, H₀]` (empty for a
+/// network without an IQN head).
+pub(crate) fn iqn_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
+    layout
+        .iqn
+        .iter()
+        .map(|e| {
+            let t = flat.narrow(1, e.offset as i64, e.len as i64);
+            match e.shape.as_slice() {
+                [n, width] => t.view([population, *n as i64, *width as i64]),
+                _ => t.view([population, 1, e.len as i64]),
+            }
+        })
+        .collect()
+}
+
 /// Views of the LayerNorms' gains and biases, alternating, each `[K, 1, width]` (empty
 /// for a network without LayerNorm).
 pub(crate) fn norm_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
@@ -427,8 +443,12 @@ impl Dqn {
         })
     }
 
-    /// Q-values of the online network for `obs` `[K, N, ...]` (tests, export).
+    /// Q-values of the online network for `obs` `[K, N, ...]` (tests, export); with an
+    /// IQN head, the mean over the acting fractions, as actors compute them.
     pub fn q_values(&self, obs: &Tensor) -> Tensor {
+        if let Some(head) = self.iqn_head() {
+            return self.iqn_q_values(&head, &obs.to_device(self.device));
+        }
         tch::no_grad(|| {
             let obs = obs.to_device(self.device);
             let norms = &self.online_norm;

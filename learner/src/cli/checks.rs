@@ -68,6 +68,41 @@ fn bootstrap(args: &TrainArgs) -> anyhow::Result<Bootstrap> {
     })
 }
 
+/// `--head` and its settings: the network's IQN head and the update's sampling.
+fn iqn_head(
+    args: &TrainArgs,
+) -> anyhow::Result<(
+    Option<millrace_proto::IqnHead>,
+    millrace_core::dqn::iqn::IqnSampling,
+)> {
+    let sampling = millrace_core::dqn::iqn::IqnSampling {
+        online: args.iqn_taus,
+        target: args.iqn_target_taus,
+        ..Default::default()
+    };
+    if args.head == super::HeadChoice::Q {
+        return Ok((None, sampling));
+    }
+    if args.precision != millrace_core::dqn::precision::Precision::Fp32 {
+        bail!("--head iqn runs in fp32 only: its update goes through autograd, which the bf16 copies do not");
+    }
+    for (name, v) in [
+        ("iqn-taus", args.iqn_taus),
+        ("iqn-target-taus", args.iqn_target_taus),
+    ] {
+        if !(1..=256).contains(&v) {
+            bail!("--{name} must be in 1..=256, got {v}");
+        }
+    }
+    let head = millrace_proto::IqnHead {
+        embedding: args.iqn_embedding,
+        quantiles: args.iqn_quantiles,
+    };
+    head.check()
+        .map_err(|e| anyhow::anyhow!("--iqn-embedding/--iqn-quantiles: {e}"))?;
+    Ok((Some(head), sampling))
+}
+
 /// Counts and rates that must be positive; the actors' count.
 fn counts(args: &TrainArgs, actor_batch: usize) -> anyhow::Result<usize> {
     for (name, v) in [
@@ -372,6 +407,7 @@ impl TrainArgs {
             Err(_) => Faults::default(),
         };
         let bootstrap = bootstrap(&args)?;
+        let (iqn, iqn_sampling) = iqn_head(&args)?;
         let cfg = RunConfig {
             eval: EvalConfig {
                 every: args.eval_every,
@@ -406,8 +442,10 @@ impl TrainArgs {
             hidden: args.hidden,
             layer_norm: args.layer_norm,
             impala,
+            iqn,
             dqn: DqnConfig {
                 bootstrap,
+                iqn: iqn_sampling,
                 lr: args.lr,
                 max_grad_norm: args.max_grad_norm,
                 target,

@@ -18,6 +18,15 @@ use crate::replay_flags::ReplayFlags;
 use millrace_core::dqn::network::NetworkChoice;
 use millrace_core::dqn::TargetKind;
 
+/// `--head`: what the Q-network outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeadChoice {
+    /// One Q-value per action.
+    Q,
+    /// Implicit quantiles of the return (IQN).
+    Iqn,
+}
+
 /// Train a DQN agent with asynchronous actors (embedded mode: one process), or serve
 /// remote actors with --listen. `export`, `eval` and `doctor` work on saved runs and
 /// on the set-up.
@@ -371,6 +380,33 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = -1.0, allow_negative_numbers = true)]
     pub munchausen_clip: f64,
 
+    /// The Q-network's output: q (one value per action), or iqn (implicit quantiles,
+    /// Dabney et al. 2018: the first hidden layer's output times an embedding of a
+    /// quantile fraction τ, one return quantile per action and τ, the quantile Huber
+    /// loss; actors act on the mean over --iqn-quantiles fixed fractions). With
+    /// --target munchausen it is M-IQN. Not with --precision bf16.
+    #[arg(long, value_enum, default_value_t = HeadChoice::Q)]
+    pub head: HeadChoice,
+
+    /// --head iqn: cosines in the fraction's embedding (the paper's 64).
+    #[arg(long, default_value_t = 64)]
+    pub iqn_embedding: usize,
+
+    /// --head iqn: fractions the learner samples for the online network's quantiles,
+    /// N (the paper's 8).
+    #[arg(long, default_value_t = 8)]
+    pub iqn_taus: usize,
+
+    /// --head iqn: fractions the learner samples for the target's quantiles, N′ (the
+    /// paper's 8).
+    #[arg(long, default_value_t = 8)]
+    pub iqn_target_taus: usize,
+
+    /// --head iqn: the fixed fractions (j + ½)/m actors and evaluation average over, m
+    /// (the paper's 32).
+    #[arg(long, default_value_t = 32)]
+    pub iqn_quantiles: usize,
+
     /// Gradient L2-norm clip.
     #[arg(long, default_value_t = 10.0)]
     pub max_grad_norm: f64,
@@ -533,6 +569,60 @@ mod tests {
         assert_eq!(json["dqn"]["lr"], 2.3e-3);
         assert_eq!(json["replay"]["capacity"], 100_000);
         assert_eq!(json["device"], "cpu");
+    }
+
+    #[test]
+    fn the_iqn_head_and_the_impala_network_take_their_settings_and_refuse_bad_ones() {
+        let config = |extra: &[&str]| {
+            let mut all = vec!["learner", "--cpu"];
+            all.extend_from_slice(extra);
+            Args::try_parse_from(all).unwrap().train.into_config()
+        };
+        let cfg = config(&["--head", "iqn", "--iqn-taus", "16", "--iqn-quantiles", "8"]).unwrap();
+        let spec = cfg.network_spec().unwrap();
+        assert_eq!(
+            spec.iqn,
+            Some(millrace_proto::IqnHead {
+                embedding: 64,
+                quantiles: 8
+            })
+        );
+        assert_eq!((cfg.dqn.iqn.online, cfg.dqn.iqn.target), (16, 8));
+        let json: serde_json::Value = serde_json::from_str(&cfg.to_json()).unwrap();
+        assert_eq!(json["iqn"]["embedding"], 64);
+        let err = |extra: &[&str]| config(extra).unwrap_err().to_string();
+        assert!(err(&["--head", "iqn", "--precision", "bf16"]).contains("fp32 only"));
+        assert!(err(&["--head", "iqn", "--iqn-taus", "0"]).contains("--iqn-taus must be in"));
+        assert!(err(&["--head", "iqn", "--iqn-embedding", "0"]).contains("cosines"));
+        // The flags do nothing without the head: no IQN in the spec.
+        assert!(config(&["--iqn-taus", "0"])
+            .unwrap()
+            .network_spec()
+            .unwrap()
+            .iqn
+            .is_none());
+        assert!(err(&["--network", "impala"]).contains("needs [C, H, W] observations"));
+        assert!(err(&[
+            "--network",
+            "impala",
+            "--env",
+            "CatchPixels-v0",
+            "--impala-width",
+            "0"
+        ])
+        .contains("--impala-width must be in 1..=16"));
+        let cfg = config(&[
+            "--network",
+            "impala",
+            "--env",
+            "CatchPixels-v0",
+            "--impala-width",
+            "2",
+        ])
+        .unwrap();
+        let spec = cfg.network_spec().unwrap();
+        assert_eq!(spec.impala.unwrap().channels, [32, 64, 64]);
+        assert_eq!(spec.obs_dim, 64 * 6 * 6, "Atari-sized frames pooled to 6x6");
     }
 
     #[test]
