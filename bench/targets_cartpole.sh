@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # Double DQN against Munchausen DQN (`--target munchausen`, the paper's τ 0.03, α 0.9,
-# clip −1) on CartPole-v1 with every other flag at its default, side by side on the
-# same seeds in one sitting. Each run stops when an evaluation reaches 475 and a second
+# clip −1), IQN (`--head iqn`) and M-IQN (both) on CartPole-v1 with every other flag at
+# its default, side by side on the same seeds in one sitting (VARIANTS picks some:
+# "double munchausen iqn m-iqn" by default). Each run stops when an evaluation reaches 475 and a second
 # one on fresh episodes confirms it; its `solved/` policy is then exported and replayed
 # in Gymnasium itself (scripts/play_policy.py, 100 episodes, seed 1000), and only that
 # replay counts. Prints one JSON line per run, then each target's medians.
 #
-#   bench/targets_cartpole.sh [seeds...]        (default: 11 to 20)
+#   [VARIANTS="iqn m-iqn"] bench/targets_cartpole.sh [seeds...]   (default: 11 to 20)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 seeds=("${@:-11 12 13 14 15 16 17 18 19 20}")
 # shellcheck disable=SC2206
 seeds=(${seeds[*]})
+# shellcheck disable=SC2206
+variants=(${VARIANTS:-double munchausen iqn m-iqn})
+declare -A flags=(
+    [double]=""
+    [munchausen]="--target munchausen"
+    [iqn]="--head iqn"
+    [m-iqn]="--head iqn --target munchausen"
+)
 # shellcheck source=scripts/env.sh
 source "$here/../scripts/env.sh"
 (cd "$here/.." && cargo build --release --locked --bin learner >&2)
@@ -20,11 +29,12 @@ py="$MILLRACE_VENV/bin/python"
 out="$(mktemp -d)"
 results="$out/results.jsonl"
 for seed in "${seeds[@]}"; do
-    for target in double munchausen; do
+    for target in "${variants[@]}"; do
         dir="$out/$target-$seed"
         start=$(date +%s.%N)
         status=0
-        summary="$("$learner" --no-progress --cpu --seed "$seed" --target "$target" \
+        # shellcheck disable=SC2086
+        summary="$("$learner" --no-progress --cpu --seed "$seed" ${flags[$target]} \
             --logdir "$dir" 2>/dev/null)" || status=$?
         end=$(date +%s.%N)
         steps="$(sed -n 's/.*solved at \([0-9]*\) env steps.*/\1/p' <<<"$summary")"
@@ -50,7 +60,7 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print("| target | runs | replay ≥ 475 | median env steps to solve | median wall s | worst replay mean |")
 print("|---|---|---|---|---|---|")
-for t in ("double", "munchausen"):
+for t in dict.fromkeys(r["target"] for r in rows):
     rs = [r for r in rows if r["target"] == t]
     ok = [r for r in rs if r["replay_mean"] is not None and r["replay_mean"] >= 475]
     steps = [r["env_steps"] for r in rs if r["env_steps"]]

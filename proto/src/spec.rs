@@ -420,66 +420,36 @@ impl NetworkSpec {
     pub fn layout(&self) -> ParamLayout {
         let mut layout = ParamLayout::new(&self.widths());
         for step in self.torso_plan() {
-            let TorsoStep::Conv {
+            if let TorsoStep::Conv {
                 index,
                 in_channels,
                 out_channels,
                 kernel: k,
                 ..
             } = step
-            else {
-                continue;
-            };
-            for (name, shape) in [
-                (
-                    format!("conv{index}.w"),
-                    vec![out_channels, in_channels, k, k],
-                ),
-                (format!("conv{index}.b"), vec![out_channels]),
-            ] {
-                let len = shape.iter().product();
-                layout.conv.push(ParamEntry {
-                    name,
-                    shape,
-                    offset: layout.len,
-                    len,
-                });
-                layout.len += len;
+            {
+                let filters = vec![out_channels, in_channels, k, k];
+                let entry = layout.entry(format!("conv{index}.w"), filters);
+                layout.conv.push(entry);
+                let entry = layout.entry(format!("conv{index}.b"), vec![out_channels]);
+                layout.conv.push(entry);
             }
         }
-        self.push_norms(&mut layout);
-        if let (Some(head), Some(&width)) = (&self.iqn, self.hidden.first()) {
-            for (name, shape) in [
-                ("iqn.w".to_string(), vec![head.embedding, width]),
-                ("iqn.b".to_string(), vec![width]),
-            ] {
-                let len = shape.iter().product();
-                layout.iqn.push(ParamEntry {
-                    name,
-                    shape,
-                    offset: layout.len,
-                    len,
-                });
-                layout.len += len;
-            }
-        }
-        layout
-    }
-
-    fn push_norms(&self, layout: &mut ParamLayout) {
         if self.layer_norm {
             for (i, &width) in self.hidden.iter().enumerate() {
                 for name in [format!("ln{i}.g"), format!("ln{i}.b")] {
-                    layout.norm.push(ParamEntry {
-                        name,
-                        shape: vec![width],
-                        offset: layout.len,
-                        len: width,
-                    });
-                    layout.len += width;
+                    let entry = layout.entry(name, vec![width]);
+                    layout.norm.push(entry);
                 }
             }
         }
+        if let (Some(head), Some(&width)) = (&self.iqn, self.hidden.first()) {
+            let entry = layout.entry("iqn.w".into(), vec![head.embedding, width]);
+            layout.iqn.push(entry);
+            let entry = layout.entry("iqn.b".into(), vec![width]);
+            layout.iqn.push(entry);
+        }
+        layout
     }
 }
 
@@ -517,6 +487,19 @@ pub struct ParamLayout {
 }
 
 impl ParamLayout {
+    /// A new entry at the end of the layout (which grows by its size).
+    fn entry(&mut self, name: String, shape: Vec<usize>) -> ParamEntry {
+        let len = shape.iter().product();
+        let entry = ParamEntry {
+            name,
+            shape,
+            offset: self.len,
+            len,
+        };
+        self.len += len;
+        entry
+    }
+
     pub fn new(widths: &[usize]) -> Self {
         let mut entries = Vec::new();
         let mut offset = 0;

@@ -41,7 +41,7 @@ mod optimizer;
 pub mod precision;
 pub mod schedules;
 
-use millrace_proto::{NetworkSpec, ParamLayout, TorsoStep, LAYER_NORM_EPS};
+use millrace_proto::{NetworkSpec, ParamEntry, ParamLayout, TorsoStep, LAYER_NORM_EPS};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Reduction, Tensor};

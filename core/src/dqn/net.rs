@@ -5,8 +5,12 @@
 use super::*;
 
 pub(crate) fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
-    layout
-        .entries
+    matrix_views(flat, &layout.entries, population)
+}
+
+/// Views of weights `[in, out]` as `[K, in, out]` and biases `[out]` as `[K, 1, out]`.
+fn matrix_views(flat: &Tensor, entries: &[ParamEntry], population: i64) -> Vec<Tensor> {
+    entries
         .iter()
         .map(|e| {
             let t = flat.narrow(1, e.offset as i64, e.len as i64);
@@ -22,17 +26,7 @@ pub(crate) fn param_views(flat: &Tensor, layout: &ParamLayout, population: i64) 
 /// Views of the IQN embedding's weight `[K, n, H₀]` and bias `[K, 1, H₀]` (empty for a
 /// network without an IQN head).
 pub(crate) fn iqn_views(flat: &Tensor, layout: &ParamLayout, population: i64) -> Vec<Tensor> {
-    layout
-        .iqn
-        .iter()
-        .map(|e| {
-            let t = flat.narrow(1, e.offset as i64, e.len as i64);
-            match e.shape.as_slice() {
-                [n, width] => t.view([population, *n as i64, *width as i64]),
-                _ => t.view([population, 1, e.len as i64]),
-            }
-        })
-        .collect()
+    matrix_views(flat, &layout.iqn, population)
 }
 
 /// Views of the LayerNorms' gains and biases, alternating, each `[K, 1, width]` (empty

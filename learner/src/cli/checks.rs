@@ -203,18 +203,23 @@ fn impala_torso(args: &TrainArgs) -> anyhow::Result<millrace_proto::ImpalaTorso>
     ))
 }
 
-/// The network and the DQN's own numbers; how the target follows.
-fn network_and_targets(args: &TrainArgs, spec: &EnvSpec) -> anyhow::Result<TargetUpdate> {
-    if args.hidden.is_empty() || args.hidden.contains(&0) {
-        bail!("--hidden needs positive layer sizes, e.g. 128,128");
-    }
-    millrace_core::dqn::network::build(
+/// The network the flags give for `spec` (its head aside).
+fn network(args: &TrainArgs, spec: &EnvSpec) -> anyhow::Result<millrace_proto::NetworkSpec> {
+    Ok(millrace_core::dqn::network::build(
         args.network,
         spec,
         &args.hidden,
         args.layer_norm,
         &impala_torso(args)?,
-    )?;
+    )?)
+}
+
+/// The network and the DQN's own numbers; how the target follows.
+fn network_and_targets(args: &TrainArgs, spec: &EnvSpec) -> anyhow::Result<TargetUpdate> {
+    if args.hidden.is_empty() || args.hidden.contains(&0) {
+        bail!("--hidden needs positive layer sizes, e.g. 128,128");
+    }
+    network(args, spec)?;
     if !(0.0..=1.0).contains(&args.gamma) {
         bail!("--gamma must be in [0, 1], got {}", args.gamma);
     }
@@ -343,14 +348,7 @@ fn server(
 /// The dueling head fits the network; the learning rate's decay, if any.
 fn dueling_and_decay(args: &TrainArgs, spec: &EnvSpec) -> anyhow::Result<Option<LrDecay>> {
     if args.dueling {
-        let network = millrace_core::dqn::network::build(
-            args.network,
-            spec,
-            &args.hidden,
-            args.layer_norm,
-            &impala_torso(args)?,
-        )?;
-        millrace_core::dqn::dueling::DuelingHead::new(&network, tch::Device::Cpu)
+        millrace_core::dqn::dueling::DuelingHead::new(&network(args, spec)?, tch::Device::Cpu)
             .map_err(|e| anyhow::anyhow!("--dueling: {e}"))?;
     }
     let lr_decay = match args.lr_final {
