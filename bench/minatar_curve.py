@@ -4,7 +4,7 @@ line per run, beside a published reference; writes the points as CSV and a PNG.
     python bench/minatar_curve.py OUT_PREFIX REFERENCE LABEL=LOG [LABEL=LOG ...]
 
 REFERENCE is the published score to draw (e.g. 10 for MinAtar Breakout's DQN at 5M
-frames). Each LOG is a `learner` log (its `eval:` lines are read). Runs whose labels
+frames; "none" draws no line). Each LOG is a `learner` log (its `eval:` lines are read). Runs whose labels
 share the part before the first comma ("uniform, seed 0", "uniform, seed 1") share a
 colour and differ in marker and line style. Prints the table too.
 """
@@ -34,7 +34,8 @@ def read(log):
 
 
 def main():
-    prefix, reference = sys.argv[1], float(sys.argv[2])
+    prefix = sys.argv[1]
+    reference = None if sys.argv[2] == "none" else float(sys.argv[2])
     runs = [arg.split("=", 1) for arg in sys.argv[3:]]
     fig, ax = plt.subplots(figsize=(7, 4))
     colours, seen = {}, {}
@@ -57,7 +58,8 @@ def main():
             lows, highs = [y - s for y, s in zip(ys, se)], [y + s for y, s in zip(ys, se)]
             ax.fill_between(xs, lows, highs, color=colour, alpha=0.15)
             print(f"{label}: " + ", ".join(f"{x // 1000}k {y:.1f}" for x, y, _ in points))
-    ax.axhline(reference, color="grey", linestyle="--", label=f"published DQN at 5M frames ({reference:g})")
+    if reference is not None:
+        ax.axhline(reference, color="grey", linestyle="--", label=f"published DQN at 5M frames ({reference:g})")
     ax.set_xlabel("env steps (frames)")
     ax.set_ylabel("greedy evaluation return")
     ax.legend()

@@ -112,6 +112,7 @@ fn main() {
                 lr: 1e-4 * (1.0 + (i % 7) as f64),
                 max_grad_norm: 10.0,
                 target: TargetUpdate::Hard { period: 500 },
+                munchausen: None,
             })
             .collect();
         let mut dqn = Dqn::population(spec(k), DqnConfig::default(), &agents, device);

@@ -22,6 +22,9 @@ pub struct AgentSetup {
     pub batch_size: usize,
     pub hidden: Vec<usize>,
     pub samples_per_insert: f64,
+    /// The IQN head's sampled fractions, where the run has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iqn: Option<millrace_core::dqn::iqn::IqnSampling>,
 }
 
 impl AgentSetup {
@@ -33,6 +36,7 @@ impl AgentSetup {
             batch_size: cfg.batch_size,
             hidden: cfg.hidden.clone(),
             samples_per_insert: cfg.replay.samples_per_insert,
+            iqn: cfg.iqn.map(|_| cfg.dqn.iqn),
         }
     }
 
@@ -159,16 +163,24 @@ impl PopulationSummary {
         }
     }
 
-    /// The table as CSV (one row per agent).
+    /// The table as CSV (one row per agent). The Munchausen columns are an agent's own
+    /// settings (a sweep's; empty for the run's `--munchausen-*`), the IQN ones the
+    /// fractions its update sampled (empty without an IQN head).
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
-            "agent,config,seed,lr,max_grad_norm,target_update,gamma,n_step,eps_start,eps_end,eps_decay_steps,batch_size,hidden,samples_per_insert,end,env_steps,wall_s,final_eval,best_eval\n",
+            "agent,config,seed,lr,max_grad_norm,target_update,gamma,n_step,eps_start,eps_end,eps_decay_steps,batch_size,hidden,samples_per_insert,munchausen_tau,munchausen_alpha,munchausen_clip,iqn_taus,iqn_target_taus,end,env_steps,wall_s,final_eval,best_eval\n",
         );
         for a in &self.agents {
             let (h, s) = (&a.hparams, &a.setup);
             let hidden: Vec<String> = s.hidden.iter().map(usize::to_string).collect();
+            let munchausen = h
+                .munchausen
+                .map_or(",,".into(), |m| format!("{},{},{}", m.tau, m.alpha, m.clip));
+            let iqn = s
+                .iqn
+                .map_or(",".into(), |i| format!("{},{}", i.online, i.target));
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{}\n",
                 a.agent,
                 a.config,
                 h.seed,
@@ -181,6 +193,8 @@ impl PopulationSummary {
                 s.batch_size,
                 hidden.join("x"),
                 s.samples_per_insert,
+                munchausen,
+                iqn,
                 serde_json::to_value(a.end)
                     .ok()
                     .and_then(|v| v.as_str().map(String::from))
@@ -315,12 +329,14 @@ mod tests {
                 batch_size: 32,
                 hidden: vec![64, 64],
                 samples_per_insert: 0.5,
+                iqn: None,
             },
             hparams: AgentHparams {
                 seed: i as u64,
                 lr: 1e-3,
                 max_grad_norm: 10.0,
                 target: TargetUpdate::Hard { period: 100 },
+                munchausen: None,
             },
             end,
             env_steps: 1000,
@@ -341,11 +357,9 @@ mod tests {
         };
         let csv = s.to_csv();
         assert_eq!(csv.lines().count(), 3);
-        assert!(csv
-            .lines()
-            .nth(2)
-            .unwrap()
-            .starts_with("1,0,1,0.001,10,hard/100,0.99,3,1,0.04,8000,32,64x64,0.5,budget,1000,"));
+        assert!(csv.lines().nth(2).unwrap().starts_with(
+            "1,0,1,0.001,10,hard/100,0.99,3,1,0.04,8000,32,64x64,0.5,,,,,,budget,1000,"
+        ));
         assert_eq!(s.exit_code(), 2);
         s.agents[1].end = AgentEnd::Solved;
         assert_eq!(s.exit_code(), 0);

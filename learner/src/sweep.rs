@@ -5,11 +5,11 @@
 //! A configuration is one point of the grid combined with one random draw; every
 //! configuration runs once per seed. Three kinds of setting may differ per agent:
 //! - what one stacked update can give each agent ([`AgentHparams`]): learning rate,
-//!   gradient clip, target rule;
+//!   gradient clip, target rule, Munchausen's τ, α and clip;
 //! - how the agent's actors act and build transitions: γ, n-step, the ε schedule;
 //! - what changes the update's shapes or pace (batch size, hidden layers, replay
-//!   ratio): agents that differ in these train in separate groups, one after another
-//!   (see `run::population`).
+//!   ratio, the IQN head's sampled fractions): agents that differ in these train in
+//!   separate groups, one after another (see `run::population`).
 //!
 //! Everything a file does not set comes from the flags.
 
@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
 use millrace_core::dqn::agents::AgentHparams;
-use millrace_core::dqn::{DqnConfig, TargetUpdate};
+use millrace_core::dqn::iqn::IqnSampling;
+use millrace_core::dqn::{Bootstrap, DqnConfig, Munchausen, TargetUpdate};
 
 /// One agent of a sweep: its configuration's number, its learner hyperparameters and
 /// the rest of what its file sets for it.
@@ -49,6 +50,21 @@ pub struct Settings {
     pub batch_size: Option<usize>,
     pub hidden: Option<Vec<usize>>,
     pub samples_per_insert: Option<f64>,
+    /// The IQN head's sampled fractions, N and N′ (`--iqn-taus`, `--iqn-target-taus`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iqn_taus: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iqn_target_taus: Option<usize>,
+}
+
+impl Settings {
+    /// Why these settings do not fit the run's flags, if they do not.
+    pub fn check(&self, cfg: &RunConfig) -> Result<(), String> {
+        if (self.iqn_taus.is_some() || self.iqn_target_taus.is_some()) && cfg.iqn.is_none() {
+            return Err("iqn_taus and iqn_target_taus need --head iqn".into());
+        }
+        Ok(())
+    }
 }
 
 impl SweepAgent {
@@ -78,6 +94,8 @@ impl SweepAgent {
         cfg.replay.samples_per_insert = s
             .samples_per_insert
             .unwrap_or(cfg.replay.samples_per_insert);
+        cfg.dqn.iqn.online = s.iqn_taus.unwrap_or(cfg.dqn.iqn.online);
+        cfg.dqn.iqn.target = s.iqn_target_taus.unwrap_or(cfg.dqn.iqn.target);
         cfg
     }
 }
@@ -88,6 +106,8 @@ pub struct GroupKey {
     pub batch_size: usize,
     pub hidden: Vec<usize>,
     pub samples_per_insert: f64,
+    /// The IQN head's sampled fractions, with one.
+    pub iqn: Option<IqnSampling>,
 }
 
 impl GroupKey {
@@ -96,6 +116,7 @@ impl GroupKey {
             batch_size: cfg.batch_size,
             hidden: cfg.hidden.clone(),
             samples_per_insert: cfg.replay.samples_per_insert,
+            iqn: cfg.iqn.map(|_| cfg.dqn.iqn),
         }
     }
 }
@@ -106,7 +127,11 @@ impl std::fmt::Display for GroupKey {
             f,
             "batch {}, hidden {:?}, {} samples per insert",
             self.batch_size, self.hidden, self.samples_per_insert
-        )
+        )?;
+        match &self.iqn {
+            Some(s) => write!(f, ", IQN fractions {} and {}", s.online, s.target),
+            None => Ok(()),
+        }
     }
 }
 
@@ -192,7 +217,7 @@ impl std::fmt::Display for Value {
 }
 
 /// The fields a sweep may set per agent.
-const FIELDS: [&str; 12] = [
+const FIELDS: [&str; 17] = [
     "lr",
     "max_grad_norm",
     "target_period",
@@ -205,6 +230,11 @@ const FIELDS: [&str; 12] = [
     "batch_size",
     "hidden",
     "samples_per_insert",
+    "munchausen_tau",
+    "munchausen_alpha",
+    "munchausen_clip",
+    "iqn_taus",
+    "iqn_target_taus",
 ];
 
 /// Most agents one sweep file may describe.
@@ -249,7 +279,14 @@ fn whole(v: f64, lo: u64, hi: u64) -> Option<u64> {
 }
 
 /// Sets `field` to `value` in `hp` and `s`; why not, if the value is out of range.
-fn set(field: &str, value: &Value, hp: &mut AgentHparams, s: &mut Settings) -> Result<(), String> {
+/// `munchausen` is the run's Munchausen settings, under `--target munchausen`.
+fn set(
+    field: &str,
+    value: &Value,
+    hp: &mut AgentHparams,
+    s: &mut Settings,
+    munchausen: Option<Munchausen>,
+) -> Result<(), String> {
     let Value::Number(v) = *value else {
         return match (field, value) {
             ("hidden", Value::List(sizes)) => {
@@ -304,6 +341,28 @@ fn set(field: &str, value: &Value, hp: &mut AgentHparams, s: &mut Settings) -> R
             );
         }
         "hidden" => return Err("must be a list of layer sizes, e.g. [64, 64]".into()),
+        "munchausen_tau" | "munchausen_alpha" | "munchausen_clip" => {
+            let base = munchausen.ok_or("needs --target munchausen")?;
+            let m = hp.munchausen.get_or_insert(base);
+            match field {
+                "munchausen_tau" if !positive => return Err("must be positive".into()),
+                "munchausen_tau" => m.tau = v,
+                "munchausen_alpha" if !probability => return Err("must be in [0, 1]".into()),
+                "munchausen_alpha" => m.alpha = v,
+                _ if !(v.is_finite() && v < 0.0) => {
+                    return Err("must be negative (τ·log π is at most 0)".into())
+                }
+                _ => m.clip = v,
+            }
+        }
+        "iqn_taus" => {
+            s.iqn_taus =
+                Some(whole(v, 1, 256).ok_or("must be a whole number from 1 to 256")? as usize);
+        }
+        "iqn_target_taus" => {
+            s.iqn_target_taus =
+                Some(whole(v, 1, 256).ok_or("must be a whole number from 1 to 256")? as usize);
+        }
         _ => unreachable!("fields were checked"),
     }
     Ok(())
@@ -466,8 +525,12 @@ impl Sweep {
                 };
                 let mut hp = AgentHparams::from_config(base, s);
                 let mut settings = Settings::default();
+                let munchausen = match base.bootstrap {
+                    Bootstrap::Munchausen(m) => Some(m),
+                    Bootstrap::Double => None,
+                };
                 for (field, value) in &values {
-                    set(field, value, &mut hp, &mut settings)
+                    set(field, value, &mut hp, &mut settings, munchausen)
                         .map_err(|why| bad(field, value, why))?;
                 }
                 if let (Some(tau), true) = (
@@ -558,6 +621,56 @@ mod tests {
             s.agents[0].hparams.target,
             TargetUpdate::Polyak { tau: 0.01 }
         );
+    }
+
+    #[test]
+    fn munchausen_and_iqn_settings_per_agent() {
+        let base = DqnConfig {
+            bootstrap: Bootstrap::Munchausen(Munchausen {
+                tau: 0.05,
+                ..Munchausen::default()
+            }),
+            ..DqnConfig::default()
+        };
+        let text = "seeds = 1\n[grid]\nmunchausen_alpha = [0.0, 0.9]\niqn_taus = [8, 32]\n";
+        let s = Sweep::parse("s.toml", text, &base, 7).unwrap();
+        assert_eq!(s.agents.len(), 4);
+        // α from the file, τ and the clip from the flags.
+        let m = s.agents[0].hparams.munchausen.unwrap();
+        assert_eq!((m.tau, m.alpha, m.clip), (0.05, 0.0, -1.0));
+        // Grid fields in name order: iqn_taus outermost.
+        assert_eq!(s.agents[1].hparams.munchausen.unwrap().alpha, 0.9);
+        assert_eq!(
+            (s.agents[1].settings.iqn_taus, s.agents[2].settings.iqn_taus),
+            (Some(8), Some(32))
+        );
+        // Without --target munchausen, or out of range: one line naming the field.
+        let e = parse("seeds = 1\n[grid]\nmunchausen_tau = [0.03]\n").unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("munchausen_tau = 0.03: needs --target munchausen"));
+        for (text, needle) in [
+            (
+                "seeds = 1\n[grid]\nmunchausen_clip = [0.5]\n",
+                "must be negative",
+            ),
+            (
+                "seeds = 1\n[grid]\nmunchausen_alpha = [2.0]\n",
+                "must be in [0, 1]",
+            ),
+            ("seeds = 1\n[grid]\niqn_taus = [0]\n", "from 1 to 256"),
+        ] {
+            let e = Sweep::parse("s.toml", text, &base, 7)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+        // Agents without their own settings serialise as before (agent.json).
+        let plain = parse("seeds = 1\n").unwrap();
+        let json = serde_json::to_string(&plain.agents[0].hparams).unwrap();
+        assert!(!json.contains("munchausen"), "{json}");
+        let json = serde_json::to_string(&plain.agents[0].settings).unwrap();
+        assert!(!json.contains("iqn"), "{json}");
     }
 
     #[test]

@@ -1,19 +1,25 @@
 //! A population of K agents in one stacked update learns agent by agent as K one-agent
 //! learners would, given the same batches (to float tolerance: batched kernels may sum
 //! in another order): each agent with its own seed,
-//! learning rate, gradient clip and target rule, for MLPs (batched matmuls) and CNN
+//! learning rate, gradient clip, target rule and Munchausen settings, for MLPs (batched matmuls) and CNN
 //! torsos (grouped convolutions), K = 1, 3 and 8; and agents that join a running
 //! population learn as they would alone.
 
 use millrace_core::dqn::agents::AgentHparams;
-use millrace_core::dqn::{Batch, Dqn, DqnConfig, TargetUpdate};
+use millrace_core::dqn::{Batch, Bootstrap, Dqn, DqnConfig, Munchausen, TargetUpdate};
 use millrace_proto::{DType, NetworkSpec, ObsSpec};
 use tch::{Device, Kind, Tensor};
 
-/// Agents that differ in everything that may differ.
+/// Agents that differ in everything that may differ (Munchausen's settings too, which
+/// only a Munchausen run reads).
 fn agents(k: usize) -> Vec<AgentHparams> {
     (0..k)
         .map(|i| AgentHparams {
+            munchausen: Some(Munchausen {
+                tau: 0.03 * (1.0 + i as f64),
+                alpha: [0.9, 0.5, 0.0][i % 3],
+                clip: [-1.0, -0.5][i % 2],
+            }),
             seed: 100 + i as u64,
             lr: 1e-3 * (1.0 + i as f64 / 2.0),
             max_grad_norm: [10.0, 0.5, 2.0][i % 3],
@@ -92,7 +98,17 @@ fn compare(
     tolerance: f64,
     outliers: f64,
 ) {
-    let config = DqnConfig::default();
+    compare_with(DqnConfig::default(), spec, k, updates, tolerance, outliers);
+}
+
+fn compare_with(
+    config: DqnConfig,
+    spec: fn(usize) -> NetworkSpec,
+    k: usize,
+    updates: usize,
+    tolerance: f64,
+    outliers: f64,
+) {
     let hp = agents(k);
     let mut population = Dqn::population(spec(k), config.clone(), &hp, Device::Cpu);
     let mut alone: Vec<Dqn> = hp
@@ -165,6 +181,36 @@ fn mlp_agents_learn_as_they_would_alone() {
     for k in [1, 3, 8] {
         compare(mlp, k, 12, 1e-5, 0.0);
     }
+}
+
+#[test]
+fn munchausen_agents_with_their_own_settings_learn_as_they_would_alone() {
+    let config = DqnConfig {
+        bootstrap: Bootstrap::Munchausen(Munchausen::default()),
+        ..DqnConfig::default()
+    };
+    for k in [1, 3] {
+        compare_with(config.clone(), mlp, k, 12, 1e-5, 0.0);
+    }
+    // The settings are read: an agent with its own learns otherwise than one with the
+    // run's, from the same start and batches.
+    let own = agents(2)[1];
+    let runs = AgentHparams {
+        munchausen: None,
+        ..own
+    };
+    let train = |a: AgentHparams| {
+        let mut dqn = Dqn::population(mlp(1), config.clone(), &[a], Device::Cpu);
+        for step in 0..5 {
+            let _ = dqn.update(&batch(&mlp(1), 1, step, 8));
+        }
+        dqn.state().online
+    };
+    let (a, b) = (train(own), train(runs));
+    assert!(
+        !a.allclose(&b, 1e-6, 1e-6, false),
+        "per-agent Munchausen settings ignored"
+    );
 }
 
 #[test]

@@ -124,6 +124,7 @@ fn each_agent_of_a_prioritized_population_learns_as_it_would_alone() {
             lr: 1e-3 * (1.0 + i as f64),
             max_grad_norm: 10.0,
             target: TargetUpdate::Hard { period: 3 },
+            munchausen: None,
         })
         .collect();
     let cfg = StepConfig {

@@ -4,14 +4,15 @@
 //! Agents of one population share the network's shapes, the batch size and the replay
 //! ratio (one update serves them all); what may differ per agent is what scales or gates
 //! an element-wise step: the learning rate, the gradient clip, how the target network
-//! follows (a hard copy every `period` updates, or Polyak averaging with `tau`), and the
-//! seed its parameters start from. Agent k of a population learns exactly as a
+//! follows (a hard copy every `period` updates, or Polyak averaging with `tau`),
+//! Munchausen's τ, α and clip (under `--target munchausen`), and the seed its parameters
+//! start from. Agent k of a population learns exactly as a
 //! one-agent run with the same seed and hyperparameters would, given the same batches.
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::dqn::config::{DqnConfig, TargetUpdate};
+use crate::dqn::config::{DqnConfig, Munchausen, TargetUpdate};
 use crate::dqn::host_adam::Bias;
 
 /// What may differ between the agents of one population.
@@ -22,6 +23,10 @@ pub struct AgentHparams {
     pub lr: f64,
     pub max_grad_norm: f64,
     pub target: TargetUpdate,
+    /// This agent's Munchausen settings, where a sweep gives it its own (`None`: the
+    /// run's, `--munchausen-*`); used only under `--target munchausen`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub munchausen: Option<Munchausen>,
 }
 
 impl AgentHparams {
@@ -32,6 +37,7 @@ impl AgentHparams {
             lr: config.lr,
             max_grad_norm: config.max_grad_norm,
             target: config.target,
+            munchausen: None,
         }
     }
 
@@ -234,6 +240,7 @@ mod tests {
 
     fn agent(target: TargetUpdate) -> AgentHparams {
         AgentHparams {
+            munchausen: None,
             seed: 0,
             lr: 1e-3,
             max_grad_norm: 10.0,

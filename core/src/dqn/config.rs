@@ -61,6 +61,27 @@ impl Default for Munchausen {
     }
 }
 
+impl Munchausen {
+    /// Each agent's τ, α and clip as `[K, 1, 1]` tensors on `device`: `agents[k]`'s own
+    /// where it has them, else these.
+    pub fn per_agent(
+        &self,
+        agents: &[Option<Munchausen>],
+        device: tch::Device,
+    ) -> [tch::Tensor; 3] {
+        let column = |f: fn(&Munchausen) -> f64| {
+            let v: Vec<f32> = agents
+                .iter()
+                .map(|a| f(a.as_ref().unwrap_or(self)) as f32)
+                .collect();
+            tch::Tensor::from_slice(&v)
+                .view([-1, 1, 1])
+                .to_device(device)
+        };
+        [column(|m| m.tau), column(|m| m.alpha), column(|m| m.clip)]
+    }
+}
+
 /// The optimizer of the online network.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]

@@ -157,19 +157,22 @@ impl Dqn {
                     let zt = zt.gather(3, &best, false).squeeze_dim(3);
                     batch.rewards.addcmul(&batch.discounts, &zt)
                 }
-                Bootstrap::Munchausen(m) => {
+                Bootstrap::Munchausen(_) => {
                     // M-IQN: the policy is the softmax of the target network's mean
-                    // quantiles, at s (for the bonus) and at s′, in one pass.
+                    // quantiles, at s (for the bonus) and at s′, in one pass; each
+                    // agent's τ, α and clip `[K, 1, 1]`.
+                    let [tau, alpha, clip] = self.munchausen_settings();
                     let both = Tensor::cat(&[t_next, t_next], 1);
                     let zt = self.quantiles_of(true, &batch.obs2, &both);
                     let qbar = zt.mean_dim([2i64].as_slice(), false, Kind::Float);
-                    let tau_log_pi = |q: &Tensor| (q / m.tau).log_softmax(-1, Kind::Float) * m.tau;
+                    let tau_log_pi = |q: &Tensor| (q / tau).log_softmax(-1, Kind::Float) * tau;
                     let bonus = tau_log_pi(&qbar.narrow(1, 0, b))
                         .gather(2, &batch.actions, false)
-                        .clamp(m.clip, 0.0)
-                        * m.alpha;
+                        .maximum(clip)
+                        .clamp_max(0.0)
+                        * alpha;
                     let next_log_pi = tau_log_pi(&qbar.narrow(1, b, b));
-                    let pi = (&next_log_pi / m.tau).exp();
+                    let pi = (&next_log_pi / tau).exp();
                     // Σ_a π(a|s′) (z_j(s′, a) − τ log π(a|s′)): [K, B, N′].
                     let soft = ((zt.narrow(1, b, b) - next_log_pi.unsqueeze(2)) * pi.unsqueeze(2))
                         .sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);

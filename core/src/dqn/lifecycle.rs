@@ -259,9 +259,17 @@ impl Dqn {
                 |flat| conv_views(flat, &layout, k),
             )
         });
+        let munchausen = match config.bootstrap {
+            Bootstrap::Munchausen(m) => {
+                let own: Vec<_> = agents.iter().map(|a| a.munchausen).collect();
+                Some(m.per_agent(&own, device))
+            }
+            Bootstrap::Double => None,
+        };
         Self {
             spec,
             dueling,
+            munchausen,
             config,
             device,
             online,

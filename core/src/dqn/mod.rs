@@ -116,6 +116,9 @@ pub struct Dqn {
     online_norm: Vec<Tensor>,
     target_norm: Vec<Tensor>,
     grad_norm: Vec<Tensor>,
+    /// Each agent's Munchausen τ, α and clip, `[K, 1, 1]` (under `--target
+    /// munchausen`).
+    munchausen: Option<[Tensor; 3]>,
     /// The IQN head's embedding (weight `[K, n, H₀]`, bias `[K, 1, H₀]`), empty without
     /// one.
     online_iqn: Vec<Tensor>,
@@ -514,7 +517,7 @@ mod tests {
             &Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
             &t(&[1.0], &[1, 1, 1]),
             &t(&[0.99], &[1, 1, 1]),
-            &m,
+            &m.per_agent(&[None], Device::Cpu),
         );
         close(&y, &[1.0 - 0.9 + 0.99 * std::f32::consts::LN_2]);
         // The bonus unclipped when τ·log π is above the clip: action 1, log π = −0.3133.
@@ -524,7 +527,7 @@ mod tests {
             &Tensor::ones([1, 1, 1], (Kind::Int64, Device::Cpu)),
             &t(&[0.0], &[1, 1, 1]),
             &t(&[0.0], &[1, 1, 1]),
-            &m,
+            &m.per_agent(&[None], Device::Cpu),
         );
         close(&y, &[0.9 * (2.0 - (1f32.exp() + 2f32.exp()).ln())]);
     }
@@ -543,7 +546,7 @@ mod tests {
             &Tensor::zeros([1, 1, 1], (Kind::Int64, Device::Cpu)),
             &t(&[0.5], &[1, 1, 1]),
             &t(&[0.9], &[1, 1, 1]),
-            &m,
+            &m.per_agent(&[None], Device::Cpu),
         );
         close(&y, &[0.5 + 0.9 * 4.0]);
         // A terminal transition (discount 0) keeps the reward and the bonus only.
@@ -554,7 +557,7 @@ mod tests {
             &Tensor::ones([1, 1, 1], (Kind::Int64, Device::Cpu)),
             &t(&[0.5], &[1, 1, 1]),
             &t(&[0.0], &[1, 1, 1]),
-            &m,
+            &m.per_agent(&[None], Device::Cpu),
         );
         // τ·log π(1|s) is about −8: clipped to −1.
         close(&y, &[0.5 - 0.9]);

@@ -216,29 +216,38 @@ pub fn double_dqn_targets(
 
 /// Munchausen-DQN targets `[K, B, 1]` (see [`Munchausen`]) from the target network's
 /// Q-values at `s` and at `s'` (`[K, B, A]` each, fp32), the actions taken `[K, B, 1]`,
-/// the (n-step) rewards and the discounts (`γⁿ`, 0 where the episode terminated).
-/// `τ·log π` is `τ·log_softmax(q/τ)`, stable for small τ.
+/// the (n-step) rewards and the discounts (`γⁿ`, 0 where the episode terminated);
+/// `[tau, alpha, clip]` are each agent's settings, `[K, 1, 1]`
+/// ([`Munchausen::per_agent`]). `τ·log π` is `τ·log_softmax(q/τ)`, stable for small τ.
 pub fn munchausen_targets(
     q_target: &Tensor,
     q_next_target: &Tensor,
     actions: &Tensor,
     rewards: &Tensor,
     discounts: &Tensor,
-    m: &Munchausen,
+    [tau, alpha, clip]: &[Tensor; 3],
 ) -> Tensor {
-    let tau_log_pi = |q: &Tensor| (q / m.tau).log_softmax(-1, Kind::Float) * m.tau;
+    let tau_log_pi = |q: &Tensor| (q / tau).log_softmax(-1, Kind::Float) * tau;
     let bonus = tau_log_pi(q_target)
         .gather(2, actions, false)
-        .clamp(m.clip, 0.0)
-        * m.alpha;
+        .maximum(clip)
+        .clamp_max(0.0)
+        * alpha;
     let next = tau_log_pi(q_next_target);
-    let pi_next = (&next / m.tau).exp();
+    let pi_next = (&next / tau).exp();
     let soft =
         (pi_next * (q_next_target - next)).sum_dim_intlist([-1i64].as_slice(), true, Kind::Float);
     (rewards + bonus).addcmul(discounts, &soft)
 }
 
 impl Dqn {
+    /// Each agent's Munchausen τ, α and clip, `[K, 1, 1]` (under `--target munchausen`).
+    pub(super) fn munchausen_settings(&self) -> &[Tensor; 3] {
+        self.munchausen
+            .as_ref()
+            .expect("Munchausen's settings are made with a Munchausen target")
+    }
+
     /// The TD targets `[K, B, 1]` of `batch` under the configured [`Bootstrap`], given
     /// the online network's Q-values at the next observations (double DQN's argmax).
     pub(crate) fn td_targets(&self, q_next_online: &Tensor, batch: &Batch) -> Tensor {
@@ -250,7 +259,7 @@ impl Dqn {
                 &batch.rewards,
                 &batch.discounts,
             ),
-            Bootstrap::Munchausen(m) => {
+            Bootstrap::Munchausen(_) => {
                 // One target pass over s and s' together.
                 let q = self.target_q(&batch.obs2);
                 munchausen_targets(
@@ -259,7 +268,7 @@ impl Dqn {
                     &batch.actions,
                     &batch.rewards,
                     &batch.discounts,
-                    m,
+                    self.munchausen_settings(),
                 )
             }
         }

@@ -157,7 +157,11 @@ fn population_flags(args: &TrainArgs) -> anyhow::Result<bool> {
     }
     if let Some(path) = &args.sweep {
         // Read now, so a bad file is one clear line before anything starts.
-        crate::sweep::Sweep::read(path, &DqnConfig::default(), args.seed)?;
+        let base = DqnConfig {
+            bootstrap: bootstrap(args)?,
+            ..DqnConfig::default()
+        };
+        crate::sweep::Sweep::read(path, &base, args.seed)?;
     }
     Ok(population)
 }

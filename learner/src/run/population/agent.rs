@@ -300,7 +300,7 @@ pub fn agents(cfg: &RunConfig) -> Result<(Vec<Member>, u64), RunError> {
         let verdict = match checked.iter().find(|(s, _)| *s == agent.settings) {
             Some((_, v)) => v.clone(),
             None => {
-                let v = check_applied(&member_cfg);
+                let v = check_applied(&member_cfg).and_then(|()| agent.settings.check(cfg));
                 checked.push((agent.settings.clone(), v.clone()));
                 v
             }

@@ -112,6 +112,12 @@ pub(super) fn train_group(
     let first = &members[0].cfg;
     let network = first.network_spec()?;
     let batch_size = first.batch_size;
+    // What the group's update takes from its agents' settings (the sweep puts agents
+    // that differ in these in separate groups).
+    let dqn_config = millrace_core::dqn::DqnConfig {
+        iqn: first.dqn.iqn,
+        ..cfg.dqn.clone()
+    };
     // `--copy-stream`: this group's batches go to its GPU on a side stream of its own.
     let copy_stream = match device {
         tch::Device::Cuda(i) if cfg.learner.copy_stream => {
@@ -168,7 +174,7 @@ pub(super) fn train_group(
                 None => {
                     let mut spec = network.clone();
                     spec.population = states.len();
-                    let d = Dqn::population_states(spec, cfg.dqn.clone(), states, device);
+                    let d = Dqn::population_states(spec, dqn_config.clone(), states, device);
                     step = Some(LearnerStep::new(d, 1, step_cfg, feedback, oom));
                 }
             }

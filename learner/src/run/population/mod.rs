@@ -66,7 +66,7 @@ pub fn run(
         let mut left = Vec::with_capacity(members.len());
         for mut m in members {
             match resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
-                Saved::Ended(result) => ended.push(result),
+                Saved::Ended(result) => ended.push(*result),
                 Saved::Stopped => {
                     let network = m.cfg.network_spec()?;
                     resume::check_stopped(&m.dir(&cfg.logdir), &env, &network)?;

@@ -35,7 +35,7 @@ pub enum Saved {
     /// Nothing yet: it starts afresh.
     Fresh,
     /// It ended: its result stands.
-    Ended(AgentResult),
+    Ended(Box<AgentResult>),
     /// It was stopped while training: it goes on from its saved state.
     Stopped,
 }
@@ -86,7 +86,7 @@ pub fn saved(dir: &Path, who: &Identity) -> Result<Saved, RunError> {
                 who.agent
             )));
         }
-        return Ok(Saved::Ended(result));
+        return Ok(Saved::Ended(Box::new(result)));
     }
     if checkpoint::Layout::new(dir.join("checkpoint"))
         .latest()
