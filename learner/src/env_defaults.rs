@@ -121,13 +121,27 @@ pub fn parse(argv: &[OsString]) -> Result<Parsed, clap::Error> {
     if plain.args.command.is_some() {
         return Ok(plain);
     }
-    let mut defaults = for_env(&plain.args.train.env)
-        .map_err(|e| Args::command().error(clap::error::ErrorKind::InvalidValue, e))?;
-    // A preset the user asked for outranks the environment's defaults.
-    if let Some(preset) = plain.args.train.preset {
+    let invalid = |e: String| Args::command().error(clap::error::ErrorKind::InvalidValue, e);
+    let defaults = layered(&plain.args.train.env, plain.args.train.preset).map_err(invalid)?;
+    parse_with(argv, &defaults)
+}
+
+/// The defaults beneath the command line, lowest first: the preset the environment's
+/// table names (`preset = "classic"`), the table's own keys, then the preset the user
+/// asked for (`--preset`), each outranking the one before.
+pub fn layered(env: &str, user_preset: Option<crate::presets::Preset>) -> Result<Flags, String> {
+    let mut table = for_env(env)?;
+    let mut defaults = Flags::new();
+    if let Some(name) = table.remove("preset") {
+        let preset = crate::presets::named(&name)
+            .map_err(|e| format!("hyperparams.toml: [{env:?}] preset: {e}"))?;
         defaults.extend(crate::presets::flags(preset));
     }
-    parse_with(argv, &defaults)
+    defaults.extend(table);
+    if let Some(preset) = user_preset {
+        defaults.extend(crate::presets::flags(preset));
+    }
+    Ok(defaults)
 }
 
 #[cfg(test)]
@@ -147,11 +161,7 @@ mod tests {
         assert!(all.len() >= 2, "Acrobot and MountainCar at least");
         for env in all.keys() {
             let parsed = parse(&argv(&["--cpu", "--env", env])).unwrap();
-            assert_eq!(
-                parsed.applied.len(),
-                all[env].as_table().unwrap().len(),
-                "{env}"
-            );
+            assert_eq!(parsed.applied, layered(env, None).unwrap(), "{env}");
             parsed
                 .args
                 .train
@@ -171,10 +181,60 @@ mod tests {
         assert_eq!(p.applied["batch-size"], "128");
         let p = parse(&argv(&["--cpu", "--env", "Acrobot-v1", "--hidden", "64"])).unwrap();
         assert_eq!(p.args.train.hidden, [64]);
-        // CartPole has no table: the flags' own defaults.
-        let p = parse(&argv(&["--cpu"])).unwrap();
+        // An environment without a table: the flags' own defaults.
+        let p = parse(&argv(&["--cpu", "--env", "gym:LunarLander-v3"])).unwrap();
         assert!(p.applied.is_empty());
         assert_eq!(p.args.train.lr, 2.3e-3);
+    }
+
+    #[test]
+    fn a_table_naming_a_preset_gets_it_beneath_its_own_keys() {
+        // CartPole-v1's table is the `classic` preset; the command line still wins.
+        let p = parse(&argv(&["--cpu", "--batch-size", "64"])).unwrap();
+        let t = &p.args.train;
+        assert!(t.layer_norm);
+        assert_eq!((t.lr, t.lr_final, t.batch_size), (1e-3, Some(5e-5), 64));
+        assert_eq!(p.applied["replay"], "prioritized");
+        assert!(!p.applied.contains_key("batch-size") && !p.applied.contains_key("preset"));
+        let cfg = p.args.train.into_config().unwrap();
+        assert!(cfg.replay.priority.is_some());
+        // A switch the table's preset sets, turned off by the command line.
+        let off = parse(&argv(&["--cpu", "--layer-norm", "false"])).unwrap();
+        assert!(!off.args.train.layer_norm);
+        // The user's preset outranks the table, and the table's preset.
+        let apex = parse(&argv(&["--cpu", "--preset", "apex"])).unwrap();
+        assert_eq!(apex.args.train.batch_size, 512);
+        assert!(
+            apex.args.train.layer_norm,
+            "the table's preset, where apex is silent"
+        );
+        // MinAtar's tables: the `minatar` preset.
+        let m = parse(&argv(&["--cpu", "--env", "gym:MinAtar/Breakout-v1"])).unwrap();
+        assert_eq!((m.args.train.lr, m.args.train.n_step), (1e-4, 1));
+    }
+
+    #[test]
+    fn every_preset_parses_into_a_valid_configuration() {
+        use clap::ValueEnum;
+        for preset in crate::presets::Preset::value_variants() {
+            let name = preset.to_possible_value().unwrap().get_name().to_string();
+            assert_eq!(crate::presets::named(&name), Ok(*preset));
+            let p = parse(&argv(&[
+                "--cpu",
+                "--env",
+                "gym:CartPole-v1",
+                "--preset",
+                &name,
+            ]))
+            .unwrap();
+            assert_eq!(p.applied, crate::presets::flags(*preset), "{name}");
+            p.args
+                .train
+                .into_config()
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let e = crate::presets::named("rainbow").unwrap_err();
+        assert!(e.contains("rainbow") && e.contains("classic"), "{e}");
     }
 
     #[test]

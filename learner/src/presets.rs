@@ -1,12 +1,12 @@
-//! `--preset`: a published configuration as flags, applied beneath the command line
-//! (an explicit flag wins) and above the environment's defaults
-//! (`learner/hyperparams.toml`); the effective settings are printed and saved as
-//! every run's are.
+//! `--preset`: a published or measured configuration as flags, applied beneath the
+//! command line (an explicit flag wins) and above the environment's defaults
+//! (`learner/hyperparams.toml`, whose tables may themselves name a preset); the
+//! effective settings are printed and saved as every run's are.
 
 /// Flags and values, by flag name without dashes.
 pub type Flags = std::collections::BTreeMap<String, String>;
 
-/// A published configuration.
+/// A configuration for a family of environments, or a published agent's.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
     /// Ape-X DQN (Horgan et al. 2018): prioritized replay with α 0.6 and β 0.4,
@@ -14,6 +14,20 @@ pub enum Preset {
     /// batches of 512, the target network every 2,500 updates, gradients clipped to
     /// norm 40, and each environment's own fixed ε = 0.4^(1+7i/(N−1)).
     Apex,
+    /// Small vector-observation tasks (CartPole-v1's table): LayerNorm, prioritized
+    /// replay, Adam at 1e-3 decaying to 5e-5 over 10,000 updates, batches of 256 at one
+    /// update per env step; measured here on CartPole-v1 (docs/results/learning.md).
+    Classic,
+    /// MinAtar from pixels: the MinAtar paper's DQN where millrace has it (Young &
+    /// Tian 2019: batches of 32, one update per frame, a replay of 100,000 from 5,000,
+    /// the target every 1,000 updates, ε from 1 over 100,000 frames, 1-step returns),
+    /// with Adam at 1e-4; the settings of this project's MinAtar runs.
+    Minatar,
+    /// Atari from pixels: Munchausen DQN's Atari settings (Vieillard et al. 2020, on
+    /// Dopamine): the Munchausen target, Adam at 5e-5, batches of 32 every 4 env steps,
+    /// a replay of 1M from 20,000, the target every 8,000 env steps, ε to 0.01 over
+    /// 250,000 env steps, 1-step returns. From the literature, not measured here.
+    Atari,
 }
 
 /// The preset's flags, by flag name without dashes.
@@ -33,9 +47,63 @@ pub fn flags(preset: Preset) -> Flags {
             ("max-grad-norm", "40"),
             ("apex-epsilon", "true"),
         ],
+        Preset::Classic => &[
+            ("layer-norm", "true"),
+            ("replay", "prioritized"),
+            ("lr", "0.001"),
+            ("lr-final", "0.00005"),
+            ("lr-decay-steps", "10000"),
+            ("batch-size", "256"),
+            ("samples-per-insert", "256"),
+        ],
+        Preset::Minatar => &[
+            ("target", "double"),
+            ("optimizer", "adam"),
+            ("lr", "0.0001"),
+            ("batch-size", "32"),
+            ("samples-per-insert", "32"),
+            ("replay-capacity", "100000"),
+            ("learning-starts", "5000"),
+            ("target-period", "1000"),
+            ("eps-start", "1"),
+            ("eps-end", "0.04"),
+            ("eps-decay-steps", "100000"),
+            ("n-step", "1"),
+            ("gamma", "0.99"),
+        ],
+        Preset::Atari => &[
+            ("target", "munchausen"),
+            ("munchausen-tau", "0.03"),
+            ("munchausen-alpha", "0.9"),
+            ("munchausen-clip", "-1"),
+            ("optimizer", "adam"),
+            ("lr", "0.00005"),
+            ("batch-size", "32"),
+            ("samples-per-insert", "8"),
+            ("replay-capacity", "1000000"),
+            ("learning-starts", "20000"),
+            ("target-period", "2000"),
+            ("eps-start", "1"),
+            ("eps-end", "0.01"),
+            ("eps-decay-steps", "250000"),
+            ("n-step", "1"),
+            ("gamma", "0.99"),
+        ],
     };
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
         .collect()
+}
+
+/// The preset a `hyperparams.toml` table names (`preset = "classic"`).
+pub fn named(name: &str) -> Result<Preset, String> {
+    <Preset as clap::ValueEnum>::from_str(name, false).map_err(|_| {
+        let known: Vec<String> = <Preset as clap::ValueEnum>::value_variants()
+            .iter()
+            .filter_map(clap::ValueEnum::to_possible_value)
+            .map(|v| v.get_name().to_string())
+            .collect();
+        format!("unknown preset {name:?} (known: {})", known.join(", "))
+    })
 }

@@ -67,8 +67,9 @@ fn bad_flag_values_are_rejected_before_training() {
         ),
         (vec!["--tau", "2"], "--tau must be in (0, 1]"),
         (
+            // CartPole-v1's table (the `classic` preset) sets batches of 256.
             vec!["--learning-starts", "10"],
-            "--learning-starts (10) must be at least --batch-size (64)",
+            "--learning-starts (10) must be at least --batch-size (256)",
         ),
         (vec!["--resume", "/nonexistent/ckpt"], "no such checkpoint"),
         (
@@ -183,7 +184,10 @@ fn a_run_checkpoints_and_resume_continues_it() {
     // The effective configuration, every setting, beside the checkpoints.
     let config = read_json(&ckpt.join("config.json"));
     assert_eq!(config["max_steps"], 3000);
-    assert_eq!(config["dqn"]["lr"], 2.3e-3, "defaults included");
+    assert_eq!(
+        config["dqn"]["lr"], 1e-3,
+        "CartPole-v1's table (the classic preset) included"
+    );
     assert_eq!(config["replay"]["learning_starts"], 500);
     let events = std::fs::read_dir(dir.path())
         .unwrap()
@@ -277,7 +281,9 @@ fn a_run_checkpoints_and_resume_continues_it() {
 #[test]
 fn resuming_with_another_learning_rate_schedule_is_warned_about() {
     let dir = tempfile::tempdir().unwrap();
-    let decay = ["--lr-final", "2e-4"];
+    // Acrobot-v1: its table leaves --lr-decay-steps to default to --max-steps
+    // (CartPole-v1's sets it).
+    let decay = ["--env", "Acrobot-v1", "--lr-final", "2e-4"];
     let first = short_run(dir.path(), "3000", &decay);
     assert_eq!(first.status.code(), Some(2), "{}", stderr(&first));
     let resume = |max_steps: &str, extra: &[&str]| {

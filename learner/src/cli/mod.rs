@@ -175,8 +175,11 @@ pub struct TrainArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub apex_epsilon: bool,
 
-    /// A published configuration beneath the command line (explicit flags win):
-    /// `apex`, Ape-X DQN's settings (docs/guide/learning-options.md, "Presets").
+    /// A configuration beneath the command line (explicit flags win) and above the
+    /// environment's table in learner/hyperparams.toml: `apex` (Ape-X DQN's), `classic`
+    /// (small vector tasks, measured here), `minatar` (the MinAtar paper's DQN) or
+    /// `atari` (Munchausen DQN's, from the literature); docs/guide/learning-options.md,
+    /// "Presets".
     #[arg(long, value_enum)]
     pub preset: Option<crate::presets::Preset>,
 
