@@ -6,7 +6,12 @@
 #
 #   bench/classic_control.sh                       # seeds 0 1 2, both environments
 #   SEEDS="0 1 2 3 4" ENVS=Acrobot-v1 bench/classic_control.sh
+#   SEEDS="3 4" REPLAYS=table bench/classic_control.sh  # the tables' own settings (issue 28)
 #
+# REPLAYS: uniform, prioritized, table (no --replay: what learner/hyperparams.toml's
+# table gives the environment) or preset-NAME (--preset NAME over the table); default
+# "uniform prioritized". Rows of other modes and
+# seeds already in the CSV are kept, so confirmation runs add to the runs that chose.
 # Per environment: docs/results/data/classic_<env>.csv (mode,seed,env_steps,mean_return: every
 # evaluation, 100 greedy episodes every 2,000 steps) and .png (each seed thin, the mean of
 # seeds thick, the issue's target dotted, rl-zoo3's DQN dashed), and a table: where each
@@ -25,6 +30,7 @@ fi
 learner="$MILLRACE_BIN/learner"
 read -r -a seeds <<<"${SEEDS:-0 1 2}"
 read -r -a envs <<<"${ENVS:-Acrobot-v1 MountainCar-v0}"
+read -r -a replays <<<"${REPLAYS:-uniform prioritized}"
 declare -A target=([Acrobot-v1]=-80 [MountainCar-v0]=-105)
 declare -A zoo=([Acrobot-v1]="rl-zoo3 DQN at 100k=-76.6" [MountainCar-v0]="rl-zoo3 DQN at 120k=-100.8")
 # The return axis: the region where the target is (the first evaluations sit at -500
@@ -42,19 +48,31 @@ play() { # checkpoint which out -> "mean ± stderr"
 for env in "${envs[@]}"; do
     csv="docs/results/data/classic_${env%%-*}.csv"
     csv="${csv,,}"
-    echo "mode,seed,env_steps,mean_return" >"$csv"
+    [[ -f "$csv" ]] || echo "mode,seed,env_steps,mean_return" >"$csv"
     rows=()
     for seed in "${seeds[@]}"; do
-        for replay in uniform prioritized; do
+        for replay in "${replays[@]}"; do
             name="$env-$replay-$seed"
             rm -rf "${work:?}/$name"
             echo "$(date -u +%T) $name" >&2
-            RUST_LOG=info "$learner" --cpu --no-progress --env "$env" --replay "$replay" \
+            case "$replay" in
+                table) replay_flag=() ;;
+                preset-*) replay_flag=(--preset "${replay#preset-}") ;;
+                *) replay_flag=(--replay "$replay") ;;
+            esac
+            RUST_LOG=info "$learner" --cpu --no-progress --env "$env" "${replay_flag[@]}" \
                 --seed "$seed" --target-return 1e9 --logdir "$work/$name" \
                 >/dev/null 2>"$work/$name.log" || true
             sed -n 's/.*eval: mean return \([-0-9.]*\) ± .* at \([0-9]*\) env steps).*/\2 \1/p' \
                 "$work/$name.log" >"$work/$name.evals"
-            awk -v m="$replay" -v s="$seed" '{print m "," s "," $1 "," $2}' "$work/$name.evals" >>"$csv"
+            # This run's evaluations replace any earlier ones of the same mode and seed.
+            awk -F, -v m="$replay" -v s="$seed" '!($1 == m && $2 == s)' "$csv" >"$csv.tmp"
+            awk -v m="$replay" -v s="$seed" '{print m "," s "," $1 "," $2}' "$work/$name.evals" >>"$csv.tmp"
+            mv "$csv.tmp" "$csv"
+            # The late-collapse measure (docs/results/learning.md): the share of the
+            # evaluations in the 50k steps after the first at the target that stay there.
+            held="$(THRESHOLD="${target[$env]}" python bench/stability_summary.py --run "$work/$name.evals" 50000 |
+                awk -F' [|] ' '{print $3}')"
             stats="$(awk -v t="${target[$env]}" '
                 first == "" && $2 >= t { first = $1 }
                 best == "" || $2 > best { best = $2; at = $1 }
@@ -63,16 +81,16 @@ for env in "${envs[@]}"; do
             ' "$work/$name.evals")"
             best="$(play "$work/$name/checkpoint" best "$work/$name-best.safetensors")"
             latest="$(play "$work/$name/checkpoint" latest "$work/$name-latest.safetensors")"
-            rows+=("| $replay | $seed | $stats | $best | $latest |")
+            rows+=("| $replay | $seed | $stats | $held | $best | $latest |")
         done
     done
     echo
     echo "$env (target ${target[$env]}; ${zoo[$env]%%=*}: ${zoo[$env]##*=})"
     echo
-    echo "| replay | seed | first eval ≥ target (env steps) | last eval | best eval (at) | best/ in Gymnasium | latest/ in Gymnasium |"
-    echo "|---|---|---|---|---|---|---|"
+    echo "| replay | seed | first eval ≥ target (env steps) | last eval | best eval (at) | share ≥ target in the next 50k | best/ in Gymnasium | latest/ in Gymnasium |"
+    echo "|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${rows[@]}"
     python bench/plot_curves.py "$csv" "${csv%.csv}.png" \
-        "$env: uniform vs prioritized replay (${#seeds[@]} seeds)" \
-        --target "${target[$env]}" --reference "${zoo[$env]}" --ylim "${ylim[$env]}"
+        "$env: $(tail -n +2 "$csv" | cut -d, -f1 | sort -u | paste -sd/ -) replay, by seed" \
+        --target "${target[$env]}" --reference "${zoo[$env]}" --ylim="${ylim[$env]}"
 done

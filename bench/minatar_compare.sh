@@ -6,6 +6,7 @@
 #   GAMES="Asterix Breakout Freeway Seaquest SpaceInvaders" VARIANTS="double munchausen m-iqn" \
 #       STEPS=1000000 SEEDS="0 1" bench/minatar_compare.sh
 #   bench/minatar_compare.sh report          # only the curves, CSV and the replayed policies
+#                                            # of the runs that finished STEPS
 #
 # Defaults: STEPS=500000, SEEDS="0 1", GAMES="Breakout SpaceInvaders", VARIANTS="double
 # munchausen", RUNS=1, OUT=runs/minatar_compare, REPORT=minatar_compare (the files
@@ -20,11 +21,15 @@
 # one is skipped, and a larger STEPS extends finished runs (their --max-steps grows).
 # The logs are appended to, so a resumed run's curve is whole.
 #
-# Settings: bench/minatar.sh's (the MinAtar paper's DQN where millrace has it: batch 32,
+# Settings: `--preset minatar` (the MinAtar paper's DQN where millrace has it: batch 32,
 # one update per env step, replay 100k, learning from 5k steps, target every 1,000
 # updates, ε from 1 over 100k steps, γ 0.99, 1-step returns; Adam at 1e-4), the same
 # for every variant. Evaluations: 30 greedy episodes every 50,000 steps. The report
 # replays each run's best/ policy in Gymnasium (scripts/play_policy.py, 100 episodes).
+#
+# The report adds to what is committed: a run whose directory is not under $OUT (an
+# earlier machine's) keeps its row in docs/results/data/$REPORT.md and its points in
+# the per-game CSV; a run found under $OUT replaces them.
 #
 # MILLRACE_BIN=DIR runs the learner in DIR (a copy, so rebuilding meanwhile does not
 # touch the running binary); by default it is built here.
@@ -47,23 +52,38 @@ runs="${RUNS:-1}"
 out="${OUT:-runs/minatar_compare}"
 report="${REPORT:-minatar_compare}"
 mkdir -p "$out" docs/results/data
+table="docs/results/data/$report.md"
+
+# Whether run $1 finished its $steps steps here (its log's summary says so).
+finished() {
+    [[ -f "$out/$1.log" ]] &&
+        grep -Eq "result: +(solved|target .* not reached within $steps env steps)" "$out/$1.log"
+}
+# Whether run $1 (game-variant-seed) has a row in the committed table (finished on an
+# earlier machine: not run again unless its directory is here).
+committed() {
+    [[ -f "$table" ]] && awk -F'|' -v n="$1" '
+        { g = $2; v = $3; s = $4; gsub(/ /, "", g); gsub(/ /, "", v); gsub(/ /, "", s) }
+        g "-" v "-" s == n { found = 1 } END { exit !found }' "$table"
+}
 
 declare -A flags=(
-    [double]=""
+    [double]="--target double"
     [munchausen]="--target munchausen"
-    [iqn]="--head iqn"
+    [iqn]="--head iqn --target double"
     [m-iqn]="--head iqn --target munchausen"
-    [impala]="--network impala"
-    [uniform]=""
-    [prioritized]="--replay prioritized"
+    [impala]="--network impala --target double"
+    [uniform]="--target double"
+    [prioritized]="--replay prioritized --target double"
 )
 for v in "${variants[@]}"; do
     [[ -v "flags[$v]" ]] || { echo "minatar_compare: unknown variant $v (${!flags[*]})" >&2; exit 2; }
 done
 
-common=(--cpu --batch-size 32 --samples-per-insert 32 --learning-starts 5000
-        --replay-capacity 100000 --lr 1e-4 --target-period 1000 --eps-decay-steps 100000
-        --n-step 1 --eval-every 50000 --eval-episodes 30 --target-return 1000
+# The `minatar` preset is the settings (learner/src/presets.rs); MinAtar's tables in
+# learner/hyperparams.toml name it, and it is given here too so that a change to a
+# table cannot change these runs unseen.
+common=(--cpu --preset minatar --eval-every 50000 --eval-episodes 30 --target-return 1000
         --checkpoint-every-s 600 --no-progress)
 
 if [[ "${1:-}" != report ]]; then
@@ -71,6 +91,10 @@ if [[ "${1:-}" != report ]]; then
         for game in "${games[@]}"; do
             for variant in "${variants[@]}"; do
                 name="$game-$variant-$seed"
+                if committed "$name" && [[ ! -d "$out/$name" ]]; then
+                    echo "minatar_compare: $name is in $table already: skipped" >&2
+                    continue
+                fi
                 # At most $runs at once.
                 while (($(jobs -rp | wc -l) >= runs)); do
                     wait -n || true
@@ -89,11 +113,25 @@ fi
 # The report: curves per game, and each run's best/ replayed in Gymnasium. The
 # references: the MinAtar paper's DQN at 5M frames (Young & Tian 2019), where this
 # project has recorded it.
-declare -A reference=([Breakout]=10 [SpaceInvaders]=43)
-table="docs/results/data/$report.md"
+# The MinAtar paper's DQN at 5M frames, read off the MinAtar repository's learning-curve
+# figure (kenjyoung/MinAtar, img/learning_curves.gif, 2020: the mean of 30 runs over
+# their last 100 episodes), about ±1 (±2 for Freeway and SpaceInvaders); its Seaquest
+# is from MinAtar <= 1.0.10, before an oxygen bug was fixed.
+declare -A reference=([Asterix]=17 [Breakout]=10 [Freeway]=50 [Seaquest]=20 [SpaceInvaders]=43)
+header="| game | variant | seed | env steps | best evaluation (30 episodes) | best/ in Gymnasium (100 episodes) |"
+# Rows of runs not under $OUT, kept; the others are written afresh below.
+kept=()
+if [[ -f "$table" ]]; then
+    while IFS= read -r row; do
+        IFS='|' read -r _ g v sd _ <<<"$row"
+        name="$(echo "$g" | xargs)-$(echo "$v" | xargs)-$(echo "$sd" | xargs)"
+        finished "$name" || kept+=("$row")
+    done < <(tail -n +3 "$table")
+fi
 {
-    echo "| game | variant | seed | env steps | best evaluation (30 episodes) | best/ in Gymnasium (100 episodes) |"
+    echo "$header"
     echo "|---|---|---|---|---|---|"
+    [[ ${#kept[@]} -eq 0 ]] || printf '%s\n' "${kept[@]}"
 } >"$table"
 for game in "${games[@]}"; do
     curves=()
@@ -101,6 +139,12 @@ for game in "${games[@]}"; do
         for seed in "${seeds[@]}"; do
             name="$game-$variant-$seed"
             [[ -f "$out/$name.log" ]] || continue
+            # Only finished runs are reported: one still running, or cut short with the
+            # session, waits for its resumption.
+            if ! finished "$name"; then
+                echo "minatar_compare: $name has not finished $steps steps: left out" >&2
+                continue
+            fi
             curves+=("$variant, seed $seed=$out/$name.log")
             meta="$out/$name/checkpoint/best/meta.json"
             [[ -f "$meta" ]] || continue
@@ -118,8 +162,14 @@ print(f"| {sys.argv[3]} | {sys.argv[4]} | {sys.argv[5]} | {meta['env_steps']} "
 PY
         done
     done
-    [[ ${#curves[@]} -gt 0 ]] || continue
     lower="$(echo "$game" | tr '[:upper:]' '[:lower:]')"
-    python bench/minatar_curve.py "docs/results/data/${report}_$lower" "${reference[$game]:-none}" "${curves[@]}"
+    prefix="docs/results/data/${report}_$lower"
+    [[ ${#curves[@]} -gt 0 || -f "$prefix.csv" ]] || continue
+    python bench/minatar_curve.py --keep "$prefix" "${reference[$game]:-none}" "${curves[@]}"
 done
+# One order whatever the runs' history: by game, variant, seed.
+{
+    head -2 "$table"
+    tail -n +3 "$table" | sort -t'|' -k2,2 -k3,3 -k4,4n
+} >"$table.tmp" && mv "$table.tmp" "$table"
 cat "$table"

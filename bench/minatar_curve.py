@@ -1,12 +1,15 @@
 """Learning curves from learner logs: greedy evaluation return against env steps, one
 line per run, beside a published reference; writes the points as CSV and a PNG.
 
-    python bench/minatar_curve.py OUT_PREFIX REFERENCE LABEL=LOG [LABEL=LOG ...]
+    python bench/minatar_curve.py [--keep] OUT_PREFIX REFERENCE LABEL=LOG [LABEL=LOG ...]
 
 REFERENCE is the published score to draw (e.g. 10 for MinAtar Breakout's DQN at 5M
 frames; "none" draws no line). Each LOG is a `learner` log (its `eval:` lines are read). Runs whose labels
 share the part before the first comma ("uniform, seed 0", "uniform, seed 1") share a
 colour and differ in marker and line style. Prints the table too.
+
+With --keep, the points already in OUT_PREFIX.csv of runs not given here are kept (an
+earlier machine's runs, whose logs are gone); a run given here replaces its points.
 """
 
 import csv
@@ -33,18 +36,38 @@ def read(log):
     return points
 
 
+def kept(path):
+    """The points of OUT_PREFIX.csv by run label (none when it does not exist)."""
+    runs = {}
+    try:
+        rows = list(csv.DictReader(open(path)))
+    except FileNotFoundError:
+        return runs
+    for row in rows:
+        runs.setdefault(row["run"], []).append(
+            (int(row["env_steps"]), float(row["mean_return"]), float(row["stderr"]))
+        )
+    return runs
+
+
 def main():
-    prefix = sys.argv[1]
-    reference = None if sys.argv[2] == "none" else float(sys.argv[2])
-    runs = [arg.split("=", 1) for arg in sys.argv[3:]]
+    args = sys.argv[1:]
+    keep = args[0] == "--keep"
+    if keep:
+        args = args[1:]
+    prefix = args[0]
+    reference = None if args[1] == "none" else float(args[1])
+    runs = kept(prefix + ".csv") if keep else {}
+    for arg in args[2:]:
+        label, log = arg.split("=", 1)
+        runs[label] = read(log)
     fig, ax = plt.subplots(figsize=(7, 4))
     colours, seen = {}, {}
     styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
     with open(prefix + ".csv", "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["run", "env_steps", "mean_return", "stderr"])
-        for label, log in runs:
-            points = read(log)
+        for label, points in sorted(runs.items()):
             for p in points:
                 out.writerow([label, *p])
             if not points:
@@ -59,7 +82,7 @@ def main():
             ax.fill_between(xs, lows, highs, color=colour, alpha=0.15)
             print(f"{label}: " + ", ".join(f"{x // 1000}k {y:.1f}" for x, y, _ in points))
     if reference is not None:
-        ax.axhline(reference, color="grey", linestyle="--", label=f"published DQN at 5M frames ({reference:g})")
+        ax.axhline(reference, color="grey", linestyle="--", label=f"MinAtar paper DQN, 5M frames (≈{reference:g})")
     ax.set_xlabel("env steps (frames)")
     ax.set_ylabel("greedy evaluation return")
     ax.legend()

@@ -6,6 +6,10 @@ marked short.
 
     python bench/stability_summary.py docs/results/data/cartpole_stability.csv [AFTER]
     python bench/stability_summary.py --run EVALS [AFTER]
+    THRESHOLD=-80 python bench/stability_summary.py docs/results/data/classic_acrobot.csv
+
+THRESHOLD (default 475, CartPole-v1's) is the return that counts as solved: Acrobot-v1's
+-80 or MountainCar-v0's -105 apply the same measure to those environments.
 
 Prints one Markdown row per setting: seeds, seeds meeting the bar, each seed's share,
 the median env steps to the first 475, and the lowest evaluation after it. With --run,
@@ -15,21 +19,24 @@ bench/cartpole_stability.sh tabulates each run.
 """
 
 import csv
+import os
 import statistics
 import sys
 from collections import defaultdict
 
+THRESHOLD = float(os.environ.get("THRESHOLD", "475"))
+
 
 def judge(points, after):
-    """One run's (steps, return) points, sorted -> (first step at >= 475 or None, the
-    returns in the AFTER steps past it, share of them >= 475, whether the run ended
-    before the window did)."""
-    reached = next((s for s, r in points if r >= 475), None)
+    """One run's (steps, return) points, sorted -> (first step at >= THRESHOLD or None,
+    the returns in the AFTER steps past it, share of them >= THRESHOLD, whether the run
+    ended before the window did)."""
+    reached = next((s for s, r in points if r >= THRESHOLD), None)
     if reached is None:
         return None, [], None, False
     window = [r for s, r in points if reached < s <= reached + after]
     short = points[-1][0] < reached + after - 2_000
-    share = sum(r >= 475 for r in window) / len(window) if window else 0.0
+    share = sum(r >= THRESHOLD for r in window) / len(window) if window else 0.0
     return reached, window, share, short
 
 
@@ -55,7 +62,8 @@ def main():
     for (mode, seed), points in sorted(runs.items()):
         reached, window, share, short = judge(sorted(points), after)
         modes[mode].append((seed, reached, share, min(window, default=None), short))
-    print("| setting | seeds | seeds >= 90% | share >= 475 per seed | median first 475 | lowest eval after |")
+    t = f"{THRESHOLD:g}"
+    print(f"| setting | seeds | seeds >= 90% | share >= {t} per seed | median first {t} | lowest eval after |")
     print("|---|---|---|---|---|---|")
     for mode, seeds in modes.items():
         ok = sum(1 for _, _, share, _, _ in seeds if share is not None and share >= 0.9)
