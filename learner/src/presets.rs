@@ -15,7 +15,7 @@ pub enum Preset {
     /// norm 40, and each environment's own fixed ε = 0.4^(1+7i/(N−1)).
     Apex,
     /// Small vector-observation tasks (CartPole-v1's table): LayerNorm, prioritized
-    /// replay, Adam at 1e-3 decaying to 5e-5 over 10,000 updates, batches of 256 at one
+    /// replay, Adam at 1e-3 decaying to 5e-5 over 10,000 env steps, batches of 256 at one
     /// update per env step; measured here on CartPole-v1 (docs/results/learning.md).
     Classic,
     /// MinAtar from pixels: the MinAtar paper's DQN where millrace has it (Young &
