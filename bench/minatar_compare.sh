@@ -59,12 +59,17 @@ finished() {
     [[ -f "$out/$1.log" ]] &&
         grep -Eq "result: +(solved|target .* not reached within $steps env steps)" "$out/$1.log"
 }
+# The committed table's rows, each as "game-variant-seed<TAB>row".
+rows_by_run() {
+    [[ -f "$table" ]] || return 0
+    tail -n +3 "$table" | awk -F'|' '
+        { g = $2; v = $3; s = $4; gsub(/ /, "", g); gsub(/ /, "", v); gsub(/ /, "", s)
+          print g "-" v "-" s "\t" $0 }'
+}
 # Whether run $1 (game-variant-seed) has a row in the committed table (finished on an
 # earlier machine: not run again unless its directory is here).
 committed() {
-    [[ -f "$table" ]] && awk -F'|' -v n="$1" '
-        { g = $2; v = $3; s = $4; gsub(/ /, "", g); gsub(/ /, "", v); gsub(/ /, "", s) }
-        g "-" v "-" s == n { found = 1 } END { exit !found }' "$table"
+    rows_by_run | cut -f1 | grep -qxF "$1"
 }
 
 declare -A flags=(
@@ -121,13 +126,9 @@ declare -A reference=([Asterix]=17 [Breakout]=10 [Freeway]=50 [Seaquest]=20 [Spa
 header="| game | variant | seed | env steps | best evaluation (30 episodes) | best/ in Gymnasium (100 episodes) |"
 # Rows of runs not under $OUT, kept; the others are written afresh below.
 kept=()
-if [[ -f "$table" ]]; then
-    while IFS= read -r row; do
-        IFS='|' read -r _ g v sd _ <<<"$row"
-        name="$(echo "$g" | xargs)-$(echo "$v" | xargs)-$(echo "$sd" | xargs)"
-        finished "$name" || kept+=("$row")
-    done < <(tail -n +3 "$table")
-fi
+while IFS=$'\t' read -r name row; do
+    finished "$name" || kept+=("$row")
+done < <(rows_by_run)
 {
     echo "$header"
     echo "|---|---|---|---|---|---|"
