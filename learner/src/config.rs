@@ -172,6 +172,8 @@ pub struct PopulationMode {
     /// The devices it trains on, one learner thread each (`--gpu 0,1`; the first is
     /// the run's `device`).
     pub devices: Vec<DeviceChoice>,
+    /// Only this part of the population (`--shard I/N`).
+    pub shard: Option<crate::shard::Shard>,
 }
 
 /// Which agents a population has.

@@ -10,6 +10,8 @@
 //! - [`checkpoint`], [`export`]: what a run keeps, and the policy in PyTorch's names.
 //! - [`summary`], [`metrics`], [`prometheus`], [`tensorboard`], [`tensorboard_hparams`],
 //!   [`population_results`], [`population_board`]: what a run reports.
+//! - [`shard`], [`shard_merge`]: a population split over a job array, and put back
+//!   together.
 //! - [`sweep`], [`presets`], [`env_defaults`], [`replay_flags`]: what the flags expand to.
 //! - [`doctor`]: the set-up checked.
 
@@ -28,6 +30,8 @@ pub mod prometheus;
 pub mod replay_flags;
 pub mod run;
 pub mod run_lock;
+pub mod shard;
+pub mod shard_merge;
 pub mod summary;
 pub mod sweep;
 pub mod tensorboard;

@@ -1,5 +1,6 @@
 //! `learner`: trains a DQN agent (embedded actors, remote actors with --listen, or
-//! lock-step with --deterministic), and works on saved runs: `export`, `eval`, `doctor`.
+//! lock-step with --deterministic), and works on saved runs: `export`, `eval`, `merge`,
+//! `doctor`.
 //!
 //! Exit status: 0 solved (or a subcommand succeeded), 2 the step budget ran out first,
 //! 130 stopped by SIGINT/SIGTERM with a checkpoint written, 1 failed (one `error:` line).
@@ -302,6 +303,17 @@ fn eval_policy(
     Ok(ExitCode::SUCCESS)
 }
 
+fn merge(root: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let merged = millrace_learner::shard_merge::merge(root)?;
+    print!("{merged}");
+    println!(
+        "merged {} agents into {}",
+        merged.agents.len(),
+        root.join("population.csv").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn doctor() -> anyhow::Result<ExitCode> {
     let report = millrace_learner::doctor::report();
     print!("{report}");
@@ -338,6 +350,7 @@ fn main() -> ExitCode {
                 },
             )
         }),
+        Some(Command::Merge { logdir }) => merge(&logdir),
         Some(Command::Doctor) => doctor(),
         Some(Command::Health(h)) => health(&h),
     };

@@ -9,6 +9,7 @@ use millrace_actor::EpsilonSchedule;
 use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
+use crate::shard::Shard;
 use millrace_core::dqn::agents::AgentHparams;
 use millrace_core::dqn::TargetUpdate;
 
@@ -81,8 +82,8 @@ pub struct AgentResult {
     pub best_eval: Option<f32>,
 }
 
-/// Every agent's outcome, and the run's.
-#[derive(Debug)]
+/// Every agent's outcome, and the run's (`population.json` beside `population.csv`).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct PopulationSummary {
     pub env: String,
     pub agents: Vec<AgentResult>,
@@ -98,6 +99,12 @@ pub struct PopulationSummary {
     pub threads: usize,
     /// Most agents that trained at once.
     pub concurrent: usize,
+    /// Agents in the whole population or sweep; with `shard`, `agents` holds only the
+    /// shard's.
+    pub total_agents: usize,
+    /// The part of the population this run trained (`--shard I/N`), if only a part.
+    #[serde(default)]
+    pub shard: Option<Shard>,
 }
 
 /// Mean and half-width of a 95% confidence interval (Student's t) of `xs`.
@@ -152,11 +159,14 @@ impl PopulationSummary {
     }
 
     /// 0 when every agent solved, 2 when some ran out of steps (or diverged), 130 when
-    /// interrupted: as a single run's statuses.
+    /// interrupted: as a single run's statuses. A shard (`--shard`) exits 0 once all its
+    /// agents have ended, solved or not: an array task that finished its part
+    /// succeeded (so that Slurm's `afterok` and a Kubernetes Indexed Job count it
+    /// done), and `learner merge` exits 0 or 2 for the whole population.
     pub fn exit_code(&self) -> u8 {
         if self.agents.iter().any(|a| a.end == AgentEnd::Interrupted) {
             130
-        } else if self.solved() == self.agents.len() {
+        } else if self.shard.is_some() || self.solved() == self.agents.len() {
             0
         } else {
             2
@@ -208,12 +218,28 @@ impl PopulationSummary {
         out
     }
 
-    /// Writes the CSV atomically (a temporary file renamed into place).
-    pub fn write_csv(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = path.with_extension("csv.tmp");
-        std::fs::write(&tmp, self.to_csv())?;
-        std::fs::rename(&tmp, path)
+    /// Writes `population.csv` and `population.json` into `dir`, each atomically (a
+    /// temporary file renamed into place); returns the CSV's path.
+    pub fn write(&self, dir: &Path) -> std::io::Result<std::path::PathBuf> {
+        let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        atomic_write(&dir.join("population.json"), json.as_bytes())?;
+        let csv = dir.join("population.csv");
+        atomic_write(&csv, self.to_csv().as_bytes())?;
+        Ok(csv)
     }
+
+    /// Reads a `population.json` that [`write`](Self::write) wrote.
+    pub fn read(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
 }
 
 impl fmt::Display for PopulationSummary {
@@ -234,6 +260,13 @@ impl fmt::Display for PopulationSummary {
             "  {} group(s) on {} thread(s), up to {} agents at once; time summed over threads: {act:.1} s acting, {update:.1} s in stacked updates, {eval:.1} s evaluating",
             self.groups, self.threads, self.concurrent
         )?;
+        if let Some(shard) = self.shard {
+            writeln!(
+                f,
+                "  shard {shard} of a population of {} (`learner merge` combines the shards)",
+                self.total_agents
+            )?;
+        }
         writeln!(
             f,
             "  {:>5} {:>6} {:>20} {:>9} {:>6} {:>12} {:>10} {:>10} {:>8} {:>8}",
@@ -298,6 +331,41 @@ impl fmt::Display for PopulationSummary {
     }
 }
 
+/// An agent's result for tests: agent `i` with seed `i`, ended as `end`.
+#[cfg(test)]
+pub(crate) fn example_agent(i: usize, end: AgentEnd) -> AgentResult {
+    AgentResult {
+        agent: i,
+        config: 0,
+        label: String::new(),
+        setup: AgentSetup {
+            gamma: 0.99,
+            n_step: 3,
+            epsilon: EpsilonSchedule::Linear {
+                start: 1.0,
+                end: 0.04,
+                steps: 8000,
+            },
+            batch_size: 32,
+            hidden: vec![64, 64],
+            samples_per_insert: 0.5,
+            iqn: None,
+        },
+        hparams: AgentHparams {
+            seed: i as u64,
+            lr: 1e-3,
+            max_grad_norm: 10.0,
+            target: TargetUpdate::Hard { period: 100 },
+            munchausen: None,
+        },
+        end,
+        env_steps: 1000,
+        wall_s: 1.5,
+        final_eval: Some(500.0),
+        best_eval: Some(500.0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,36 +382,7 @@ mod tests {
 
     #[test]
     fn csv_has_a_row_per_agent_and_the_exit_status_follows_the_ends() {
-        let agent = |i: usize, end: AgentEnd| AgentResult {
-            agent: i,
-            config: 0,
-            label: String::new(),
-            setup: AgentSetup {
-                gamma: 0.99,
-                n_step: 3,
-                epsilon: EpsilonSchedule::Linear {
-                    start: 1.0,
-                    end: 0.04,
-                    steps: 8000,
-                },
-                batch_size: 32,
-                hidden: vec![64, 64],
-                samples_per_insert: 0.5,
-                iqn: None,
-            },
-            hparams: AgentHparams {
-                seed: i as u64,
-                lr: 1e-3,
-                max_grad_norm: 10.0,
-                target: TargetUpdate::Hard { period: 100 },
-                munchausen: None,
-            },
-            end,
-            env_steps: 1000,
-            wall_s: 1.5,
-            final_eval: Some(500.0),
-            best_eval: Some(500.0),
-        };
+        let agent = example_agent;
         let mut s = PopulationSummary {
             env: "CartPole-v1".into(),
             agents: vec![agent(0, AgentEnd::Solved), agent(1, AgentEnd::Budget)],
@@ -354,6 +393,8 @@ mod tests {
             groups: 1,
             threads: 1,
             concurrent: 2,
+            total_agents: 2,
+            shard: None,
         };
         let csv = s.to_csv();
         assert_eq!(csv.lines().count(), 3);
@@ -361,6 +402,13 @@ mod tests {
             "1,0,1,0.001,10,hard/100,0.99,3,1,0.04,8000,32,64x64,0.5,,,,,,budget,1000,"
         ));
         assert_eq!(s.exit_code(), 2);
+        // A shard that finished its part succeeded, solved or not; stopped, it is not.
+        s.shard = Some(Shard { index: 0, count: 2 });
+        assert_eq!(s.exit_code(), 0);
+        s.agents[0].end = AgentEnd::Interrupted;
+        assert_eq!(s.exit_code(), 130);
+        s.shard = None;
+        s.agents[0].end = AgentEnd::Solved;
         s.agents[1].end = AgentEnd::Solved;
         assert_eq!(s.exit_code(), 0);
         assert!(s.to_string().contains("2 solved"));

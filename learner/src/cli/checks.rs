@@ -155,13 +155,33 @@ fn population_flags(args: &TrainArgs) -> anyhow::Result<bool> {
     if args.max_concurrent_agents == Some(0) || args.population_threads == Some(0) {
         bail!("--max-concurrent-agents and --population-threads must be at least 1");
     }
-    if let Some(path) = &args.sweep {
-        // Read now, so a bad file is one clear line before anything starts.
-        let base = DqnConfig {
-            bootstrap: bootstrap(args)?,
-            ..DqnConfig::default()
-        };
-        crate::sweep::Sweep::read(path, &base, args.seed)?;
+    let agents = match &args.sweep {
+        Some(path) => {
+            // Read now, so a bad file is one clear line before anything starts.
+            let base = DqnConfig {
+                bootstrap: bootstrap(args)?,
+                ..DqnConfig::default()
+            };
+            crate::sweep::Sweep::read(path, &base, args.seed)?
+                .agents
+                .len()
+        }
+        None => args.population.unwrap_or(1),
+    };
+    if let Some(shard) = args.shard {
+        if !population {
+            bail!("--shard is for a population (--population or --sweep)");
+        }
+        if args.logdir.is_none() {
+            bail!("--shard needs --logdir: the directory the shards share (each writes under its shard-I-of-N)");
+        }
+        // Thread I of N exists in the one-process run only if N threads get places.
+        let places = args.max_concurrent_agents.unwrap_or(agents).min(agents);
+        if shard.count > places {
+            bail!(
+                "--shard {shard}: {agents} agents, {places} at once, split into at most {places} shards"
+            );
+        }
     }
     Ok(population)
 }
@@ -395,6 +415,9 @@ impl TrainArgs {
         let target = network_and_targets(&args, &spec)?;
         let devices = devices(&args, population)?;
         let device = devices[0];
+        if let (Some(shard), Some(root)) = (args.shard, &args.logdir) {
+            args.logdir = Some(root.join(shard.dir_name()));
+        }
         let logdir = logdir::resume_and_logdir(&mut args, population)?;
         let epsilon = EpsilonSchedule::Linear {
             start: args.eps_start,
@@ -430,6 +453,7 @@ impl TrainArgs {
                     threads: args.population_threads,
                     max_concurrent: args.max_concurrent_agents,
                     devices,
+                    shard: args.shard,
                 })
             } else if args.deterministic {
                 Mode::LockStep

@@ -77,6 +77,18 @@ pub enum Command {
         #[arg(long = "allow-env-module", value_name = "PKG")]
         allow_env_modules: Vec<String>,
     },
+    /// Combine the shards of a population run as a job array (`--shard I/N --logdir
+    /// LOGDIR`, each in LOGDIR/shard-I-of-N) into LOGDIR/population.csv and
+    /// population.json with every agent once, print the table with each
+    /// configuration's means and intervals, and make LOGDIR one TensorBoard log
+    /// directory with every agent's HParams session. Exit status 0 when merged (the
+    /// table says how many agents solved), 1 when a shard is missing, unfinished or was
+    /// stopped (named: resubmit its task).
+    Merge {
+        /// The log directory the shards share.
+        #[arg(long)]
+        logdir: PathBuf,
+    },
     /// Check libtorch, CUDA, the GPUs and pinned memory, and explain any mismatch.
     /// Exit status 0 when training can run (no GPU is a warning), 1 when broken.
     Doctor,
@@ -233,6 +245,15 @@ pub struct TrainArgs {
     /// a sweep of any size runs as a stream.
     #[arg(long)]
     pub max_concurrent_agents: Option<usize>,
+
+    /// Train only part I of N of the population or sweep (0-based: `0/3`), for a job
+    /// array (`$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`; a Kubernetes Indexed Job's
+    /// `$(JOB_COMPLETION_INDEX)/N`): exactly thread I's agents and places of the same run
+    /// with --population-threads N and the same --max-concurrent-agents, so its results
+    /// equal that run's. Writes under LOGDIR/shard-I-of-N; `learner merge --logdir
+    /// LOGDIR` combines the shards.
+    #[arg(long, value_name = "I/N", conflicts_with_all = ["population_threads", "resume"])]
+    pub shard: Option<crate::shard::Shard>,
 
     /// Lock-step mode: actors, replay and learner advance in one thread at the exact
     /// replay ratio, so the same seed and flags give bit-identical parameters and

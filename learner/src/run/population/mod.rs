@@ -42,6 +42,7 @@ use super::RunError;
 use crate::config::RunConfig;
 use crate::population_board;
 use crate::population_results::{AgentEnd, AgentSetup, PopulationSummary};
+use crate::shard::Shard;
 use crate::sweep::{GroupKey, Settings};
 use millrace_server::{AgentPorts, Routes, ServerContext};
 use resume::Saved;
@@ -59,6 +60,30 @@ pub fn run(
     let env = cfg.env_spec.clone();
     let (members, budget) = agents(cfg)?;
     let total = members.len();
+    // A shard trains thread I's plan of the whole population on N threads, and that
+    // thread's places: nothing else of the one-process run's plan changes.
+    let places = mode.max_concurrent.unwrap_or(total).min(total);
+    let members = match mode.shard {
+        Some(shard) => {
+            let mut plans = plans(groups(members), shard.count);
+            let mine: Vec<Member> = plans
+                .swap_remove(shard.index)
+                .into_iter()
+                .flatten()
+                .collect();
+            tracing::info!(
+                "shard {shard}: {} of the {total} agents, {} of the {places} places (thread {} of the same run with --population-threads {})",
+                mine.len(),
+                shard.slots(places),
+                shard.index,
+                shard.count
+            );
+            mine
+        }
+        None => members,
+    };
+    let places = mode.shard.map_or(places, |shard| shard.slots(places));
+    let mine = members.len();
     // A resumed sweep: agents that ended keep their results, stopped ones go on from
     // their state, the rest start.
     let mut ended = Vec::new();
@@ -100,6 +125,8 @@ pub fn run(
             groups: 0,
             threads: 0,
             concurrent: 0,
+            total_agents: total,
+            shard: mode.shard,
         };
         write_results(&summary, &cfg.logdir)?;
         return Ok(summary);
@@ -124,7 +151,7 @@ pub fn run(
     if fits == 0 {
         super::setup::check_memory(cfg, per_agent as u64)?;
     }
-    let concurrent = k.min(fits.max(1)).min(mode.max_concurrent.unwrap_or(k));
+    let concurrent = k.min(fits.max(1)).min(places);
     tracing::info!(
         "memory per agent: up to {:.1} MiB; {k} agents, {concurrent} at once: {:.2} GiB{}",
         per_agent as f64 / f64::from(1 << 20),
@@ -135,7 +162,7 @@ pub fn run(
             ""
         }
     );
-    if fits < k.min(mode.max_concurrent.unwrap_or(k)) {
+    if fits < k.min(places) {
         // Which agents train together decides each one's batches: the free memory
         // should not.
         tracing::warn!(
@@ -146,7 +173,9 @@ pub fn run(
     // `--population-threads` says (more intra-op threads on one update cost more in
     // synchronisation than they save at these sizes), one per GPU (`--gpu 0,1`).
     let devices: Vec<tch::Device> = mode.devices.iter().map(|d| d.device()).collect();
-    let threads = if cfg.device.device() == tch::Device::Cpu {
+    let threads = if mode.shard.is_some() {
+        1
+    } else if cfg.device.device() == tch::Device::Cpu {
         mode.threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     } else {
@@ -158,14 +187,7 @@ pub fn run(
     // first names them. Each thread takes its share of every group, group after group,
     // so the plan (and with it every result) depends only on the sweep and the thread
     // count.
-    let mut groups: Vec<(GroupKey, Vec<Member>)> = Vec::new();
-    for m in members {
-        let key = GroupKey::of(&m.cfg);
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, g)) => g.push(m),
-            None => groups.push((key, vec![m])),
-        }
-    }
+    let groups = groups(members);
     let n_groups = groups.len();
     if let Some((_, group)) = groups.first() {
         let m = &group[0];
@@ -175,15 +197,10 @@ pub fn run(
             tracing::warn!("no TensorBoard HParams experiment: {e}");
         }
     }
-    let mut plans: Vec<Vec<Vec<Member>>> = vec![Vec::new(); threads];
-    for (key, group) in groups {
-        let per = group.len().div_ceil(threads);
+    for (key, group) in &groups {
         tracing::info!("group: {} agents, {key}", group.len());
-        let mut chunks = group.chunks(per).map(<[_]>::to_vec);
-        for plan in &mut plans {
-            plan.push(chunks.next().unwrap_or_default());
-        }
     }
+    let plans = plans(groups, threads);
     tracing::info!(
         "population of {k} on {}: {} actor(s) x {} envs each; {n_groups} group(s) on {threads} thread(s), up to {concurrent} agents at once",
         env.id,
@@ -231,7 +248,11 @@ pub fn run(
             .enumerate()
             .map(|(t, plan)| {
                 // This thread's share of the agents that train at once.
-                let slots = concurrent / threads + usize::from(t < concurrent % threads);
+                let slots = Shard {
+                    index: t,
+                    count: threads,
+                }
+                .slots(concurrent);
                 let device = devices.get(t).copied().unwrap_or(tch::Device::Cpu);
                 let failed = &failed;
                 let run = RunShared {
@@ -315,7 +336,7 @@ pub fn run(
     }
     results.extend(ended);
     results.sort_by_key(|r| r.agent);
-    debug_assert_eq!(results.len(), total);
+    debug_assert_eq!(results.len(), mine);
     if results.iter().any(|r| r.end == AgentEnd::Interrupted) {
         tracing::warn!(
             "stopped: each training agent's state is saved; continue the sweep with --resume {} and the same flags",
@@ -332,14 +353,44 @@ pub fn run(
         groups: n_groups,
         threads,
         concurrent,
+        total_agents: total,
+        shard: mode.shard,
     };
     write_results(&summary, &cfg.logdir)?;
     Ok(summary)
 }
 
+/// Agents that share the update's shapes and pace, each group in the order the sweep
+/// first names it.
+fn groups(members: Vec<Member>) -> Vec<(GroupKey, Vec<Member>)> {
+    let mut groups: Vec<(GroupKey, Vec<Member>)> = Vec::new();
+    for m in members {
+        let key = GroupKey::of(&m.cfg);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(m),
+            None => groups.push((key, vec![m])),
+        }
+    }
+    groups
+}
+
+/// Each thread's share of every group (`plans[thread][group]`, consecutive agents,
+/// possibly none), so the plan (and with it every result) depends only on the sweep
+/// and the thread count. A shard (`--shard I/N`) is `plans(…, N)[I]`.
+fn plans(groups: Vec<(GroupKey, Vec<Member>)>, threads: usize) -> Vec<Vec<Vec<Member>>> {
+    let mut plans: Vec<Vec<Vec<Member>>> = vec![Vec::new(); threads];
+    for (_, group) in groups {
+        let per = group.len().div_ceil(threads);
+        let mut chunks = group.chunks(per).map(<[_]>::to_vec);
+        for plan in &mut plans {
+            plan.push(chunks.next().unwrap_or_default());
+        }
+    }
+    plans
+}
+
 fn write_results(summary: &PopulationSummary, logdir: &Path) -> Result<(), RunError> {
-    let path = logdir.join("population.csv");
-    summary.write_csv(&path)?;
+    let path = summary.write(logdir)?;
     tracing::info!("results written to {}", path.display());
     Ok(())
 }

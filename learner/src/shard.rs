@@ -1,0 +1,121 @@
+//! `--shard I/N`: the I-th of N disjoint parts of a population or sweep, one per task of
+//! a job array (Slurm's `SLURM_ARRAY_TASK_ID`, a Kubernetes Indexed Job's
+//! `JOB_COMPLETION_INDEX`).
+//!
+//! Which agents train together decides their batches (`run::population`: an agent's
+//! batches wait for its group's), so a shard is not "every N-th agent": shard I of N is
+//! thread I's plan of the same run with `--population-threads N` and the same
+//! `--max-concurrent-agents` — its share of every group, with its share of the places —
+//! and its agents' results are bit-identical to that one-process run's on the same
+//! machine. Each shard writes under its own directory of the log directory
+//! (`<logdir>/shard-I-of-N`), and `learner merge --logdir <logdir>` combines them
+//! ([`crate::shard_merge`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Part `index` of `count` (0-based: `0/3`, `1/3`, `2/3`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl FromStr for Shard {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (i, n) = s
+            .split_once('/')
+            .ok_or_else(|| format!("`{s}` is not I/N (the I-th of N parts, from 0: 0/3)"))?;
+        let parse = |x: &str, what: &str| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{s}`: {what} `{x}` is not a whole number"))
+        };
+        let (index, count) = (parse(i, "I")?, parse(n, "N")?);
+        if count == 0 {
+            return Err(format!("`{s}`: N must be at least 1"));
+        }
+        if index >= count {
+            return Err(format!(
+                "`{s}`: I counts from 0 and must be below N (0 to {})",
+                count - 1
+            ));
+        }
+        Ok(Self { index, count })
+    }
+}
+
+impl fmt::Display for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl Shard {
+    /// Its directory under the shards' common log directory: `shard-I-of-N`.
+    pub fn dir_name(&self) -> String {
+        format!("shard-{}-of-{}", self.index, self.count)
+    }
+
+    /// The shard a directory name (`shard-I-of-N`) stands for.
+    pub fn from_dir_name(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix("shard-")?;
+        let (i, n) = rest.split_once("-of-")?;
+        let shard: Self = format!("{i}/{n}").parse().ok()?;
+        // One spelling per shard: `shard-01-of-3` is not shard 1's directory.
+        (shard.dir_name() == name).then_some(shard)
+    }
+
+    /// Its places when `concurrent` agents train at once over all the shards: thread
+    /// I's share in the one-process run (the first `concurrent % N` threads take one
+    /// more).
+    pub fn slots(&self, concurrent: usize) -> usize {
+        concurrent / self.count + usize::from(self.index < concurrent % self.count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_i_of_n_from_zero_and_refuses_the_rest() {
+        assert_eq!("2/3".parse(), Ok(Shard { index: 2, count: 3 }));
+        assert_eq!("0/1".parse(), Ok(Shard { index: 0, count: 1 }));
+        for bad in ["3/3", "1/0", "1", "a/3", "-1/3", "1/3/4", ""] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad}");
+        }
+        let err = "3/3".parse::<Shard>().unwrap_err();
+        assert!(err.contains("0 to 2"), "{err}");
+    }
+
+    #[test]
+    fn its_directory_name_reads_back_and_only_in_one_spelling() {
+        let s = Shard { index: 1, count: 3 };
+        assert_eq!(s.dir_name(), "shard-1-of-3");
+        assert_eq!(Shard::from_dir_name("shard-1-of-3"), Some(s));
+        for other in [
+            "shard-01-of-3",
+            "shard-3-of-3",
+            "shard-1-of",
+            "agents",
+            "shard-1-of-3x",
+        ] {
+            assert_eq!(Shard::from_dir_name(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn places_are_shared_as_the_threads_of_one_process_share_them() {
+        // 7 places over 3: 3, 2, 2, as threads 0, 1 and 2 of one run get them.
+        let slots: Vec<usize> = (0..3)
+            .map(|index| Shard { index, count: 3 }.slots(7))
+            .collect();
+        assert_eq!(slots, [3, 2, 2]);
+        assert_eq!(slots.iter().sum::<usize>(), 7);
+    }
+}

@@ -1,0 +1,246 @@
+//! A sweep split over processes as a job array splits it (`--shard I/N`, each shard a
+//! process of its own, all at once), then `learner merge`: the merged table has every
+//! agent once, and its rows equal (wall time aside) those of the same sweep run in one
+//! process with `--population-threads N` and the same `--max-concurrent-agents`;
+//! TensorBoard's own HParams plugin reads one session per agent from the merged log
+//! directory; a resubmitted shard resumes (nothing left to train); flags that cannot
+//! make a shard are refused in one line.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use millrace_tests::venv_python;
+
+fn learner() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_learner"));
+    c.env("RUST_LOG", "info")
+        .env_remove("MILLRACE_INJECT_FAULT");
+    c
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Six CartPole agents in two groups (batch sizes), three places: the shards' plans
+/// cut through both groups, and agents queue for places.
+const SWEEP: &str = "seeds = [1, 2, 3]\nmax_steps = 1500\n[grid]\nbatch_size = [16, 32]\n";
+
+fn flags(sweep: &Path) -> Vec<String> {
+    [
+        "--no-progress",
+        "--env",
+        "CartPole-v1",
+        "--cpu",
+        "--hidden",
+        "32",
+        "--samples-per-insert",
+        "16",
+        "--target-return",
+        "1000",
+        "--eval-every",
+        "500",
+        "--eval-episodes",
+        "3",
+        "--max-concurrent-agents",
+        "3",
+        "--sweep",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([sweep.display().to_string()])
+    .collect()
+}
+
+/// population.csv's rows by agent, without the wall-time column.
+fn rows(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
+    let csv = std::fs::read_to_string(dir.join("population.csv"))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    lines
+        .map(|l| {
+            let row: BTreeMap<String, String> = header
+                .iter()
+                .zip(l.split(','))
+                .filter(|(h, _)| **h != "wall_s")
+                .map(|(h, v)| (h.to_string(), v.to_string()))
+                .collect();
+            (row["agent"].clone(), row)
+        })
+        .collect()
+}
+
+#[test]
+fn shards_run_apart_and_merged_equal_the_one_process_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("sweep.toml");
+    std::fs::write(&sweep, SWEEP).unwrap();
+    let one = dir.path().join("one");
+    let root = dir.path().join("array");
+
+    let shard = |i: usize| {
+        learner()
+            .args(flags(&sweep))
+            .args(["--shard", &format!("{i}/3"), "--logdir"])
+            .arg(&root)
+            .arg("--resume-if-present")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // The three shards at once, as an array's tasks run, beside nothing else.
+    let tasks: Vec<_> = (0..3).map(shard).collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let out = t.wait_with_output().unwrap();
+        // A shard that finished its part exits 0 (budgets, not targets, ended them).
+        assert_eq!(out.status.code(), Some(0), "shard {i}: {}", text(&out));
+    }
+    let out = learner()
+        .args(flags(&sweep))
+        .args(["--population-threads", "3", "--logdir"])
+        .arg(&one)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("on 3 thread(s), up to 3 agents at once"),
+        "{}",
+        text(&out)
+    );
+
+    let out = learner()
+        .arg("merge")
+        .arg("--logdir")
+        .arg(&root)
+        .output()
+        .unwrap();
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("merged 6 agents"), "{log}");
+    let (merged, reference) = (rows(&root), rows(&one));
+    assert_eq!(merged.len(), 6, "{merged:?}");
+    assert_eq!(
+        merged, reference,
+        "the shards' rows against the one-process run's"
+    );
+    // Each shard trained its own part, in its own directory.
+    let mut seen = 0;
+    for i in 0..3 {
+        let part = rows(&root.join(format!("shard-{i}-of-3")));
+        assert!(!part.is_empty(), "shard {i} trained no agent");
+        seen += part.len();
+    }
+    assert_eq!(seen, 6);
+
+    // TensorBoard's HParams plugin on the merged directory: every agent's session, once.
+    let out = Command::new(venv_python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/read_hparams.py"))
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut agents: Vec<String> = view["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["sessions"].as_array().unwrap().iter())
+        .map(|s| {
+            s["name"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    agents.sort();
+    let want: Vec<String> = (0..6).map(|i| format!("agent-{i:03}")).collect();
+    assert_eq!(agents, want, "{view}");
+
+    // A resubmitted task finds its shard ended: it trains nothing and keeps the rows.
+    let out = shard(1).wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = learner()
+        .arg("merge")
+        .arg("--logdir")
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(rows(&root), reference);
+}
+
+#[test]
+fn flags_that_cannot_make_a_shard_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("sweep.toml");
+    std::fs::write(&sweep, SWEEP).unwrap();
+    let logdir = dir.path().join("run");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--shard", "3/3"], "I counts from 0 and must be below N"),
+        (
+            &["--shard", "0/4"],
+            "6 agents, 3 at once, split into at most 3 shards",
+        ),
+        (
+            &["--shard", "0/2", "--population-threads", "2"],
+            "cannot be used with",
+        ),
+        // A resubmitted task resumes with --resume-if-present, in its own directory.
+        (
+            &["--shard", "0/2", "--resume", "elsewhere"],
+            "cannot be used with",
+        ),
+    ];
+    for (extra, want) in cases {
+        let out = learner()
+            .args(flags(&sweep))
+            .args(extra)
+            .arg("--logdir")
+            .arg(&logdir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{extra:?}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // Without --logdir, and without a population.
+    let out = learner()
+        .args(flags(&sweep))
+        .args(["--shard", "0/2"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--shard needs --logdir"),
+        "{}",
+        text(&out)
+    );
+    let out = learner()
+        .args([
+            "--env",
+            "CartPole-v1",
+            "--cpu",
+            "--shard",
+            "0/2",
+            "--logdir",
+        ])
+        .arg(&logdir)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--shard is for a population"),
+        "{}",
+        text(&out)
+    );
+    assert!(!logdir.exists(), "nothing is written by a refused run");
+}
