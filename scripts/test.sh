@@ -43,9 +43,14 @@ if command -v docker-compose >/dev/null 2>&1; then
 else
     echo "SKIPPED (not passed): the compose file against the binaries (tests/tests/deploy_manifests.rs): no docker-compose here" >&2
 fi
+# The Slurm cluster in Docker (deploy/slurm/cluster): its image on top of those, then
+# deploy/slurm's scripts through sbatch on a controller and three nodes.
 if docker info >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; then
     deploy/build.sh
     cargo test -p millrace-tests --test compose_cluster --locked -- --ignored --nocapture
+    deploy/slurm/cluster/build.sh
+    cargo test -p millrace-tests --test slurm_cluster --locked -- --ignored --nocapture
 else
     echo "SKIPPED (not passed): tests/tests/compose_cluster.rs, the docker-compose cluster: no Docker daemon or no docker-compose here" >&2
+    echo "SKIPPED (not passed): tests/tests/slurm_cluster.rs, the Slurm cluster in Docker: no Docker daemon or no docker-compose here" >&2
 fi

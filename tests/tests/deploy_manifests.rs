@@ -108,18 +108,23 @@ fn check_probe_binary(command: &[String]) {
 const KNOWN_ENV: &[&str] = &["RUST_LOG", "MILLRACE_TOKEN"];
 
 fn validated_k8s_objects() -> Vec<Value> {
+    validated("deploy/k8s")
+}
+
+/// The objects of a kustomization folder, validated by `scripts/check_k8s.py`.
+fn validated(folder: &str) -> Vec<Value> {
     let out = Command::new(venv_python())
         .arg(repo().join("scripts/check_k8s.py"))
-        .arg(repo().join("deploy/k8s"))
+        .arg(repo().join(folder))
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "deploy/k8s is not valid Kubernetes:\n{}",
+        "{folder} is not valid Kubernetes:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    println!("deploy/k8s validated against Kubernetes {}", v["version"]);
+    println!("{folder} validated against Kubernetes {}", v["version"]);
     v["objects"]
         .as_array()
         .unwrap()
@@ -333,6 +338,112 @@ fn kubernetes_manifests_are_valid_and_agree_with_the_binaries() {
             .unwrap()
     };
     assert_eq!(secret_of(pod), secret_of(&job["spec"]["template"]["spec"]));
+}
+
+/// The sweep as a Kubernetes Indexed Job (deploy/k8s/sweep) and its merge
+/// (deploy/k8s/sweep-merge): pod I's arguments, with `$(JOB_COMPLETION_INDEX)` expanded
+/// as Kubernetes expands it, are the learner's `--shard I/N` with N the Job's
+/// completions; every pod writes under one log directory on a ReadWriteMany volume, and
+/// the merge reads that directory from the same claim.
+#[test]
+fn the_sweep_indexed_job_and_its_merge_agree_with_the_binaries() {
+    let objects = validated("deploy/k8s/sweep");
+    let images = built_images();
+    let job = kind(&objects, "Job");
+    let spec = &job["spec"];
+    assert_eq!(spec["completionMode"], "Indexed");
+    let n = spec["completions"].as_u64().unwrap() as usize;
+    assert_eq!(
+        spec["parallelism"].as_u64(),
+        Some(n as u64),
+        "all shards at once"
+    );
+    let pod = &spec["template"]["spec"];
+    let shard = &pod["containers"][0];
+    let image = shard["image"].as_str().unwrap();
+    assert!(
+        images.contains(image),
+        "{image} is not built by deploy/build.sh"
+    );
+    let argv = strings(&shard["args"]);
+    let runs = mount(pod, shard, "persistentVolumeClaim");
+    let mut roots = BTreeSet::new();
+    for index in 0..n {
+        let expanded: Vec<String> = argv
+            .iter()
+            .map(|a| a.replace("$(JOB_COMPLETION_INDEX)", &index.to_string()))
+            .collect();
+        let t = learner_args(&expanded).train;
+        let s = t.shard.expect("--shard");
+        assert_eq!((s.index, s.count), (index, n), "pod {index}'s shard");
+        assert!(t.sweep.is_some() && t.resume_if_present, "{expanded:?}");
+        assert!(
+            t.max_concurrent_agents.is_some(),
+            "the places are given, not left to each node's memory"
+        );
+        let logdir = t.logdir.expect("--logdir");
+        assert!(logdir.starts_with(&runs), "{logdir:?} is not on the volume");
+        roots.insert(logdir);
+        let file = t.sweep.unwrap();
+        let config = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v.get("configMap").is_some())
+            .expect("the sweep file's ConfigMap");
+        let mounted = shard["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == config["name"])
+            .expect("the ConfigMap mounted");
+        assert_eq!(
+            file.parent(),
+            Some(Path::new(mounted["mountPath"].as_str().unwrap()))
+        );
+    }
+    assert_eq!(
+        roots.len(),
+        1,
+        "one log directory for the shards: {roots:?}"
+    );
+    check_env(shard);
+    let claim = kind(&objects, "PersistentVolumeClaim");
+    assert_eq!(
+        claim["spec"]["accessModes"][0], "ReadWriteMany",
+        "pods on many nodes"
+    );
+    let claim_of = |pod: &Value| {
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|v| {
+                v["persistentVolumeClaim"]["claimName"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .unwrap()
+    };
+    assert_eq!(claim["metadata"]["name"].as_str().unwrap(), claim_of(pod));
+
+    let merge = validated("deploy/k8s/sweep-merge");
+    let job = kind(&merge, "Job");
+    let pod = &job["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert!(images.contains(container["image"].as_str().unwrap()));
+    match learner_args(&strings(&container["args"])).command {
+        Some(millrace_learner::cli::Command::Merge { logdir }) => {
+            assert!(
+                roots.contains(&logdir),
+                "merges {logdir:?}, shards write {roots:?}"
+            );
+            assert!(logdir.starts_with(mount(pod, container, "persistentVolumeClaim")));
+        }
+        other => panic!("the merge Job runs {other:?}"),
+    }
+    assert_eq!(claim_of(pod), claim_of(&spec["template"]["spec"]));
+    check_env(container);
 }
 
 /// `docker-compose config` on deploy/docker-compose.yml (variables at their defaults),
