@@ -242,5 +242,18 @@ fn flags_that_cannot_make_a_shard_are_refused() {
         "{}",
         text(&out)
     );
+    // One shard is one thread of the one-process run: one device.
+    let out = learner()
+        .arg("--sweep")
+        .arg(&sweep)
+        .args(["--shard", "0/2", "--gpu", "0,1", "--logdir"])
+        .arg(&logdir)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--shard trains on one device"),
+        "{}",
+        text(&out)
+    );
     assert!(!logdir.exists(), "nothing is written by a refused run");
 }

@@ -175,6 +175,9 @@ fn population_flags(args: &TrainArgs) -> anyhow::Result<bool> {
         if args.logdir.is_none() {
             bail!("--shard needs --logdir: the directory the shards share (each writes under its shard-I-of-N)");
         }
+        if args.gpu.len() > 1 {
+            bail!("--shard trains on one device (thread I of the one-process run): give one --gpu");
+        }
         // Thread I of N exists in the one-process run only if N threads get places.
         let places = args.max_concurrent_agents.unwrap_or(agents).min(agents);
         if shard.count > places {
