@@ -31,7 +31,8 @@ fn text(out: &Output) -> String {
 /// cut through both groups, and agents queue for places.
 const SWEEP: &str = "seeds = [1, 2, 3]\nmax_steps = 1500\n[grid]\nbatch_size = [16, 32]\n";
 
-fn flags(sweep: &Path) -> Vec<String> {
+/// The flags every run of a test's sweep shares, with `places` agents at once.
+fn flags(sweep: &Path, places: usize) -> Vec<String> {
     [
         "--no-progress",
         "--env",
@@ -47,13 +48,12 @@ fn flags(sweep: &Path) -> Vec<String> {
         "500",
         "--eval-episodes",
         "3",
-        "--max-concurrent-agents",
-        "3",
         "--sweep",
     ]
     .iter()
     .map(|s| s.to_string())
     .chain([sweep.display().to_string()])
+    .chain(["--max-concurrent-agents".into(), places.to_string()])
     .collect()
 }
 
@@ -86,7 +86,7 @@ fn shards_run_apart_and_merged_equal_the_one_process_run() {
 
     let shard = |i: usize| {
         learner()
-            .args(flags(&sweep))
+            .args(flags(&sweep, 3))
             .args(["--shard", &format!("{i}/3"), "--logdir"])
             .arg(&root)
             .arg("--resume-if-present")
@@ -103,7 +103,7 @@ fn shards_run_apart_and_merged_equal_the_one_process_run() {
         assert_eq!(out.status.code(), Some(0), "shard {i}: {}", text(&out));
     }
     let out = learner()
-        .args(flags(&sweep))
+        .args(flags(&sweep, 3))
         .args(["--population-threads", "3", "--logdir"])
         .arg(&one)
         .output()
@@ -203,7 +203,7 @@ fn flags_that_cannot_make_a_shard_are_refused() {
     ];
     for (extra, want) in cases {
         let out = learner()
-            .args(flags(&sweep))
+            .args(flags(&sweep, 3))
             .args(extra)
             .arg("--logdir")
             .arg(&logdir)
@@ -216,7 +216,7 @@ fn flags_that_cannot_make_a_shard_are_refused() {
     }
     // Without --logdir, and without a population.
     let out = learner()
-        .args(flags(&sweep))
+        .args(flags(&sweep, 3))
         .args(["--shard", "0/2"])
         .output()
         .unwrap();
@@ -256,4 +256,81 @@ fn flags_that_cannot_make_a_shard_are_refused() {
         text(&out)
     );
     assert!(!logdir.exists(), "nothing is written by a refused run");
+}
+
+/// A task stopped mid-shard (SIGINT, as `scancel` or a time limit's SIGTERM) saves its
+/// agents; the merge refuses the stopped shard, naming its interrupted agents; the same
+/// command line again resumes the shard (`--resume-if-present`), and the merge takes
+/// every agent once.
+#[test]
+fn a_stopped_shard_resumes_with_the_same_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("sweep.toml");
+    std::fs::write(
+        &sweep,
+        "seeds = 6\nmax_steps = 6000\n[grid]\nlr = [1e-3, 2e-3]\n",
+    )
+    .unwrap();
+    let root = dir.path().join("array");
+    // Two places over two shards: each trains its six agents one at a time.
+    let task = |i: usize| {
+        let mut c = learner();
+        c.args(flags(&sweep, 2))
+            .args(["--shard", &format!("{i}/2"), "--logdir"])
+            .arg(&root)
+            .arg("--resume-if-present")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let child = task(0).spawn().unwrap();
+    let agent = |k: usize| root.join(format!("shard-0-of-2/agents/agent-{k:03}"));
+    millrace_tests::wait_until(
+        "shard 0's first agent ended and its second started",
+        std::time::Duration::from_secs(120),
+        || agent(0).join("result.json").exists() && agent(1).join("agent.json").exists(),
+    );
+    millrace_tests::signal(&child, "-INT");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+
+    let merge = || {
+        learner()
+            .arg("merge")
+            .arg("--logdir")
+            .arg(&root)
+            .output()
+            .unwrap()
+    };
+    let out = merge();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("shard(s) 1 of 2 have not run"),
+        "{}",
+        text(&out)
+    );
+    let out = task(1).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = merge();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains(
+            "shard 0/2 was stopped before it finished (agent(s) 1, 2, 3, 4, 5 interrupted)"
+        ),
+        "{}",
+        text(&out)
+    );
+
+    let out = task(0).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("1 agent(s) ended before, 1 go on from their state, 4 start"),
+        "{}",
+        text(&out)
+    );
+    let out = merge();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let merged = rows(&root);
+    assert_eq!(merged.len(), 12);
+    assert!(merged.values().all(|r| r["end"] == "budget"), "{merged:?}");
 }
