@@ -306,9 +306,9 @@ fn placement(c: &Cluster, file: &str) -> (String, Vec<String>) {
     c.wait(
         "the service job says where it runs",
         Duration::from_secs(120),
-        || c.read(&file).contains("actors on"),
+        || c.read(file).contains("actors on"),
     );
-    let text = c.read(&file);
+    let text = c.read(file);
     let line = text.lines().find(|l| l.contains("actors on")).unwrap();
     let learner = line
         .split("learner on ")
