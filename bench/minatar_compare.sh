@@ -124,10 +124,24 @@ fi
 # is from MinAtar <= 1.0.10, before an oxygen bug was fixed.
 declare -A reference=([Asterix]=17 [Breakout]=10 [Freeway]=50 [Seaquest]=20 [SpaceInvaders]=43)
 header="| game | variant | seed | env steps | best evaluation (30 episodes) | best/ in Gymnasium (100 episodes) |"
-# Rows of runs not under $OUT, kept; the others are written afresh below.
+# Whether this invocation reports run $1 afresh: one of its games, variants and seeds,
+# finished here.
+reported() {
+    local g v s
+    for g in "${games[@]}"; do
+        for v in "${variants[@]}"; do
+            for s in "${seeds[@]}"; do
+                [[ "$1" == "$g-$v-$s" ]] && finished "$1" && return 0
+            done
+        done
+    done
+    return 1
+}
+# The committed rows this invocation does not report afresh (other games, variants or
+# seeds, or runs not under $OUT) are kept; the others are written afresh below.
 kept=()
 while IFS=$'\t' read -r name row; do
-    finished "$name" || kept+=("$row")
+    reported "$name" || kept+=("$row")
 done < <(rows_by_run)
 {
     echo "$header"
