@@ -105,6 +105,9 @@ pub struct PopulationSummary {
     /// The part of the population this run trained (`--shard I/N`), if only a part.
     #[serde(default)]
     pub shard: Option<Shard>,
+    /// A shard's [`Shard::fingerprint`]: every shard of one split has the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
 }
 
 /// Mean and half-width of a 95% confidence interval (Student's t) of `xs`.
@@ -289,19 +292,18 @@ impl fmt::Display for PopulationSummary {
                 opt(a.best_eval)
             )?;
         }
-        let configs = self
-            .agents
-            .iter()
-            .map(|a| a.config)
-            .max()
-            .map_or(0, |c| c + 1);
-        for config in 0..configs {
+        // The configurations present (a merged file's numbers are not trusted to be
+        // dense).
+        let configs: std::collections::BTreeSet<usize> =
+            self.agents.iter().map(|a| a.config).collect();
+        let several = configs.len() > 1;
+        for config in configs {
             let mine: Vec<&AgentResult> =
                 self.agents.iter().filter(|a| a.config == config).collect();
             let Some(first) = mine.first() else {
                 continue;
             };
-            if configs > 1 {
+            if several {
                 writeln!(f, "  configuration {config} ({}):", first.label)?;
             }
             let solved: Vec<&&AgentResult> =
@@ -395,6 +397,7 @@ mod tests {
             concurrent: 2,
             total_agents: 2,
             shard: None,
+            plan: None,
         };
         let csv = s.to_csv();
         assert_eq!(csv.lines().count(), 3);

@@ -70,6 +70,27 @@ impl Shard {
         (shard.dir_name() == name).then_some(shard)
     }
 
+    /// What every shard of one split must agree on, as a short text: the whole
+    /// population's agents (each one's identity as `texts` gives it, in order), the
+    /// places shared among the shards, and their number. `learner merge` refuses
+    /// shards whose fingerprints differ (another seed, sweep or --max-concurrent-agents).
+    pub fn fingerprint<'a>(&self, texts: impl Iterator<Item = &'a str>, places: usize) -> String {
+        // FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        for t in texts {
+            eat(t.as_bytes());
+            eat(b"\n");
+        }
+        eat(format!("places {places} shards {}", self.count).as_bytes());
+        format!("{h:016x}")
+    }
+
     /// Its places when `concurrent` agents train at once over all the shards: thread
     /// I's share in the one-process run (the first `concurrent % N` threads take one
     /// more).
@@ -107,6 +128,22 @@ mod tests {
         ] {
             assert_eq!(Shard::from_dir_name(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn the_fingerprint_follows_the_agents_the_places_and_the_split() {
+        let s = Shard { index: 0, count: 3 };
+        let a = s.fingerprint(["agent 0", "agent 1"].into_iter(), 6);
+        assert_eq!(
+            a,
+            Shard { index: 2, count: 3 }.fingerprint(["agent 0", "agent 1"].into_iter(), 6)
+        );
+        assert_ne!(a, s.fingerprint(["agent 0", "agent 2"].into_iter(), 6));
+        assert_ne!(a, s.fingerprint(["agent 0", "agent 1"].into_iter(), 4));
+        assert_ne!(
+            a,
+            Shard { index: 0, count: 2 }.fingerprint(["agent 0", "agent 1"].into_iter(), 6)
+        );
     }
 
     #[test]

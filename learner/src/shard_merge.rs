@@ -121,9 +121,10 @@ fn combine(parts: Vec<PopulationSummary>) -> anyhow::Result<PopulationSummary> {
     let first = parts.first().context("no shards")?;
     let (env, total, target) = (first.env.clone(), first.total_agents, first.target);
     let mut agents: BTreeMap<usize, (Shard, AgentResult)> = BTreeMap::new();
+    let plan = first.plan.clone();
     let mut merged = PopulationSummary {
         env: env.clone(),
-        agents: Vec::with_capacity(total),
+        agents: Vec::new(),
         wall_s: 0.0,
         updates: 0,
         target,
@@ -133,6 +134,7 @@ fn combine(parts: Vec<PopulationSummary>) -> anyhow::Result<PopulationSummary> {
         concurrent: 0,
         total_agents: total,
         shard: None,
+        plan: None,
     };
     for part in parts {
         let shard = part.shard.context("a shard's results name their shard")?;
@@ -142,6 +144,11 @@ fn combine(parts: Vec<PopulationSummary>) -> anyhow::Result<PopulationSummary> {
                 part.total_agents,
                 part.env,
                 part.target
+            );
+        }
+        if part.plan != plan {
+            bail!(
+                "shard {shard} is of another split than shard 0 (another seed, sweep, --max-concurrent-agents or number of shards): run every shard with the same command line"
             );
         }
         merged.wall_s = merged.wall_s.max(part.wall_s);
@@ -169,14 +176,23 @@ fn combine(parts: Vec<PopulationSummary>) -> anyhow::Result<PopulationSummary> {
             agents.insert(agent.agent, (shard, agent));
         }
     }
-    let missing: Vec<String> = (0..total)
-        .filter(|i| !agents.contains_key(i))
-        .map(|i| i.to_string())
-        .collect();
-    if !missing.is_empty() {
+    if agents.len() < total {
+        // Every key is below `total`: the first missing ones are among the first
+        // `agents.len() + 10` numbers, however large `total` claims to be.
+        let missing: Vec<String> = (0..total)
+            .filter(|i| !agents.contains_key(i))
+            .take(10)
+            .map(|i| i.to_string())
+            .collect();
         bail!(
-            "agent(s) {} of {total} are in no shard's results",
-            missing.join(", ")
+            "{} of the {total} agents are in no shard's results (agent(s) {}{})",
+            total - agents.len(),
+            missing.join(", "),
+            if total - agents.len() > missing.len() {
+                ", ..."
+            } else {
+                ""
+            }
         );
     }
     merged.agents = agents.into_values().map(|(_, a)| a).collect();
@@ -204,6 +220,7 @@ mod tests {
     use crate::population_results::example_agent;
 
     fn part(shard: Shard, agents: &[usize], total: usize) -> PopulationSummary {
+        let plan = Some(format!("split of {total} in {}", shard.count));
         PopulationSummary {
             env: "CartPole-v1".into(),
             agents: agents
@@ -219,6 +236,7 @@ mod tests {
             concurrent: 2,
             total_agents: total,
             shard: Some(shard),
+            plan,
         }
     }
 
@@ -302,7 +320,10 @@ mod tests {
 
         write(root.path(), &part(shard(1, 2), &[2], 4));
         let err = merge(root.path()).unwrap_err().to_string();
-        assert!(err.contains("agent(s) 3 of 4 are in no shard"), "{err}");
+        assert!(
+            err.contains("1 of the 4 agents are in no shard's results (agent(s) 3)"),
+            "{err}"
+        );
 
         write(root.path(), &part(shard(0, 3), &[0], 4));
         let err = merge(root.path()).unwrap_err().to_string();
@@ -318,5 +339,28 @@ mod tests {
         write(root.path(), &other);
         let err = merge(root.path()).unwrap_err().to_string();
         assert!(err.contains("not one population"), "{err}");
+
+        // The same population run with another seed, sweep or number of places.
+        let mut other = part(shard(1, 2), &[1], 2);
+        other.plan = Some("another".into());
+        write(root.path(), &other);
+        let err = merge(root.path()).unwrap_err().to_string();
+        assert!(err.contains("shard 1/2 is of another split"), "{err}");
+
+        // A file claiming a population of usize::MAX agents is refused, not allocated.
+        let mut huge = part(shard(1, 2), &[1], usize::MAX);
+        huge.plan = part(shard(0, 2), &[0], 2).plan;
+        write(root.path(), &huge);
+        let err = merge(root.path()).unwrap_err().to_string();
+        assert!(err.contains("not one population"), "{err}");
+        write(root.path(), &part(shard(0, 2), &[0], usize::MAX));
+        write(root.path(), &part(shard(1, 2), &[1], usize::MAX));
+        let err = merge(root.path()).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "of the 18446744073709551615 agents are in no shard's results (agent(s) 2, 3,"
+            ),
+            "{err}"
+        );
     }
 }

@@ -462,15 +462,16 @@ fn a_slurm_cluster_runs_the_service_and_a_sweep_array_through_sbatch() {
     assert!(log.contains("already finished: solved"), "{log}");
 
     // The GPU form without a GPU: a heterogeneous job, the learner's component first,
-    // the actors' second, under a 2-minute limit with SIGTERM 60 s ahead of it
-    // (`--signal=TERM@60`, the script's): the learner trains with both actors, and the
-    // time limit's signal makes it write its checkpoint.
+    // the actors' second, under a 3-minute limit with SIGTERM 60 s ahead of it
+    // (`--signal=TERM@60`, the script's; Slurm may send it up to a minute earlier, so
+    // between 60 and 120 s in): the learner trains with both actors, and the time
+    // limit's signal makes it write its checkpoint.
     let het = c.sbatch(&[
-        "--time=2",
+        "--time=3",
         "--nodes=1",
         "--output=/shared/het-%j.out",
         ":",
-        "--time=2",
+        "--time=3",
         "--nodes=2",
         &format!("{SCRIPTS}/service.sbatch"),
         "/shared/het",
@@ -487,7 +488,7 @@ fn a_slurm_cluster_runs_the_service_and_a_sweep_array_through_sbatch() {
     assert!(!actor_nodes.contains(&learner_node));
     c.wait(
         "the time limit's SIGTERM and the learner's checkpoint",
-        Duration::from_secs(240),
+        Duration::from_secs(300),
         || {
             c.read(&file)
                 .contains("result:          interrupted (checkpoint written)")

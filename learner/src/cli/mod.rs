@@ -249,8 +249,8 @@ pub struct TrainArgs {
     /// Train only part I of N of the population or sweep (0-based: `0/3`), for a job
     /// array (`$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`; a Kubernetes Indexed Job's
     /// `$(JOB_COMPLETION_INDEX)/N`): exactly thread I's agents and places of the same run
-    /// with --population-threads N and the same --max-concurrent-agents, so its results
-    /// equal that run's. Writes under LOGDIR/shard-I-of-N; `learner merge --logdir
+    /// with --population-threads N (on GPUs: --gpu over N devices) and the same
+    /// --max-concurrent-agents, so its results equal that run's. Writes under LOGDIR/shard-I-of-N; `learner merge --logdir
     /// LOGDIR` combines the shards.
     #[arg(long, value_name = "I/N", conflicts_with_all = ["population_threads", "resume"])]
     pub shard: Option<crate::shard::Shard>,

@@ -63,6 +63,13 @@ pub fn run(
     // A shard trains thread I's plan of the whole population on N threads, and that
     // thread's places: nothing else of the one-process run's plan changes.
     let places = mode.max_concurrent.unwrap_or(total).min(total);
+    let plan = mode.shard.map(|shard| {
+        let identities: Vec<String> = members
+            .iter()
+            .map(|m| serde_json::to_string(&m.identity()).unwrap_or_default())
+            .collect();
+        shard.fingerprint(identities.iter().map(String::as_str), places)
+    });
     let members = match mode.shard {
         Some(shard) => {
             let mut plans = plans(groups(members), shard.count);
@@ -115,18 +122,23 @@ pub fn run(
     let k = members.len();
     if k == 0 {
         tracing::info!("every agent of this population has ended: nothing to train");
+        // A resubmitted task whose shard had ended keeps the run's own figures.
+        let before = PopulationSummary::read(&cfg.logdir.join("population.json"))
+            .ok()
+            .filter(|s| s.shard == mode.shard && s.plan == plan);
         let summary = PopulationSummary {
             env: env.id.clone(),
             agents: ended,
-            wall_s: started.elapsed().as_secs_f64(),
-            updates: 0,
+            wall_s: before.as_ref().map_or(0.0, |b| b.wall_s) + started.elapsed().as_secs_f64(),
+            updates: before.as_ref().map_or(0, |b| b.updates),
             target: cfg.eval.target_return,
-            split: [0.0; 3],
-            groups: 0,
-            threads: 0,
-            concurrent: 0,
+            split: before.as_ref().map_or([0.0; 3], |b| b.split),
+            groups: before.as_ref().map_or(0, |b| b.groups),
+            threads: before.as_ref().map_or(0, |b| b.threads),
+            concurrent: before.as_ref().map_or(0, |b| b.concurrent),
             total_agents: total,
             shard: mode.shard,
+            plan,
         };
         write_results(&summary, &cfg.logdir)?;
         return Ok(summary);
@@ -165,9 +177,14 @@ pub fn run(
     if fits < k.min(places) {
         // Which agents train together decides each one's batches: the free memory
         // should not.
-        tracing::warn!(
-            "memory limits this run to {concurrent} agents at once; to reproduce its results, pass --max-concurrent-agents {concurrent}"
-        );
+        match mode.shard {
+            Some(shard) => tracing::warn!(
+                "memory limits shard {shard} to {concurrent} agents at once, fewer than its {places} places: its results will differ from the one-process run's; give its task more memory, or every task a lower --max-concurrent-agents"
+            ),
+            None => tracing::warn!(
+                "memory limits this run to {concurrent} agents at once; to reproduce its results, pass --max-concurrent-agents {concurrent}"
+            ),
+        }
     }
     // Threads, each a stacked update of its own: one per core on the CPU unless
     // `--population-threads` says (more intra-op threads on one update cost more in
@@ -355,6 +372,7 @@ pub fn run(
         concurrent,
         total_agents: total,
         shard: mode.shard,
+        plan,
     };
     write_results(&summary, &cfg.logdir)?;
     Ok(summary)
