@@ -413,6 +413,11 @@ fn a_slurm_cluster_runs_the_service_and_a_sweep_array_through_sbatch() {
         log.contains("result:          interrupted (checkpoint written)"),
         "{log}"
     );
+    // The script waited for the learner through its own SIGTERM, and says how it ended.
+    c.wait("the job's last line", Duration::from_secs(60), || {
+        c.read(&format!("service-{job}.out"))
+            .contains("service: the learner exited with status 130")
+    });
     let saved = read_json(&c.shared.join("cartpole/checkpoint/latest/meta.json"));
     let saved_steps = saved["env_steps"].as_f64().unwrap();
     assert!(
@@ -504,6 +509,10 @@ fn a_slurm_cluster_runs_the_service_and_a_sweep_array_through_sbatch() {
             "{node}'s actor joined the learner:\n{log}"
         );
     }
+    c.wait("the job's last line", Duration::from_secs(60), || {
+        c.read(&file)
+            .contains("service: the learner exited with status 130")
+    });
     let saved = read_json(&c.shared.join("het/checkpoint/latest/meta.json"));
     c.phase(&format!(
         "heterogeneous job {het}: the learner on {learner_node}, actors on {actor_nodes:?}; the time limit's SIGTERM, a checkpoint at {} env steps",
