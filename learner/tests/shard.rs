@@ -6,11 +6,10 @@
 //! directory; a resubmitted shard resumes (nothing left to train); flags that cannot
 //! make a shard are refused in one line.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use millrace_tests::venv_python;
+use millrace_tests::{population_rows as rows, venv_python};
 
 fn learner() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_learner"));
@@ -55,25 +54,6 @@ fn flags(sweep: &Path, places: usize) -> Vec<String> {
     .chain([sweep.display().to_string()])
     .chain(["--max-concurrent-agents".into(), places.to_string()])
     .collect()
-}
-
-/// population.csv's rows by agent, without the wall-time column.
-fn rows(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
-    let csv = std::fs::read_to_string(dir.join("population.csv"))
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    lines
-        .map(|l| {
-            let row: BTreeMap<String, String> = header
-                .iter()
-                .zip(l.split(','))
-                .filter(|(h, _)| **h != "wall_s")
-                .map(|(h, v)| (h.to_string(), v.to_string()))
-                .collect();
-            (row["agent"].clone(), row)
-        })
-        .collect()
 }
 
 #[test]

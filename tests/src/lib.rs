@@ -97,6 +97,45 @@ pub fn read_json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// A population's `population.csv` (in `dir`) as its rows by agent number, each row by
+/// column, without the wall-time column (which differs between runs of the same
+/// population): what two runs that must agree are compared on.
+pub fn population_rows(
+    dir: &std::path::Path,
+) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>> {
+    let csv = std::fs::read_to_string(dir.join("population.csv"))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    lines
+        .map(|l| {
+            let row: std::collections::BTreeMap<String, String> = header
+                .iter()
+                .zip(l.split(','))
+                .filter(|(h, _)| **h != "wall_s")
+                .map(|(h, v)| (h.to_string(), v.to_string()))
+                .collect();
+            (row["agent"].clone(), row)
+        })
+        .collect()
+}
+
+/// Runs a command to its end (panics, naming it, when it cannot start).
+pub fn run(cmd: &mut std::process::Command) -> std::process::Output {
+    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+/// Runs a command that must succeed; its stdout.
+pub fn ok(cmd: &mut std::process::Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        output_text(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A finished process's stdout then stderr, for assertion messages.
 pub fn output_text(out: &std::process::Output) -> String {
     format!(

@@ -21,10 +21,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use millrace_tests::{binary, output_text, read_json, venv_python};
+use millrace_tests::{binary, ok, output_text, read_json, run, venv_python};
 
 const LEARNER_IMAGE: &str = "millrace/learner:cpu";
 const ACTOR_IMAGE: &str = "millrace/actor:native";
@@ -36,20 +36,6 @@ const SOLVABLE: &str = "--max-steps 100000000 --seed 1";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
-}
-
-fn ok(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}",
-        output_text(&out)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn docker(args: &[&str]) -> String {

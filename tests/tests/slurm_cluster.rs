@@ -34,7 +34,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use millrace_tests::{binary, output_text, read_json, venv_python};
+use millrace_tests::{
+    binary, ok, output_text, play_in_gymnasium, population_rows as rows, read_json, run,
+};
 
 const IMAGE: &str = "millrace/slurm:bookworm";
 /// The job user's UID and GID on every node (deploy/slurm/cluster/slurm.Dockerfile).
@@ -44,20 +46,6 @@ const SCRIPTS: &str = "/opt/millrace/slurm";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
-}
-
-fn ok(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}",
-        output_text(&out)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// One compose project of its own, with its shared directory and munge key; `down -v`
@@ -256,25 +244,6 @@ fn metrics(addr: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// population.csv's rows by agent, without the wall-time column.
-fn rows(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
-    let csv = std::fs::read_to_string(dir.join("population.csv"))
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    lines
-        .map(|l| {
-            let row: BTreeMap<String, String> = header
-                .iter()
-                .zip(l.split(','))
-                .filter(|(h, _)| **h != "wall_s")
-                .map(|(h, v)| (h.to_string(), v.to_string()))
-                .collect();
-            (row["agent"].clone(), row)
-        })
-        .collect()
-}
-
 /// The service job's learner flags: while nodes are stopped and jobs cancelled, a
 /// target no CartPole episode reaches, so that the run cannot end before that is done.
 const OUT_OF_REACH: [&str; 2] = ["--target-return", "1000"];
@@ -443,17 +412,13 @@ fn a_slurm_cluster_runs_the_service_and_a_sweep_array_through_sbatch() {
     assert!(log.contains("result:          solved"), "{log}");
     c.phase(&format!("job {again} resumed the run and solved it"));
     // The solved policy, out of the shared directory, in Gymnasium itself.
-    let policy = c._dir.path().join("policy.safetensors");
-    ok(Command::new(binary("learner"))
-        .args(["export", "--which", "solved", "--checkpoint"])
-        .arg(c.shared.join("cartpole/checkpoint"))
-        .arg("--out")
-        .arg(&policy));
-    let played = ok(Command::new(venv_python())
-        .arg(repo().join("scripts/play_policy.py"))
-        .arg(&policy)
-        .args(["--episodes", "100", "--seed", "12345"]));
-    let played: serde_json::Value = serde_json::from_str(played.trim()).unwrap();
+    let played = play_in_gymnasium(
+        &binary("learner"),
+        &c.shared.join("cartpole/checkpoint"),
+        None,
+        "solved",
+        c._dir.path(),
+    );
     let mean = played["mean"].as_f64().unwrap();
     c.phase(&format!(
         "the solved policy in Gymnasium: {mean:.1} over 100 episodes"
