@@ -211,6 +211,15 @@ mod tests {
         // MinAtar's tables: the `minatar` preset.
         let m = parse(&argv(&["--cpu", "--env", "gym:MinAtar/Breakout-v1"])).unwrap();
         assert_eq!((m.args.train.lr, m.args.train.n_step), (1e-4, 1));
+        assert_eq!(
+            m.args.train.target,
+            millrace_core::dqn::TargetKind::Munchausen
+        );
+        let cfg = m.args.train.into_config().unwrap();
+        assert!(matches!(
+            cfg.dqn.bootstrap,
+            millrace_core::dqn::Bootstrap::Munchausen(_)
+        ));
     }
 
     #[test]

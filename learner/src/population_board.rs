@@ -41,7 +41,10 @@ fn decimal(x: f32) -> f64 {
     x.to_string().parse().unwrap_or(f64::from(x))
 }
 
-/// An agent's settings as HParams: the numbers as numbers, the rest as text.
+/// An agent's settings as HParams: the numbers as numbers, the rest as text. The
+/// Munchausen columns (the agent's own settings, else the run's) are there under
+/// `--target munchausen`, the IQN ones with `--head iqn`: every agent of a run has the
+/// same columns.
 pub fn settings(
     config: usize,
     hp: &AgentHparams,
@@ -50,7 +53,7 @@ pub fn settings(
     let (eps_start, eps_end, eps_steps) = setup.epsilon.as_linear();
     let hidden: Vec<String> = setup.hidden.iter().map(usize::to_string).collect();
     let n = HValue::Number;
-    vec![
+    let mut out = vec![
         ("config", n(config as f64)),
         ("seed", n(hp.seed as f64)),
         ("lr", n(hp.lr)),
@@ -67,7 +70,21 @@ pub fn settings(
         ("batch_size", n(setup.batch_size as f64)),
         ("hidden", HValue::Text(hidden.join("x"))),
         ("samples_per_insert", n(setup.samples_per_insert)),
-    ]
+    ];
+    if let Some(m) = hp.munchausen.or(setup.munchausen) {
+        out.extend([
+            ("munchausen_tau", n(m.tau)),
+            ("munchausen_alpha", n(m.alpha)),
+            ("munchausen_clip", n(m.clip)),
+        ]);
+    }
+    if let Some(iqn) = setup.iqn {
+        out.extend([
+            ("iqn_taus", n(iqn.online as f64)),
+            ("iqn_target_taus", n(iqn.target as f64)),
+        ]);
+    }
+    out
 }
 
 /// Writes the experiment into the log directory's own event file: the settings of
@@ -149,5 +166,58 @@ impl AgentBoard {
                 ),
             ],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::population_results::{example_agent, AgentEnd};
+    use millrace_core::dqn::iqn::IqnSampling;
+    use millrace_core::dqn::Munchausen;
+
+    fn names(s: &[(&'static str, HValue)]) -> Vec<&'static str> {
+        s.iter().map(|(k, _)| *k).collect()
+    }
+
+    fn number(s: &[(&'static str, HValue)], name: &str) -> f64 {
+        match s.iter().find(|(k, _)| *k == name) {
+            Some((_, HValue::Number(x))) => *x,
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn munchausen_and_iqn_columns_are_there_only_when_the_run_has_them() {
+        let a = example_agent(0, AgentEnd::Solved);
+        let plain = settings(0, &a.hparams, &a.setup);
+        assert!(!names(&plain)
+            .iter()
+            .any(|k| k.starts_with("munchausen") || k.starts_with("iqn")));
+
+        // The run's Munchausen settings and IQN fractions.
+        let mut setup = a.setup.clone();
+        setup.munchausen = Some(Munchausen::default());
+        setup.iqn = Some(IqnSampling {
+            online: 8,
+            target: 16,
+            kappa: 1.0,
+        });
+        let run = settings(0, &a.hparams, &setup);
+        assert_eq!(number(&run, "munchausen_tau"), 0.03);
+        assert_eq!(number(&run, "munchausen_alpha"), 0.9);
+        assert_eq!(number(&run, "munchausen_clip"), -1.0);
+        assert_eq!(number(&run, "iqn_taus"), 8.0);
+        assert_eq!(number(&run, "iqn_target_taus"), 16.0);
+
+        // An agent's own (a sweep's) outrank the run's, in the same columns.
+        let mut hp = a.hparams;
+        hp.munchausen = Some(Munchausen {
+            tau: 0.1,
+            ..Munchausen::default()
+        });
+        let own = settings(0, &hp, &setup);
+        assert_eq!(names(&own), names(&run));
+        assert_eq!(number(&own, "munchausen_tau"), 0.1);
     }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::RunConfig;
 use crate::shard::Shard;
 use millrace_core::dqn::agents::AgentHparams;
-use millrace_core::dqn::TargetUpdate;
+use millrace_core::dqn::{Bootstrap, Munchausen, TargetUpdate};
 
 /// An agent's settings besides its [`AgentHparams`]: how its actors acted and the
 /// shape and pace of its update (a sweep's values, or the flags').
@@ -26,6 +26,10 @@ pub struct AgentSetup {
     /// The IQN head's sampled fractions, where the run has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iqn: Option<millrace_core::dqn::iqn::IqnSampling>,
+    /// The run's Munchausen settings (`--munchausen-*`), under `--target munchausen`;
+    /// an agent's own, from a sweep, are its [`AgentHparams::munchausen`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub munchausen: Option<Munchausen>,
 }
 
 impl AgentSetup {
@@ -38,6 +42,10 @@ impl AgentSetup {
             hidden: cfg.hidden.clone(),
             samples_per_insert: cfg.replay.samples_per_insert,
             iqn: cfg.iqn.map(|_| cfg.dqn.iqn),
+            munchausen: match cfg.dqn.bootstrap {
+                Bootstrap::Munchausen(m) => Some(m),
+                Bootstrap::Double => None,
+            },
         }
     }
 
@@ -352,6 +360,7 @@ pub(crate) fn example_agent(i: usize, end: AgentEnd) -> AgentResult {
             hidden: vec![64, 64],
             samples_per_insert: 0.5,
             iqn: None,
+            munchausen: None,
         },
         hparams: AgentHparams {
             seed: i as u64,
