@@ -162,6 +162,13 @@ impl Cluster {
         self.states(id)
     }
 
+    /// Waits until all three nodes are idle: none down, none still completing a job.
+    fn wait_idle(&self, limit: Duration) {
+        self.wait("three idle nodes", limit, || {
+            (1..=3).all(|i| self.node_state(&format!("node{i}")) == "idle")
+        });
+    }
+
     fn node_state(&self, node: &str) -> String {
         let out = self.exec(
             "slurmctld",
@@ -270,13 +277,12 @@ fn service(c: &Cluster, extra: &[&str]) -> String {
     c.sbatch(&args)
 }
 
-/// The learner's node and the actors' nodes, from the first line of a job's output.
-fn placement(c: &Cluster, file: &str) -> (String, Vec<String>) {
-    c.wait(
-        "the service job says where it runs",
-        Duration::from_secs(120),
-        || c.read(file).contains("actors on"),
-    );
+/// The learner's node and the actors' nodes, from the first line of a job's output,
+/// once the job has started (within `limit`).
+fn placement(c: &Cluster, file: &str, limit: Duration) -> (String, Vec<String>) {
+    c.wait("the service job says where it runs", limit, || {
+        c.read(file).contains("actors on")
+    });
     let text = c.read(file);
     let line = text.lines().find(|l| l.contains("actors on")).unwrap();
     let learner = line
@@ -307,9 +313,7 @@ fn a_slurm_cluster_runs_the_service_and_a_sweep_array_through_sbatch() {
     let c = Cluster::up();
 
     // 0. The spike: the controller sees three idle nodes, and a step reaches each.
-    c.wait("three idle nodes", Duration::from_secs(120), || {
-        (1..=3).all(|i| c.node_state(&format!("node{i}")) == "idle")
-    });
+    c.wait_idle(Duration::from_secs(120));
     let hosts = c.slurm(&["srun", "--nodes=3", "--ntasks=3", "hostname"]);
     let mut hosts: Vec<&str> = hosts.lines().collect();
     hosts.sort_unstable();
@@ -318,7 +322,8 @@ fn a_slurm_cluster_runs_the_service_and_a_sweep_array_through_sbatch() {
 
     // 1. The service job: the learner on one node, an actor step on each other one.
     let job = service(&c, &OUT_OF_REACH);
-    let (learner_node, actor_nodes) = placement(&c, &format!("service-{job}.out"));
+    let (learner_node, actor_nodes) =
+        placement(&c, &format!("service-{job}.out"), Duration::from_secs(120));
     assert_eq!(actor_nodes.len(), 2, "{actor_nodes:?}");
     assert!(!actor_nodes.contains(&learner_node));
     let addr = format!("{}:9100", c.address(&learner_node));
@@ -436,6 +441,13 @@ fn a_slurm_cluster_runs_the_service_and_a_sweep_array_through_sbatch() {
     // (`--signal=TERM@60`, the script's; Slurm may send it up to a minute earlier, so
     // between 60 and 120 s in): the learner trains with both actors, and the time
     // limit's signal makes it write its checkpoint.
+    //
+    // Submitted while the last job's nodes were still completing, the heterogeneous
+    // job once failed to start (slurmctld: "Deallocate ... due to hetjob start
+    // failure") and was requeued; Slurm holds a requeued job back for its credential
+    // lifetime (120 s by default), past the placement wait. So the job goes in on three
+    // idle nodes, and the wait allows for one such requeue all the same.
+    c.wait_idle(Duration::from_secs(120));
     let het = c.sbatch(&[
         "--time=3",
         "--nodes=1",
@@ -453,7 +465,7 @@ fn a_slurm_cluster_runs_the_service_and_a_sweep_array_through_sbatch() {
         "100000000",
     ]);
     let file = format!("het-{het}.out");
-    let (learner_node, actor_nodes) = placement(&c, &file);
+    let (learner_node, actor_nodes) = placement(&c, &file, Duration::from_secs(300));
     assert_eq!(actor_nodes.len(), 2, "{actor_nodes:?}");
     assert!(!actor_nodes.contains(&learner_node));
     c.wait(
