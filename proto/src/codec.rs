@@ -3,8 +3,8 @@
 //! A frame is a little-endian `u32` payload length followed by the payload, a bincode
 //! 2.0.1 (serde, standard config) encoding of one message. Every length is checked
 //! against an explicit maximum before anything is allocated for it, and decoding runs
-//! with a byte limit of the payload's own size class (see [`decode`]), so a small frame
-//! cannot claim a large allocation. Memory a hostile frame can cost is therefore
+//! with a byte limit that follows from the payload's size (see [`decode`]), so a small
+//! frame cannot claim a large allocation. Memory a hostile frame can cost is therefore
 //! bounded: the frame itself, plus what decoding expands it to (at most ~24 bytes per
 //! encoded byte, for a sequence of empty strings; 8 for varint-coded integers). Servers
 //! read the pre-authentication handshake with a small frame limit for that reason, and
@@ -85,6 +85,19 @@ pub fn payload_len(header: [u8; HEADER_BYTES], max_frame: usize) -> Result<usize
     Ok(len)
 }
 
+/// Decoded bytes per encoded byte, at most, in any message of this crate, counted the
+/// way bincode 2.0.1 counts its limit: every primitive it decodes claims its decoded
+/// width (a `u64` 8 bytes, a length 8, an `f32` 4, a variant index 4, a byte 1) and
+/// consumes at least one encoded byte, and byte buffers claim their length once
+/// (serde's sequences claim nothing up front). No wire type holds a 128-bit integer, so
+/// 8 bounds the ratio; a varint `u64` of 1 byte is the worst case.
+pub const DECODED_PER_ENCODED_BYTE: usize = 8;
+
+/// The encoded payload sizes whose decoding limits are compiled in (bincode's limit is a
+/// const generic): the limit for a payload is [`DECODED_PER_ENCODED_BYTE`] times the
+/// smallest class that holds it.
+const SIZE_CLASSES: [usize; 4] = [64 << 10, 1 << 20, 16 << 20, MAX_FRAME_CEILING];
+
 fn decode_limited<M: DeserializeOwned, const LIMIT: usize>(
     payload: &[u8],
 ) -> Result<M, CodecError> {
@@ -100,16 +113,20 @@ fn decode_limited<M: DeserializeOwned, const LIMIT: usize>(
 /// Decodes one message from a whole payload; the payload must hold exactly one.
 ///
 /// bincode checks every length it reads against a byte limit before allocating for it
-/// (a `Vec<u8>` claiming 60 MB is refused, not allocated); the limit is the payload's
-/// size class (64 KiB, 1 MiB, 16 MiB, 64 MiB: the smallest that holds it), so whatever
-/// a frame claims, decoding allocates at most 16× its size (and 64 KiB for a small
-/// one) at once for bytes, never over the 64 MiB ceiling.
+/// (a `Vec<u8>` claiming 60 MB is refused, not allocated), and it counts that limit in
+/// *decoded* widths, not encoded bytes (a 1-byte varint decoded as an `i64` counts 8).
+/// The limit is therefore [`DECODED_PER_ENCODED_BYTE`] × the payload's size class
+/// (64 KiB, 1 MiB, 16 MiB, 64 MiB: the smallest that holds it): every valid message
+/// decodes whatever its size, and whatever a frame claims, decoding allocates at most
+/// 8 × its class at once for bytes (512 KiB for a small frame).
 pub fn decode<M: DeserializeOwned>(payload: &[u8]) -> Result<M, CodecError> {
+    const K: usize = DECODED_PER_ENCODED_BYTE;
+    const C: [usize; 4] = SIZE_CLASSES;
     match payload.len() {
-        n if n <= 64 << 10 => decode_limited::<M, { 64 << 10 }>(payload),
-        n if n <= 1 << 20 => decode_limited::<M, { 1 << 20 }>(payload),
-        n if n <= 16 << 20 => decode_limited::<M, { 16 << 20 }>(payload),
-        _ => decode_limited::<M, MAX_FRAME_CEILING>(payload),
+        n if n <= C[0] => decode_limited::<M, { K * C[0] }>(payload),
+        n if n <= C[1] => decode_limited::<M, { K * C[1] }>(payload),
+        n if n <= C[2] => decode_limited::<M, { K * C[2] }>(payload),
+        _ => decode_limited::<M, { K * C[3] }>(payload),
     }
 }
 
@@ -533,8 +550,8 @@ mod tests {
 
     #[test]
     fn a_huge_claimed_length_inside_a_small_frame_fails_cleanly() {
-        // Observation bytes claiming 2^60, then 60 MB: the small frame's size class
-        // (64 KiB) refuses both claims before any allocation.
+        // Observation bytes claiming 2^60, then 60 MB: the small frame's limit (8 × its
+        // 64 KiB size class) refuses both claims before any allocation.
         for claim in [1u64 << 60, 60 << 20] {
             let mut payload = vec![1u8, 0, 0, 0, 0, 0]; // Transitions; ids, version...
             payload.push(253); // varint marker for a u64 length

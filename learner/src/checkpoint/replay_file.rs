@@ -164,7 +164,12 @@ pub fn load(path: &Path, env: &EnvSpec, table: &Table) -> Result<Restored, Check
             restored.damaged += 1;
             continue;
         };
-        if batch.check_values(num_actions, obs_dtype).is_err() {
+        // Finite values, as when they were stored: their bounds were checked then
+        // (against that run's flags, which a resumed run may have changed).
+        if batch
+            .check_values(num_actions, obs_dtype, &millrace_proto::ValueBounds::FINITE)
+            .is_err()
+        {
             restored.damaged += 1;
             continue;
         }
@@ -187,6 +192,67 @@ pub fn load(path: &Path, env: &EnvSpec, table: &Table) -> Result<Restored, Check
 #[cfg(test)]
 mod tests {
     use super::*;
+    use millrace_replay::{PriorityConfig, RateLimiterConfig, ReplayConfig};
+
+    /// A prioritized CartPole-sized replay (16-byte observations) of `capacity` items.
+    fn prioritized(capacity: usize) -> Table {
+        Table::new(&ReplayConfig {
+            capacity,
+            shards: 1,
+            obs_row_bytes: 16,
+            stack: 1,
+            obs_rows_per_item: 2.0,
+            limiter: RateLimiterConfig::sample_to_insert_ratio(4.0, 10, 1e9, 8).unwrap(),
+            priority: Some(PriorityConfig {
+                alpha: 0.6,
+                beta: 0.4,
+            }),
+        })
+        .unwrap()
+    }
+
+    /// A valid batch of `rows` transitions with two observation rows each.
+    fn batch(rows: usize, seq: u64) -> TransitionBatch {
+        let mut b = TransitionBatch::with_capacity(16, rows, 2 * rows);
+        b.seq = seq;
+        for i in 0..rows {
+            let x = (seq as usize * rows + i) as f32;
+            b.push_f32(
+                &[x, 0.5, -x, 1.0],
+                (i % 2) as i64,
+                1.0,
+                0.99,
+                &[x, 0.0, 0.0, 0.0],
+            );
+        }
+        b
+    }
+
+    #[test]
+    fn an_intact_replay_of_records_straddling_a_size_class_resumes_whole() {
+        // Regression (issue "One bad transition…", part 2): three valid batches, ~61 KB
+        // each encoded (under 64 KiB) but ~72 KB decoded (3-byte indices decode to 4,
+        // 1-byte actions to 8), resumed as "3 damaged record(s) skipped … holds 0
+        // transitions". Then the same across the next class boundary (1 MiB): a record
+        // under it that decodes to more, and one over it.
+        let env = millrace_actor::env::spec("CartPole-v1").unwrap();
+        for (rows, records) in [(1200, 3), (19_000, 1), (22_000, 1)] {
+            let table = prioritized(40_000);
+            for seq in 0..records {
+                table.insert(&batch(rows, seq)).unwrap();
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("replay.bin");
+            write(&path, &table).unwrap();
+            let size = std::fs::metadata(&path).unwrap().len();
+            let restored = load(&path, &env, &prioritized(40_000)).unwrap();
+            assert_eq!(
+                (restored.read, restored.damaged, restored.lost_bytes),
+                (rows * records as usize, 0, 0),
+                "{records} record(s) of {rows} transitions, {size} bytes in all"
+            );
+        }
+    }
 
     #[test]
     fn a_record_is_its_length_its_checksum_and_its_bytes() {
