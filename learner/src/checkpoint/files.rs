@@ -95,6 +95,45 @@ fn temporary_suffix() -> String {
     )
 }
 
+/// Whether `name` is a temporary of [`write_atomic`]: `<stem>.tmp.<host>.<pid>.<n>`,
+/// with `<stem>` one of the names a checkpoint writes (`model-…`, `replay-…`,
+/// `policy-…`, `meta`, `config`). Nothing else matches, so a user's own files beside a
+/// checkpoint are never taken for ours.
+pub fn is_temporary(name: &str) -> bool {
+    let Some((stem, rest)) = name.split_once(".tmp.") else {
+        return false;
+    };
+    let ours = ["model-", "replay-", "policy-"]
+        .iter()
+        .any(|p| stem.starts_with(p))
+        || stem == "meta"
+        || stem == "config";
+    let mut parts = rest.rsplitn(3, '.');
+    let (Some(n), Some(pid), Some(host)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    ours && digits(n) && digits(pid) && host_ok
+}
+
+/// Removes the temporaries a killed save left in `dir` (see [`is_temporary`]); how many.
+/// Only for a directory this process owns (a run holds its logdir's lock), since a
+/// temporary there is then no live writer's.
+pub fn remove_temporaries(dir: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| is_temporary(&e.file_name().to_string_lossy()))
+        .filter(|e| fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
 /// Writes `path` atomically: `write` fills a temporary file, which is synced and renamed
 /// over `path`; a crash at any moment leaves either the old file or the new one.
 pub fn write_atomic(
@@ -186,6 +225,61 @@ mod tests {
         let v: serde_json::Value = read_json(&path).unwrap();
         assert_eq!(v["v"], 1);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn only_this_schemes_temporaries_count_as_leftovers() {
+        for ours in [
+            "meta.tmp.host-1.4242.0",
+            "config.tmp.node_7.1.12",
+            "model-000000000012-000003.tmp.h.99.3",
+            "replay-000000000012-000003.tmp.h.99.4",
+            "policy-000000000005-000001.tmp.a-b.7.0",
+        ] {
+            assert!(is_temporary(ours), "{ours}");
+        }
+        for theirs in [
+            "meta.json",
+            "notes.tmp.host.1.2",
+            "meta.tmp.host.1",
+            "meta.tmp..1.2",
+            "meta.tmp.host.x.2",
+            "meta.tmp.ho.st.1.2",
+            "model-000000000012.safetensors",
+        ] {
+            assert!(!is_temporary(theirs), "{theirs}");
+        }
+    }
+
+    #[test]
+    fn a_killed_saves_leftovers_are_removed_and_nothing_else() {
+        // Regression (issue "One bad transition…", part 5): a save killed mid-way left
+        // `meta.tmp.*` files that nothing ever removed.
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            "meta.json",
+            "meta.tmp.host.4242.0",
+            "model-000000000001-000001.tmp.host.4242.1",
+            "model-000000000001-000001.safetensors",
+            "notes.txt",
+        ];
+        for name in names {
+            fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        assert_eq!(remove_temporaries(dir.path()), 2);
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "meta.json",
+                "model-000000000001-000001.safetensors",
+                "notes.txt"
+            ]
+        );
     }
 
     #[test]

@@ -67,6 +67,22 @@ impl Layout {
         self.root.join(which.name())
     }
 
+    /// Removes what saves killed mid-way left here (`meta.tmp.*` and the like, in the
+    /// root and each directory; see [`super::files::is_temporary`]), and says so: for a
+    /// run that is about to write this layout and holds its logdir's lock.
+    pub fn remove_leftovers(&self) {
+        let dirs = [self.root.clone()]
+            .into_iter()
+            .chain(Which::ALL.map(|w| self.dir(w)));
+        let removed: usize = dirs.map(|d| super::files::remove_temporaries(&d)).sum();
+        if removed > 0 {
+            tracing::info!(
+                "checkpoint: removed {removed} temporary file(s) an interrupted save left in {}",
+                self.root.display()
+            );
+        }
+    }
+
     /// The layout a user's path refers to: a checkpoint root, one of its
     /// `latest/`, `best/` or `solved/` directories, or a `meta.json` in one.
     pub fn find(path: &Path) -> Result<Self, CheckpointError> {

@@ -2,12 +2,14 @@
 //!
 //! Layout of a run's checkpoint directory (`<logdir>/checkpoint/`):
 //! - `config.json`: the run's effective configuration, every setting;
-//! - `latest/`: the full state for `--resume`: `model-<updates>.safetensors` (tensors
-//!   `online`, `target`, `adam_m`, `adam_v`, each `[K, P]` f32), `replay-<updates>.bin`
+//! - `latest/`: the full state for `--resume`: `model-<updates>-<generation>.safetensors`
+//!   (tensors `online`, `target`, `adam_m`, `adam_v`, each `[K, P]` f32),
+//!   `replay-<updates>-<generation>.bin`
 //!   (replay's contents, see [`replay_file`]) and `meta.json` (specs, counters, the rate
 //!   limiter's among them, and the last evaluation);
 //! - `best/`: the parameters of the evaluation with the highest mean return so far
-//!   (the earliest on ties), exactly as they were played: `policy-<version>.safetensors`
+//!   (the earliest on ties), exactly as they were played:
+//!   `policy-<version>-<generation>.safetensors`
 //!   (`online`, `[K, P]`) and `meta.json` (version, env steps, updates, the evaluation's
 //!   mean and spread);
 //! - `solved/`: likewise, for the parameters that reached the target and were confirmed
@@ -15,7 +17,10 @@
 //!
 //! Every file is written to a temporary name, synced and renamed; `meta.json` is renamed
 //! last and is each directory's commit point, so a crash at any moment leaves the
-//! previous checkpoint intact.
+//! previous checkpoint intact. The generation (each save of a directory counts one) is
+//! in every file name, so no save writes over a file the committed `meta.json` names,
+//! and what a killed save left (`*.tmp.<host>.<pid>.<n>`) is removed when the next run
+//! starts.
 
 pub mod files;
 mod layout;
@@ -101,6 +106,7 @@ mod tests {
             run_finished: None,
             dueling: false,
             model_crc32c: None,
+            generation: 0,
         }
     }
 
@@ -244,8 +250,55 @@ mod tests {
         save_state(dir.path(), &dqn.state(), None, meta(&env, &net)).unwrap();
         assert_eq!(
             files(dir.path()),
-            ["meta.json", "model-000000000004.safetensors"]
+            ["meta.json", "model-000000000004-000002.safetensors"]
         );
+    }
+
+    #[test]
+    fn a_save_never_writes_over_a_file_the_committed_meta_names() {
+        // Regression (issue "One bad transition…", part 5): two saves at the same update
+        // count wrote `replay-<U>.bin` over the file the committed meta.json named, so a
+        // kill before the new meta.json left the old counters over new contents.
+        let (env, net, dqn) = setup();
+        let table = replay_table(3, 1000);
+        fill(&table);
+        let held_then = table.len();
+        let dir = tempfile::tempdir().unwrap();
+        let latest = dir.path().join("latest");
+        save_state(&latest, &dqn.state(), Some(&table), meta(&env, &net)).unwrap();
+        let (first, _, _) = load_state(dir.path()).unwrap();
+        let named = [first.model_file.clone(), first.replay_file.clone().unwrap()];
+        let bytes: Vec<Vec<u8>> = named
+            .iter()
+            .map(|f| fs::read(latest.join(f)).unwrap())
+            .collect();
+        // A second save at the same update count, with more in replay, that dies before
+        // its commit: its meta.json cannot be renamed into place (a directory stands
+        // there), so the committed one is put back afterwards as a kill would leave it.
+        fill(&table);
+        let meta_path = latest.join("meta.json");
+        let committed = latest.join("committed.json");
+        fs::rename(&meta_path, &committed).unwrap();
+        fs::create_dir_all(meta_path.join("in-the-way")).unwrap();
+        assert!(save_state(&latest, &dqn.state(), Some(&table), meta(&env, &net)).is_err());
+        fs::remove_dir_all(&meta_path).unwrap();
+        fs::rename(&committed, &meta_path).unwrap();
+        for (name, before) in named.iter().zip(&bytes) {
+            assert!(
+                fs::read(latest.join(name)).unwrap() == *before,
+                "{name} was replaced"
+            );
+        }
+        let (back, _, at) = load_state(dir.path()).unwrap();
+        assert_eq!(back, first);
+        let restored = replay_table(3, 1000);
+        let held = restore_replay(&at, &back, &restored, 10).unwrap().held;
+        assert_eq!(held, held_then, "the replay the committed meta counted");
+        // And a save that commits moves on to the next generation's names.
+        save_state(&latest, &dqn.state(), Some(&table), meta(&env, &net)).unwrap();
+        let (now, _, _) = load_state(dir.path()).unwrap();
+        assert_eq!((now.updates, now.generation), (first.updates, 2));
+        assert!(!named.contains(&now.model_file));
     }
 
     fn replay_config(shards: usize, capacity: usize) -> ReplayConfig {
@@ -380,7 +433,7 @@ mod tests {
         // as a full disk would, the write fails at its rename).
         let mut state = dqn.state();
         state.updates += 5;
-        let name = format!("replay-{:012}.bin", state.updates);
+        let name = format!("replay-{:012}-{:06}.bin", state.updates, m0.generation + 1);
         let tmp = latest.join(&name);
         fs::create_dir_all(tmp.join("x")).unwrap();
         sample(&table, 8).unwrap();
@@ -581,6 +634,7 @@ mod tests {
             updates: 50,
             eval: record(version, 480.0),
             confirm: (which == Which::Solved).then(|| record(version, 490.0)),
+            generation: 0,
         };
         let latest = load_policy(dir.path(), None).unwrap();
         assert_eq!(latest.which, Which::Latest, "only latest/ exists yet");

@@ -34,6 +34,9 @@ pub struct PolicyMeta {
     pub eval: EvalRecord,
     /// For `solved/`: the second evaluation, on fresh episodes, that confirmed it.
     pub confirm: Option<EvalRecord>,
+    /// Which save of this directory wrote it (see [`super::StateMeta::generation`]).
+    #[serde(default)]
+    pub generation: u64,
 }
 
 /// Saves the parameters an evaluation played as `best/` or `solved/` (`dir`).
@@ -44,7 +47,15 @@ pub fn save_policy(
 ) -> Result<(), CheckpointError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
     meta.format = FORMAT_VERSION;
-    meta.policy_file = format!("policy-{:012}.safetensors", meta.params_version);
+    // A generation in the name: no save writes over the file a committed meta.json
+    // names, even for the same parameter version.
+    let standing: Option<PolicyMeta> = read_json(&dir.join(META)).ok();
+    let next = standing.map_or(0, |p| p.generation).saturating_add(1);
+    let named = |g: u64| format!("policy-{:012}-{g:06}.safetensors", meta.params_version);
+    meta.generation = (next..=u64::MAX)
+        .find(|&g| !dir.join(named(g)).exists())
+        .unwrap_or(u64::MAX);
+    meta.policy_file = named(meta.generation);
     let k = meta.network.population.max(1) as i64;
     let tensor = Tensor::from_slice(online).view([k, -1]);
     write_atomic(&dir.join(&meta.policy_file), |tmp| {
@@ -93,6 +104,7 @@ pub fn save_evaluated(
         updates: params.updates,
         eval: eval.clone(),
         confirm: confirm.cloned(),
+        generation: 0,
     };
     save_policy(&owner.layout.dir(which), &params.data, meta)
 }

@@ -51,6 +51,11 @@ pub struct StateMeta {
     /// CRC-32C of the model file: flipped bytes in a tensor would load silently.
     #[serde(default)]
     pub model_crc32c: Option<u32>,
+    /// Which save of this directory wrote it (the standing one's plus one, from 1): part
+    /// of every file name it writes, so that no save writes over a file the committed
+    /// `meta.json` names, whatever its update count (0: written before generations).
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl StateMeta {
@@ -91,6 +96,7 @@ impl StateMeta {
             run_finished: None,
             dueling: false,
             model_crc32c: None,
+            generation: 0,
         }
     }
 }
@@ -118,20 +124,36 @@ pub fn save_state(
     mut meta: StateMeta,
 ) -> Result<Saved, CheckpointError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
-    // What the standing generation's meta.json names: kept should this save fail.
-    let standing: Vec<String> = read_json::<StateMeta>(&dir.join(META))
-        .ok()
-        .map(|p| {
-            [Some(p.model_file), p.replay_file]
-                .into_iter()
-                .flatten()
-                .collect()
-        })
-        .unwrap_or_default();
+    // What the standing generation's meta.json names: kept should this save fail, and
+    // never written over (this generation's names differ from all of them).
+    let previous: Option<StateMeta> = read_json(&dir.join(META)).ok();
+    let standing: Vec<String> = previous
+        .iter()
+        .flat_map(|p| [Some(p.model_file.clone()), p.replay_file.clone()])
+        .flatten()
+        .collect();
     meta.format = FORMAT_VERSION;
     meta.updates = state.updates;
     meta.adam_step = state.adam_step;
-    meta.model_file = format!("model-{:012}.safetensors", state.updates);
+    let named = |generation: u64, kind: &str, ext: &str| {
+        format!("{kind}-{:012}-{generation:06}.{ext}", state.updates)
+    };
+    // The standing one's plus one; further while a generation's model file exists (a
+    // save writes its model first, so a generation that wrote anything left one): a
+    // meta.json that could not be read, or was edited by hand, still names nothing
+    // this save writes over.
+    let next = previous
+        .as_ref()
+        .map_or(0, |p| p.generation)
+        .saturating_add(1);
+    meta.generation = (next..=u64::MAX)
+        .find(|&g| {
+            let files = [named(g, "model", "safetensors"), named(g, "replay", "bin")];
+            !files.iter().any(|f| standing.contains(f)) && !dir.join(&files[0]).exists()
+        })
+        .unwrap_or(u64::MAX);
+    let name = |kind: &str, ext: &str| named(meta.generation, kind, ext);
+    meta.model_file = name("model", "safetensors");
     // A learner with a dueling head holds more parameters than its published network.
     let held = state.online.size().get(1).copied().unwrap_or(0) as usize;
     meta.dueling = held != meta.network.layout().len;
@@ -146,7 +168,7 @@ pub fn save_state(
     meta.replay_file = None;
     let mut replay_error = None;
     if let Some(table) = replay {
-        let name = format!("replay-{:012}.bin", state.updates);
+        let name = name("replay", "bin");
         // Networks and optimizer are worth keeping without replay: a resumed run then
         // refills replay from what the previous generation saved, or from empty.
         match super::replay_file::write(&dir.join(&name), table) {
@@ -157,7 +179,6 @@ pub fn save_state(
             Err(e) => {
                 // The generation this one replaces (its meta.json is still the old
                 // one here), for its replay file.
-                let previous: Option<StateMeta> = read_json(&dir.join(META)).ok();
                 let kept = previous.filter(|p| {
                     p.replay_file
                         .as_ref()

@@ -142,6 +142,7 @@ pub fn prepare(
     let device = cfg.device.device();
 
     let layout = Layout::new(cfg.checkpoint_dir());
+    layout.remove_leftovers();
     // Replay first: whether this machine can hold it is the cheapest check.
     let table = Arc::new(replay_table(cfg, &env)?);
 

@@ -117,6 +117,7 @@ impl Agent {
         let dir = m.dir(root);
         let layout = Layout::new(dir.join("checkpoint"));
         std::fs::create_dir_all(&layout.root)?;
+        layout.remove_leftovers();
         let saved = if m.resumed {
             let (meta, state, latest) = resume::load_state(&dir)?;
             checkpoint::check_fits(&meta, &cfg.env_spec, network).map_err(RunError::Resume)?;
