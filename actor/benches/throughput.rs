@@ -149,6 +149,7 @@ fn main() {
                         env_epsilons: None,
                         clip_rewards: true,
                         initial_priorities: false,
+                        value_bounds: millrace_proto::ValueBounds::FINITE,
                     };
                     run_actor(&acfg, &net, &mut params, &mut Drop_, &steps, &stop).unwrap();
                 }

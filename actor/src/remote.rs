@@ -665,5 +665,8 @@ fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> 
             .features
             .iter()
             .any(|f| f == millrace_proto::wire::FEATURE_PRIORITIES),
+        // The learner screens against its own bounds (which may be raised past the
+        // defaults); refusing here what it would accept would lose data.
+        value_bounds: millrace_proto::ValueBounds::FINITE,
     })
 }

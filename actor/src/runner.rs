@@ -50,6 +50,10 @@ pub struct ActorConfig {
     /// batches only: frame-mode batches (stacked pixels) go without, and replay gives
     /// their items the running maximum.
     pub initial_priorities: bool,
+    /// What a transition's values may be ([`millrace_proto::bounds`]): batches with a
+    /// value out of bounds are dropped and counted here, before anything downstream
+    /// sees them. A remote actor checks finiteness only; its learner screens the rest.
+    pub value_bounds: millrace_proto::ValueBounds,
 }
 
 /// A finished episode, as seen by an actor.
@@ -341,7 +345,8 @@ impl<O: Pod + Default> ActorLoop<O> {
         };
         // What the environment gave, checked before anything downstream sees it (replay,
         // the wire): a NaN observation or reward would poison every update sampling it.
-        if let Err(e) = full.check_values(self.num_actions, self.obs_dtype) {
+        if let Err(e) = full.check_values(self.num_actions, self.obs_dtype, &self.cfg.value_bounds)
+        {
             self.rejected += 1;
             self.bad_in_a_row += 1;
             if self.bad_in_a_row >= MAX_BAD_BATCHES_IN_A_ROW {
@@ -590,6 +595,7 @@ mod tests {
             env_epsilons: None,
             clip_rewards: false,
             initial_priorities: false,
+            value_bounds: millrace_proto::ValueBounds::FINITE,
         };
         let mut sink = Collect {
             limit: 10,
@@ -773,6 +779,7 @@ mod life_loss_tests {
             env_epsilons: None,
             clip_rewards: true,
             initial_priorities: false,
+            value_bounds: millrace_proto::ValueBounds::FINITE,
         };
         let net = millrace_proto::NetworkSpec::mlp(&spec.obs, &[2], 2, 1).unwrap();
         let mut policy = MlpPolicy::new(net, 0).unwrap();
@@ -887,6 +894,7 @@ mod bad_value_tests {
             env_epsilons: None,
             clip_rewards: false,
             initial_priorities: false,
+            value_bounds: millrace_proto::ValueBounds::FINITE,
         };
         ActorLoop::new(&cfg, Box::new(Flaky { spec, t: 0, bad })).unwrap()
     }

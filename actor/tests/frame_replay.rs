@@ -207,6 +207,7 @@ fn config(id: &str, envs: usize, batch_rows: usize) -> ActorConfig {
         env_epsilons: None,
         clip_rewards: false,
         initial_priorities: false,
+        value_bounds: millrace_proto::ValueBounds::FINITE,
     }
 }
 

@@ -303,6 +303,7 @@ fn actor_config(net: Net, id: u32) -> ActorConfig {
         env_epsilons: None,
         clip_rewards: false,
         initial_priorities: false,
+        value_bounds: millrace_proto::ValueBounds::FINITE,
     }
 }
 

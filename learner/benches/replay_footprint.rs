@@ -123,6 +123,7 @@ fn main() {
         env_epsilons: None,
         clip_rewards: true,
         initial_priorities: false,
+        value_bounds: millrace_proto::ValueBounds::FINITE,
     };
     let config = |capacity: usize| ReplayConfig {
         capacity,

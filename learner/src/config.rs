@@ -199,6 +199,8 @@ pub struct RunConfig {
     pub env_spec: EnvSpec,
     /// Training rewards clipped to [-1, 1] (episode returns stay true).
     pub clip_rewards: bool,
+    /// What a stored transition's values may be (`--max-abs-reward`, `--max-abs-obs`).
+    pub value_bounds: millrace_proto::ValueBounds,
     /// The Q-network's architecture (`auto`: from the observations).
     pub network: NetworkChoice,
     pub seed: u64,
@@ -293,6 +295,7 @@ impl RunConfig {
             }),
             clip_rewards: self.clip_rewards,
             initial_priorities: self.replay.priority.is_some(),
+            value_bounds: self.value_bounds,
         }
     }
 

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::ValueBounds;
 use crate::frames::FrameLinks;
 use crate::spec::{DType, SpecError};
 
@@ -236,35 +237,78 @@ impl TransitionBatch {
 
 impl TransitionBatch {
     /// Checks the values a learner relies on, for batches from an environment or from
-    /// outside the process: actions in `0..num_actions`, finite rewards, discounts in
-    /// `[0, 1]`, and for `f32` observations every value finite (one NaN observation
-    /// would poison every update that samples it). Priorities are not refused here:
-    /// replay screens them (one that is negative or not finite is counted and
-    /// replaced, never stored), so an actor whose network diverged loses neither its
-    /// connection nor its transitions.
-    pub fn check_values(&self, num_actions: usize, obs: DType) -> Result<(), SpecError> {
-        if let Some(a) = self
+    /// outside the process: actions in `0..num_actions`, rewards finite and within
+    /// `bounds`, discounts in `[0, 1]`, and for `f32` observations every value finite and
+    /// within `bounds` (one NaN observation, or one reward of 3e38, would poison every
+    /// update that samples it). The error names the field, the row and the bound.
+    /// Priorities are not refused here: replay screens them (one that is negative or
+    /// not finite is counted and replaced, never stored), so an actor whose network
+    /// diverged loses neither its connection nor its transitions.
+    pub fn check_values(
+        &self,
+        num_actions: usize,
+        obs: DType,
+        bounds: &ValueBounds,
+    ) -> Result<(), SpecError> {
+        if let Some((i, a)) = self
             .actions
             .iter()
-            .find(|a| !(0..num_actions as i64).contains(a))
+            .enumerate()
+            .find(|(_, a)| !(0..num_actions as i64).contains(a))
         {
             return Err(SpecError::BadValue(format!(
-                "action {a} outside 0..{num_actions}"
+                "actions[{i}] = {a}, outside 0..{num_actions}"
             )));
         }
-        if self.rewards.iter().any(|r| !r.is_finite()) {
-            return Err(SpecError::BadValue("non-finite reward".into()));
+        if let Some((i, r)) = self
+            .rewards
+            .iter()
+            .enumerate()
+            .find(|(_, r)| !r.is_finite())
+        {
+            return Err(SpecError::BadValue(format!(
+                "non-finite reward: rewards[{i}] = {r}"
+            )));
         }
-        if self.discounts.iter().any(|d| !(0.0..=1.0).contains(d)) {
-            return Err(SpecError::BadValue("discount outside [0, 1]".into()));
+        if let Some((i, r)) = self
+            .rewards
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.abs() > bounds.reward)
+        {
+            return Err(SpecError::BadValue(format!(
+                "rewards[{i}] = {r:e}, out of bounds: {}",
+                bounds.reward_reason()
+            )));
         }
-        if obs == DType::F32
-            && self
+        if let Some((i, d)) = self
+            .discounts
+            .iter()
+            .enumerate()
+            .find(|(_, d)| !(0.0..=1.0).contains(*d))
+        {
+            return Err(SpecError::BadValue(format!(
+                "discounts[{i}] = {d}, outside [0, 1]"
+            )));
+        }
+        if obs == DType::F32 {
+            let values = self
                 .obs
                 .chunks_exact(4)
-                .any(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
-        {
-            return Err(SpecError::BadValue("non-finite observation".into()));
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            for (i, v) in values.enumerate() {
+                if !v.is_finite() {
+                    return Err(SpecError::BadValue(format!(
+                        "non-finite observation: obs value {i} = {v}"
+                    )));
+                }
+                if v.abs() > bounds.obs {
+                    return Err(SpecError::BadValue(format!(
+                        "observation value {i} = {v:e}, out of bounds: at most {:e} (--max-abs-obs)",
+                        bounds.obs
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -281,16 +325,56 @@ mod tests {
             b.push_f32(&[1.0, 2.0], 1, 0.5, 0.99, &[3.0, 4.0]);
             b
         };
-        assert_eq!(good().check_values(2, DType::F32), Ok(()));
+        assert_eq!(
+            good().check_values(2, DType::F32, &ValueBounds::FINITE),
+            Ok(())
+        );
         let mut b = good();
         b.rewards[0] = f32::NAN;
-        assert!(b.check_values(2, DType::F32).is_err());
+        assert!(b.check_values(2, DType::F32, &ValueBounds::FINITE).is_err());
         let mut b = TransitionBatch::with_capacity(8, 1, 2);
         b.push_f32(&[1.0, f32::INFINITY], 1, 0.5, 0.99, &[3.0, 4.0]);
-        let err = b.check_values(2, DType::F32).unwrap_err().to_string();
+        let err = b
+            .check_values(2, DType::F32, &ValueBounds::FINITE)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("non-finite observation"), "{err}");
         // Bytes are bytes: a u8 image has no non-finite values to find.
-        assert_eq!(b.check_values(2, DType::U8), Ok(()));
+        assert_eq!(b.check_values(2, DType::U8, &ValueBounds::FINITE), Ok(()));
+    }
+
+    #[test]
+    fn a_finite_but_huge_reward_or_observation_is_refused_naming_the_field() {
+        // Regression (issue "One bad transition…", part 1): a reward of 3e38 is finite
+        // and used to be stored; one such transition ended the run.
+        let bounds = ValueBounds {
+            reward: 3e6,
+            obs: 1e9,
+            reward_from: crate::bounds::RewardBound::Flag,
+        };
+        let mut b = TransitionBatch::with_capacity(8, 2, 4);
+        b.push_f32(&[1.0, 2.0], 1, 0.5, 0.99, &[3.0, 4.0]);
+        b.push_f32(&[1.0, 2.0], 0, 3e38, 0.99, &[3.0, 4.0]);
+        let err = b
+            .check_values(2, DType::F32, &bounds)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rewards[1] = 3e38"), "{err}");
+        assert!(err.contains("--max-abs-reward"), "{err}");
+        assert_eq!(b.check_values(2, DType::F32, &ValueBounds::FINITE), Ok(()));
+        b.rewards[1] = -3e6;
+        assert_eq!(
+            b.check_values(2, DType::F32, &bounds),
+            Ok(()),
+            "at the bound"
+        );
+        let mut b = TransitionBatch::with_capacity(8, 1, 2);
+        b.push_f32(&[1.0, 2.0], 1, 0.5, 0.99, &[-3e38, 4.0]);
+        let err = b
+            .check_values(2, DType::F32, &bounds)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("observation value 2 = -3e38"), "{err}");
     }
 
     #[test]
@@ -314,26 +398,26 @@ mod tests {
     fn check_values_rejects_out_of_range_rows() {
         let mut b = TransitionBatch::with_capacity(4, 2, 4);
         b.push_f32(&[1.0], 1, 0.5, 0.99, &[3.0]);
-        assert_eq!(b.check_values(2, DType::F32), Ok(()));
+        assert_eq!(b.check_values(2, DType::F32, &ValueBounds::FINITE), Ok(()));
         assert!(
-            b.check_values(1, DType::F32).is_err(),
+            b.check_values(1, DType::F32, &ValueBounds::FINITE).is_err(),
             "action 1 with one action"
         );
         b.rewards[0] = f32::NAN;
-        assert!(b.check_values(2, DType::F32).is_err());
+        assert!(b.check_values(2, DType::F32, &ValueBounds::FINITE).is_err());
         b.rewards[0] = 0.0;
         b.discounts[0] = 1.5;
-        assert!(b.check_values(2, DType::F32).is_err());
+        assert!(b.check_values(2, DType::F32, &ValueBounds::FINITE).is_err());
         b.discounts[0] = 0.5;
         // Priorities are replay's to screen.
         b.priorities = vec![f32::NAN];
         assert_eq!(
-            b.check_values(2, DType::F32),
+            b.check_values(2, DType::F32, &ValueBounds::FINITE),
             Ok(()),
             "a NaN priority is replay's"
         );
         b.priorities = vec![0.0];
-        assert_eq!(b.check_values(2, DType::F32), Ok(()));
+        assert_eq!(b.check_values(2, DType::F32, &ValueBounds::FINITE), Ok(()));
         b.priorities = vec![1.0, 2.0];
         assert!(b.validate(4, 1).is_err(), "one priority per transition");
     }

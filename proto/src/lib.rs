@@ -9,6 +9,7 @@
 
 pub mod auth;
 pub mod batch;
+pub mod bounds;
 #[cfg(feature = "tokio")]
 pub mod budget;
 pub mod codec;
@@ -27,6 +28,7 @@ pub mod torso;
 pub mod wire;
 
 pub use batch::TransitionBatch;
+pub use bounds::ValueBounds;
 pub use env::EnvConfig;
 pub use frames::{FrameLinks, NO_FRAME};
 pub use iqn::IqnHead;

@@ -29,11 +29,19 @@ use super::{ActorEntry, ParamsFrame, Shared, StopSignal, HANDSHAKE_MAX_FRAME, MA
 pub(super) struct Connection {
     /// Its place among the handshakes in flight, given back once the peer has proved the
     /// token (or the connection ends).
-    pub(super) handshake_place: std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
+    pub(super) handshake_place: std::sync::Mutex<Option<HandshakePlace>>,
     pub(super) shared: Arc<Shared>,
     pub(super) frames: watch::Receiver<Option<Arc<ParamsFrame>>>,
     pub(super) stop: StopSignal,
     pub(super) peer: SocketAddr,
+}
+
+/// A connection's place among the handshakes in flight: one of all and one of its
+/// source's ([`super::sources`]), both given back when dropped.
+#[derive(Debug)]
+pub(super) struct HandshakePlace {
+    pub(super) _global: tokio::sync::OwnedSemaphorePermit,
+    pub(super) _source: super::sources::SourcePlace,
 }
 
 /// Marks, when a connection ends, that its actor may be reconnecting (the server's last
@@ -617,7 +625,10 @@ impl Connection {
                     }
                     if let Err(e) = batch
                         .validate(row_bytes, ctx.env.frame_stack)
-                        .and_then(|()| batch.check_values(num_actions, ctx.env.obs.dtype))
+                        .and_then(|()| {
+                            let bounds = &self.shared.cfg.value_bounds;
+                            batch.check_values(num_actions, ctx.env.obs.dtype, bounds)
+                        })
                     {
                         return Outcome::Refused(violation(format!(
                             "transition batch does not match {}: {e}",

@@ -17,6 +17,7 @@ mod connection;
 mod exploration;
 mod handshake;
 mod ports;
+pub mod sources;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU32;
@@ -41,6 +42,7 @@ pub use connection::goodbye_for;
 use connection::Connection;
 pub use exploration::{ExplorationIndices, MAX_INDICES};
 pub use ports::{AgentPorts, AgentSpec, Route, Routes};
+pub use sources::SourceLimits;
 
 use millrace_proto::durations::secs;
 
@@ -116,6 +118,13 @@ pub struct ServerConfig {
     /// Connections still in their handshake at once (not yet authenticated: they do not
     /// count against `max_connections`); more are closed at accept without a word.
     pub max_handshakes: usize,
+    /// What a stored transition's values may be: a batch beyond them is refused with a
+    /// protocol violation that names the field.
+    pub value_bounds: millrace_proto::ValueBounds,
+    /// Bounds per source address on handshakes in flight and connections per second
+    /// (beyond them, closed at accept without a word): one source cannot hold the places
+    /// of `max_handshakes` that honest actors need ([`sources`]).
+    pub source_limits: SourceLimits,
     /// How long the listener stays open for actors coming back once the run is
     /// finished (see [`DEFAULT_LAST_CALL`]).
     #[serde(serialize_with = "secs")]
@@ -150,6 +159,8 @@ impl ServerConfig {
             epsilon_decay: None,
             max_connections: 256,
             max_handshakes: 64,
+            source_limits: SourceLimits::default(),
+            value_bounds: millrace_proto::ValueBounds::FINITE,
             last_call: DEFAULT_LAST_CALL,
         }
     }
@@ -339,27 +350,41 @@ async fn serve(
     // places of their own (`Shared::session_places`), which bound the threads parked in
     // replay inserts.
     let handshakes = Arc::new(Semaphore::new(cfg.max_handshakes));
+    let sources = Arc::new(std::sync::Mutex::new(sources::Sources::new(
+        cfg.source_limits,
+    )));
     let mut turned_away: u64 = 0;
     let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
-                        // Nothing is said to a peer that has not proved the token; a flood
-                        // is logged once per power of two.
-                        turned_away += 1;
-                        if turned_away.is_power_of_two() {
-                            tracing::warn!(
-                                "{peer}: closed at once: {} handshakes already in flight ({turned_away} turned away so far)",
-                                cfg.max_handshakes
-                            );
+                    // Its source's place first (one source cannot take every place),
+                    // then one of all; nothing is said to a peer that has not proved
+                    // the token, and a flood is logged once per power of two.
+                    let place = sources::SourcePlace::take(&sources, peer.ip(), std::time::Instant::now())
+                        .map_err(|why| why.to_string())
+                        .and_then(|source| {
+                            let global = Arc::clone(&handshakes).try_acquire_owned().map_err(|_| {
+                                format!("{} handshakes already in flight", cfg.max_handshakes)
+                            })?;
+                            Ok(connection::HandshakePlace { _global: global, _source: source })
+                        });
+                    let place = match place {
+                        Ok(place) => place,
+                        Err(why) => {
+                            turned_away += 1;
+                            if turned_away.is_power_of_two() {
+                                tracing::warn!(
+                                    "{peer}: closed at once: {why} ({turned_away} turned away so far)"
+                                );
+                            }
+                            drop(stream);
+                            continue;
                         }
-                        drop(stream);
-                        continue;
                     };
                     let conn = Connection {
-                        handshake_place: std::sync::Mutex::new(Some(permit)),
+                        handshake_place: std::sync::Mutex::new(Some(place)),
                         shared: Arc::clone(&shared),
                         frames: frames_rx.clone(),
                         stop: stop.clone(),

@@ -345,7 +345,7 @@ fn bad_input_closes_that_connection_alone_with_a_reason() {
         .refused()
         .unwrap()
         .message
-        .contains("action 7 outside 0..2"));
+        .contains("actions[2] = 7, outside 0..2"));
     // A non-finite observation (it would poison every update that samples it): refused
     // with its reason, nothing of it stored.
     let mut c = WireClient::connect(f.addr);
@@ -1025,4 +1025,68 @@ fn a_socket_that_sends_no_hello_gives_its_handshake_place_back_soon() {
     let mut c = WireClient::connect(f.addr);
     let _ = c.join("");
     good_actor_still_works(&f, &mut c);
+}
+
+#[test]
+fn honest_actors_join_under_a_trickle_of_silent_sockets_from_another_source() {
+    // Regression (issue "One bad transition…", part 3): 64 silent sockets reconnecting
+    // at a few per second held every handshake place, and 0 of 28 honest joins
+    // succeeded while they lasted. Now one source holds at most its own places.
+    let f = fixture_with(|cfg| {
+        cfg.token = Some("s3cret".into());
+        cfg.hello_timeout = Duration::from_secs(2);
+    });
+    let attacker: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let opened = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // 64 silent sockets, each reopened as soon as the server closes it (its hello
+    // timeout, or at accept).
+    let trickle: Vec<_> = (0..64)
+        .map(|_| {
+            let (stop, opened, addr) = (Arc::clone(&stop), Arc::clone(&opened), f.addr);
+            std::thread::spawn(move || {
+                use std::io::Read;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Ok(mut s) = millrace_tests::connect_from(addr, attacker) else {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    };
+                    opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                    let mut buf = [0u8; 64];
+                    // Until closed: a read of 0 bytes or a reset.
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        match s.read(&mut buf) {
+                            Ok(0) => break,
+                            Err(e)
+                                if e.kind() == std::io::ErrorKind::WouldBlock
+                                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+                            _ => break,
+                        }
+                    }
+                    // Reconnecting, as a client that retries does (not a busy loop).
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    wait_until("the trickle is under way", LIMIT, || {
+        opened.load(std::sync::atomic::Ordering::Relaxed) >= 64
+    });
+    let mut joined = 0;
+    for _ in 0..28 {
+        let mut c = WireClient::connect(f.addr);
+        if let LearnerMsg::Welcome(_) = c.hello("s3cret") {
+            joined += 1;
+        }
+    }
+    let under_way = opened.load(std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in trickle {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        joined, 28,
+        "honest joins while {under_way} silent sockets came and went"
+    );
 }

@@ -120,6 +120,49 @@ pub fn population_rows(
         .collect()
 }
 
+/// A child process that is killed and reaped when dropped, also when the test that
+/// started it fails: no test leaves a learner or an actor running (an actor reconnects
+/// for ever to a learner that is gone). Derefs to the [`std::process::Child`].
+#[derive(Debug)]
+pub struct KillOnDrop(Option<std::process::Child>);
+
+impl KillOnDrop {
+    /// Starts `cmd` (panics, naming it, when it cannot start).
+    pub fn spawn(cmd: &mut std::process::Command) -> Self {
+        Self(Some(cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))))
+    }
+
+    /// The child, no longer killed when dropped (to wait for its output, say).
+    pub fn into_inner(mut self) -> std::process::Child {
+        self.0.take().expect("the child is held until now")
+    }
+}
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("the child is held until into_inner")
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.as_mut().expect("the child is held until into_inner")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            if let Ok(None) = child.try_wait() {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Runs a command to its end (panics, naming it, when it cannot start).
 pub fn run(cmd: &mut std::process::Command) -> std::process::Output {
     cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
@@ -267,9 +310,28 @@ pub struct WireClient {
     pending: Option<Params>,
 }
 
+/// A TCP connection to `addr` from the local address `source` (another loopback
+/// address, `127.0.0.2`, is another source to a server on `127.0.0.1`), or the error.
+pub fn connect_from(addr: SocketAddr, source: std::net::IpAddr) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.bind(&SockAddr::from(SocketAddr::new(source, 0)))?;
+    socket.connect_timeout(&SockAddr::from(addr), Duration::from_secs(10))?;
+    Ok(socket.into())
+}
+
 impl WireClient {
     pub fn connect(addr: SocketAddr) -> Self {
-        let stream = TcpStream::connect(addr).expect("connect to the learner");
+        Self::of(TcpStream::connect(addr).expect("connect to the learner"))
+    }
+
+    /// A client whose connection comes from the local address `source` (see
+    /// [`connect_from`]).
+    pub fn connect_from(addr: SocketAddr, source: std::net::IpAddr) -> Self {
+        Self::of(connect_from(addr, source).expect("connect to the learner"))
+    }
+
+    fn of(stream: TcpStream) -> Self {
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .expect("a read timeout");

@@ -42,6 +42,7 @@ fn sampled_batches_are_true_cartpole_transitions() {
         env_epsilons: None,
         clip_rewards: false,
         initial_priorities: false,
+        value_bounds: millrace_proto::ValueBounds::FINITE,
     };
     let net = NetworkSpec::mlp(&spec.obs, &[8], 2, 1).unwrap();
     let mut sink = TableSink::new(Arc::clone(&table), 50);

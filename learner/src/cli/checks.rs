@@ -9,7 +9,7 @@ use millrace_actor::EpsilonSchedule;
 use millrace_core::dqn::schedules::LrDecay;
 use millrace_core::dqn::{Bootstrap, DqnConfig, Munchausen, TargetKind, TargetUpdate};
 use millrace_proto::env::Family;
-use millrace_proto::{EnvConfig, EnvSpec};
+use millrace_proto::{EnvConfig, EnvSpec, ValueBounds};
 use millrace_server::ServerConfig;
 
 use super::{logdir, resolve_device, TrainArgs};
@@ -326,6 +326,24 @@ fn devices(args: &TrainArgs, population: bool) -> anyhow::Result<Vec<DeviceChoic
     Ok(devices)
 }
 
+/// What a stored transition's values may be (`--max-abs-reward`, `--max-abs-obs`).
+fn value_bounds(args: &TrainArgs, spec: &EnvSpec) -> anyhow::Result<ValueBounds> {
+    for (flag, v) in [
+        ("--max-abs-reward", args.max_abs_reward),
+        ("--max-abs-obs", args.max_abs_obs),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            bail!("{flag} {v}: must be a positive finite number");
+        }
+    }
+    Ok(ValueBounds::new(
+        spec,
+        args.n_step,
+        args.max_abs_reward,
+        args.max_abs_obs,
+    ))
+}
+
 /// The server for remote actors (`--listen`), if any.
 fn server(
     args: &TrainArgs,
@@ -427,7 +445,11 @@ impl TrainArgs {
             end: args.eps_end,
             steps: args.eps_decay_steps,
         };
-        let server = server(&args, &spec, batch_rows)?;
+        let value_bounds = value_bounds(&args, &spec)?;
+        let mut server = server(&args, &spec, batch_rows)?;
+        if let Some(s) = &mut server {
+            s.value_bounds = value_bounds;
+        }
         let lr_decay = dueling_and_decay(&args, &spec)?;
         let priority = args.sampling.priority(args.max_steps)?;
         let faults = match std::env::var("MILLRACE_INJECT_FAULT") {
@@ -445,6 +467,7 @@ impl TrainArgs {
             env,
             env_spec: spec,
             clip_rewards,
+            value_bounds,
             network: args.network,
             seed: args.seed,
             mode: if population {

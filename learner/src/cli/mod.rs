@@ -517,6 +517,18 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 100)]
     pub max_nonfinite: u64,
 
+    /// The largest |reward| one environment step may give (times n-step for a stored
+    /// transition), where the environment declares no range of its own; a transition
+    /// beyond it is refused before it is stored (a remote actor sending one is
+    /// disconnected, naming the field). The default is beyond any real environment's.
+    #[arg(long, default_value_t = millrace_proto::bounds::DEFAULT_MAX_ABS_REWARD)]
+    pub max_abs_reward: f32,
+
+    /// The largest |value| an `f32` observation may hold; a transition beyond it is
+    /// refused before it is stored, as for --max-abs-reward.
+    #[arg(long, default_value_t = millrace_proto::bounds::DEFAULT_MAX_ABS_OBS)]
+    pub max_abs_obs: f32,
+
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
