@@ -340,16 +340,16 @@ fn wait_for_training(logdir: &Path) {
 #[test]
 fn sigterm_stops_cleanly_with_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let child = learner_cmd(&["--target-return", "1000", "--max-steps", "100000000"])
-        .arg("--logdir")
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = millrace_tests::KillOnDrop::spawn(
+        learner_cmd(&["--target-return", "1000", "--max-steps", "100000000"])
+            .arg("--logdir")
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
     wait_for_training(dir.path());
     millrace_tests::signal(&child, "-TERM");
-    let out = child.wait_with_output().unwrap();
+    let out = child.into_inner().wait_with_output().unwrap();
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(130), "{text}\n{}", stderr(&out));
     assert!(text.contains("interrupted (checkpoint written)"), "{text}");

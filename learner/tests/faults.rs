@@ -169,21 +169,21 @@ fn sigkill_at_any_moment_mid_checkpoint_included_never_loses_the_last_good_state
         .into_iter()
         .enumerate()
     {
-        let mut child = learner(&[
-            "--logdir",
-            d,
-            "--resume-if-present",
-            "--checkpoint-every-s",
-            "1",
-            "--max-steps",
-            "100000000",
-            "--target-return",
-            "1e9",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        let mut child = millrace_tests::KillOnDrop::spawn(
+            learner(&[
+                "--logdir",
+                d,
+                "--resume-if-present",
+                "--checkpoint-every-s",
+                "1",
+                "--max-steps",
+                "100000000",
+                "--target-return",
+                "1e9",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+        );
         if i == 0 {
             wait_until("a first checkpoint", Duration::from_secs(60), || {
                 meta.exists()
@@ -191,7 +191,7 @@ fn sigkill_at_any_moment_mid_checkpoint_included_never_loses_the_last_good_state
         }
         std::thread::sleep(Duration::from_millis(wait_ms));
         child.kill().unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = child.into_inner().wait_with_output().unwrap();
         // A write's temporary left behind: this kill landed mid-checkpoint (the next
         // start removes it).
         mid_write += usize::from(!temporaries(&logdir).is_empty());

@@ -500,13 +500,13 @@ fn a_stopped_sweep_resumes_where_it_stopped() {
     };
     // Two places for six agents: stop once the first two ended and the next two
     // started; two are still queued.
-    let child = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args(args(&["--logdir", logdir.to_str().unwrap()]))
-        .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = millrace_tests::KillOnDrop::spawn(
+        Command::new(env!("CARGO_BIN_EXE_learner"))
+            .args(args(&["--logdir", logdir.to_str().unwrap()]))
+            .env("RUST_LOG", "warn")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped()),
+    );
     let agent_dir = |k: usize| logdir.join(format!("agents/agent-{k:03}"));
     millrace_tests::wait_until(
         "two agents ended and the next started",
@@ -514,7 +514,7 @@ fn a_stopped_sweep_resumes_where_it_stopped() {
         || agent_dir(1).join("result.json").exists() && agent_dir(3).join("agent.json").exists(),
     );
     millrace_tests::signal(&child, "-INT");
-    let out = child.wait_with_output().unwrap();
+    let out = child.into_inner().wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out));
     assert!(text(&out).contains("--resume"), "{}", text(&out));
     let stopped = rows(&logdir);

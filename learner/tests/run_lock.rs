@@ -28,18 +28,18 @@ fn a_second_learner_on_one_log_directory_is_refused_and_a_killed_ones_lock_is_ta
     let dir = tempfile::tempdir().unwrap();
     let logdir = dir.path().join("run");
     let d = logdir.to_str().unwrap();
-    let mut first = learner(&[
-        "--logdir",
-        d,
-        "--max-steps",
-        "100000000",
-        "--target-return",
-        "1e9",
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    let mut first = millrace_tests::KillOnDrop::spawn(
+        learner(&[
+            "--logdir",
+            d,
+            "--max-steps",
+            "100000000",
+            "--target-return",
+            "1e9",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null()),
+    );
     let lock = logdir.join(".millrace.lock");
     wait_until(
         "the first learner holds the lock",

@@ -65,20 +65,20 @@ fn shards_run_apart_and_merged_equal_the_one_process_run() {
     let root = dir.path().join("array");
 
     let shard = |i: usize| {
-        learner()
-            .args(flags(&sweep, 3))
-            .args(["--shard", &format!("{i}/3"), "--logdir"])
-            .arg(&root)
-            .arg("--resume-if-present")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
+        millrace_tests::KillOnDrop::spawn(
+            learner()
+                .args(flags(&sweep, 3))
+                .args(["--shard", &format!("{i}/3"), "--logdir"])
+                .arg(&root)
+                .arg("--resume-if-present")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped()),
+        )
     };
     // The three shards at once, as an array's tasks run, beside nothing else.
     let tasks: Vec<_> = (0..3).map(shard).collect();
     for (i, t) in tasks.into_iter().enumerate() {
-        let out = t.wait_with_output().unwrap();
+        let out = t.into_inner().wait_with_output().unwrap();
         // A shard that finished its part exits 0 (budgets, not targets, ended them).
         assert_eq!(out.status.code(), Some(0), "shard {i}: {}", text(&out));
     }
@@ -147,7 +147,7 @@ fn shards_run_apart_and_merged_equal_the_one_process_run() {
     assert_eq!(agents, want, "{view}");
 
     // A resubmitted task finds its shard ended: it trains nothing and keeps the rows.
-    let out = shard(1).wait_with_output().unwrap();
+    let out = shard(1).into_inner().wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let out = learner()
         .arg("merge")
@@ -263,7 +263,7 @@ fn a_stopped_shard_resumes_with_the_same_command_line() {
             .stderr(std::process::Stdio::piped());
         c
     };
-    let child = task(0).spawn().unwrap();
+    let child = millrace_tests::KillOnDrop::spawn(&mut task(0));
     let agent = |k: usize| root.join(format!("shard-0-of-2/agents/agent-{k:03}"));
     millrace_tests::wait_until(
         "shard 0's first agent ended and its second started",
@@ -271,7 +271,7 @@ fn a_stopped_shard_resumes_with_the_same_command_line() {
         || agent(0).join("result.json").exists() && agent(1).join("agent.json").exists(),
     );
     millrace_tests::signal(&child, "-INT");
-    let out = child.wait_with_output().unwrap();
+    let out = child.into_inner().wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out));
 
     let merge = || {

@@ -4,17 +4,17 @@
 //! stopping" makes it reconnect, "the run is finished" makes it exit 0, and SIGTERM or
 //! SIGINT stop it cleanly with a goodbye. `actor doctor` explains a missing libtorch.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use millrace_proto::wire::{Goodbye, GoodbyeReason, Refusal, RefusalCode};
 use millrace_proto::EnvConfig;
-use millrace_tests::{binary, wait_until, Answer, FakeLearner};
+use millrace_tests::{binary, wait_until, Answer, FakeLearner, KillOnDrop};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn actor(addr: &std::net::SocketAddr) -> Child {
+fn actor(addr: &std::net::SocketAddr) -> KillOnDrop {
     actor_with(addr, &[], None)
 }
 
@@ -23,31 +23,32 @@ fn actor_with(
     addr: &std::net::SocketAddr,
     extra: &[&str],
     pythonpath: Option<&std::path::Path>,
-) -> Child {
+) -> KillOnDrop {
     let mut cmd = Command::new(binary("actor"));
     if let Some(p) = pythonpath {
         cmd.env("PYTHONPATH", p);
     }
-    cmd.args(["--n", "4", "--learner", &addr.to_string()])
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    KillOnDrop::spawn(
+        cmd.args(["--n", "4", "--learner", &addr.to_string()])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
 }
 
 /// Waits for the actor to exit (failing the test after `LIMIT`).
-fn exit(mut child: Child) -> Output {
+fn exit(mut child: KillOnDrop) -> Output {
     let start = Instant::now();
     while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            panic!("the actor did not exit within {LIMIT:?}");
-        }
+        // The guard kills it as the test fails.
+        assert!(
+            start.elapsed() <= LIMIT,
+            "the actor did not exit within {LIMIT:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().unwrap()
+    child.into_inner().wait_with_output().unwrap()
 }
 
 fn stderr(out: &Output) -> String {
@@ -287,7 +288,7 @@ fn an_impersonator_without_the_token_gets_nothing_run() {
     );
     wait_until("the actor tried again", LIMIT, || fake.connections() >= 2);
     let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
+    let out = child.into_inner().wait_with_output().unwrap();
     let err = stderr(&out);
     assert!(err.contains("the learner failed authentication"), "{err}");
     assert_eq!(fake.seen.batches.load(Ordering::SeqCst), 0);

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use millrace_tests::{binary, wait_until};
+use millrace_tests::{binary, wait_until, KillOnDrop};
 
 mod common;
 use common::prometheus::{kind, metrics_addr, page, parsed, value};
@@ -56,14 +56,14 @@ fn learner_and_actor_pages_parse_as_prometheus_and_health_follows_the_run() {
     let (ok, said) = health("learner", &lm, false);
     assert!(ok && said.contains("ready"), "{said}");
 
-    let mut actor = Command::new(binary("actor"))
-        .args(["--n", "8", "--learner", &l.addr, "--name", "probe"])
-        .args(["--metrics-addr", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut actor = KillOnDrop::spawn(
+        Command::new(binary("actor"))
+            .args(["--n", "8", "--learner", &l.addr, "--name", "probe"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
     let (tx, rx) = mpsc::channel();
     let stderr = actor.stderr.take().unwrap();
     let reader = std::thread::spawn(move || {

@@ -9,7 +9,7 @@
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use millrace_tests::binary;
+use millrace_tests::{binary, KillOnDrop};
 
 mod common;
 use common::{exits_by_itself, finish, learner_on, received_from};
@@ -32,13 +32,13 @@ fn served(flags: &[&str], envs: &str, name: &str) -> Served {
     all.extend(["--eval-every", "1000000"]);
     all.extend_from_slice(flags);
     let l = learner_on("127.0.0.1:0", dir.path(), &all);
-    let mut a = Command::new(binary("actor"))
-        .args(["--n", envs, "--learner", &l.addr, "--name", name])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut a = KillOnDrop::spawn(
+        Command::new(binary("actor"))
+            .args(["--n", envs, "--learner", &l.addr, "--name", name])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
     let (code, out, log) = finish(l, Duration::from_secs(180));
     let actor = exits_by_itself(&mut a, Duration::from_secs(30), &log);
     let mut actor_err = String::new();

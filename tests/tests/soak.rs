@@ -12,7 +12,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ use common::prometheus::metrics_addr;
 use millrace_proto::auth;
 use millrace_proto::codec::{self, Framer, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{ActorMsg, LearnerMsg, RefusalCode, PROTOCOL_VERSION};
-use millrace_tests::{batch, binary, hello, wait_until};
+use millrace_tests::{batch, binary, hello, wait_until, KillOnDrop};
 
 const TOKEN: &str = "soak-token-5d1c0a8f2e7b4c39";
 /// Each phase: without, then with the hostile load.
@@ -52,17 +52,17 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn honest_actor(addr: &str, token: &std::path::Path, seed: u64) -> Child {
-    Command::new(binary("actor"))
-        .args(["--n", "8", "--learner", addr, "--seed", &seed.to_string()])
-        .arg("--token-file")
-        .arg(token)
-        .args(["--name", &format!("honest-{seed}")])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+fn honest_actor(addr: &str, token: &std::path::Path, seed: u64) -> KillOnDrop {
+    KillOnDrop::spawn(
+        Command::new(binary("actor"))
+            .args(["--n", "8", "--learner", addr, "--seed", &seed.to_string()])
+            .arg("--token-file")
+            .arg(token)
+            .args(["--name", &format!("honest-{seed}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
 }
 
 /// Hostile clients, each kind on its own thread until `stop`; counts what they did.
@@ -251,7 +251,7 @@ fn honest_actors_keep_training_through_a_hostile_load_and_memory_stays_bounded()
         metrics.is_some()
     });
     let metrics = metrics.unwrap();
-    let mut honest: Vec<Child> = (0..2).map(|i| honest_actor(&l.addr, &token, i)).collect();
+    let mut honest: Vec<KillOnDrop> = (0..2).map(|i| honest_actor(&l.addr, &token, i)).collect();
     wait_until("the honest actors train", Duration::from_secs(60), || {
         env_steps(&metrics) > 20_000.0
     });

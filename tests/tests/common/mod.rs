@@ -8,13 +8,14 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use millrace_tests::binary;
+use millrace_tests::{binary, KillOnDrop};
 
 pub mod prometheus;
 pub mod reference;
 
 pub struct Learner {
-    pub child: Child,
+    /// Killed when the test ends, also when it fails.
+    pub child: KillOnDrop,
     pub addr: String,
     pub logdir: std::path::PathBuf,
     /// Every line the learner logged.
@@ -31,17 +32,17 @@ pub fn learner_on(listen: &str, logdir: &std::path::Path, extra: &[&str]) -> Lea
     } else {
         &["--max-steps", "200000"]
     };
-    let mut child = Command::new(binary("learner"))
-        .args(["--listen", listen, "--no-progress"])
-        .args(budget)
-        .args(extra)
-        .arg("--logdir")
-        .arg(logdir)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop::spawn(
+        Command::new(binary("learner"))
+            .args(["--listen", listen, "--no-progress"])
+            .args(budget)
+            .args(extra)
+            .arg("--logdir")
+            .arg(logdir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -72,16 +73,17 @@ pub fn learner_on(listen: &str, logdir: &std::path::Path, extra: &[&str]) -> Lea
     }
 }
 
-/// An `actor --n 8` process named `name`, serving the learner at `addr`, quiet.
-pub fn actor(addr: &str, seed: u64, name: &str) -> Child {
-    Command::new(binary("actor"))
-        .args(["--n", "8", "--learner", addr, "--seed", &seed.to_string()])
-        .args(["--name", name])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+/// An `actor --n 8` process named `name`, serving the learner at `addr`, quiet; killed
+/// when dropped.
+pub fn actor(addr: &str, seed: u64, name: &str) -> KillOnDrop {
+    KillOnDrop::spawn(
+        Command::new(binary("actor"))
+            .args(["--n", "8", "--learner", addr, "--seed", &seed.to_string()])
+            .args(["--name", name])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
 }
 
 /// Waits for the learner to exit (up to `limit`); returns its status code and stdout.

@@ -2,17 +2,18 @@
 //! client's parser (`prometheus_client`, through `scripts/parse_metrics.py`).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use millrace_tests::{venv_python, wait_until};
+use millrace_tests::{venv_python, wait_until, KillOnDrop};
 use serde_json::Value;
 
 /// A process serving `--metrics-addr 127.0.0.1:0`, its log read as it runs.
 pub struct Served {
-    pub child: Child,
+    /// Killed when the test ends, also when it fails.
+    pub child: KillOnDrop,
     /// The address it logged.
     pub addr: String,
     /// Every line it logged (stderr).
@@ -24,7 +25,7 @@ pub struct Served {
 /// Spawns `cmd` with its stderr piped and read line by line, and waits (up to 60 s)
 /// for the metrics address it logs.
 pub fn serving(cmd: &mut Command) -> Served {
-    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = KillOnDrop::spawn(cmd.stderr(Stdio::piped()));
     let log = Arc::new(Mutex::new(Vec::<String>::new()));
     let reader = {
         let log = Arc::clone(&log);
