@@ -1,14 +1,46 @@
 //! Several processes over loopback, as users run them: `learner --listen` and
-//! `actor --n 8` processes train CartPole to the target and the actors exit by
-//! themselves when told the run is finished; an actor SIGKILLed mid-run is replaced
-//! and the replacement contributes; a learner that dies, or is stopped by SIGTERM and
-//! resumed, is found again by the same actors, which retry meanwhile.
+//! `actor --n 8` processes train CartPole and the actors exit by themselves when told
+//! the run is finished; an actor SIGKILLed mid-run is replaced and the replacement
+//! contributes; a learner that dies, or is stopped by SIGTERM and resumed, is found
+//! again by the same actors, which retry meanwhile.
+//!
+//! Luck-proof (issue "One bad transition…", part 6): a threaded run sees its data in a
+//! different order each time, so no test here waits for the CartPole target within a
+//! deadline. Runs end on a step budget (or by solving, whichever comes first), and the
+//! tests assert what training must show whatever the luck: it learned (its best
+//! evaluation far above a random policy's ~22), and the policy saved as `best/` is the
+//! one it reported. Deadlines are safety nets, several times the measured times.
 //!
 //! The binaries must be built first (`cargo build --bins`; `scripts/test.sh` does).
 
 use std::time::Duration;
 
-use millrace_tests::{signal, wait_until};
+use millrace_tests::{read_json, signal, wait_until};
+
+/// Env steps a run trains for, unless it solves first: CartPole's DQN learns well
+/// within it (its median solve is ~10k steps) whatever the order of its data.
+const BUDGET: &str = "20000";
+/// A safety net over runs measured at 40–90 s on an idle 2-core VM (2026-12-07).
+const DEADLINE: Duration = Duration::from_secs(600);
+/// A random CartPole policy returns ~22; any run that learned anything doubles it.
+const LEARNED: f64 = 50.0;
+
+/// The run in `dir` ended as a run ends (solved: 0, out of steps: 2) and learned: its
+/// `best/` evaluation is far above random, and is the best the run reported.
+fn learned(dir: &std::path::Path, code: Option<i32>, out: &str) {
+    assert!(matches!(code, Some(0 | 2)), "{code:?}:\n{out}");
+    let best = read_json(&dir.join("checkpoint/best/meta.json"));
+    let mean = best["eval"]["mean"].as_f64().unwrap();
+    eprintln!("best evaluation: {mean}");
+    assert!(
+        mean >= LEARNED,
+        "learned nothing: best evaluation {mean}\n{out}"
+    );
+    assert!(
+        out.contains(&format!("{mean:.1}")),
+        "the run reports the best/ evaluation {mean:.1}:\n{out}"
+    );
+}
 
 mod common;
 use common::{actor, exits_by_itself, finish, learner_on, received_from, Learner};
@@ -42,14 +74,16 @@ fn under_way(l: &Learner, bytes: u64) {
 }
 
 #[test]
-fn a_learner_and_two_actor_processes_solve_cartpole_and_the_actors_exit() {
+fn a_learner_and_two_actor_processes_train_cartpole_and_the_actors_exit() {
     let dir = tempfile::tempdir().unwrap();
-    let l = learner_on("127.0.0.1:0", dir.path(), &[]);
+    let l = learner_on("127.0.0.1:0", dir.path(), &["--max-steps", BUDGET]);
     let mut actors = vec![actor(&l.addr, 1, "one"), actor(&l.addr, 2, "two")];
-    let (code, out, log) = finish(l, Duration::from_secs(180));
-    assert_eq!(code, Some(0), "not solved:\n{out}");
-    assert!(out.contains("solved at"), "{out}");
-    assert!(dir.path().join("checkpoint/solved/meta.json").exists());
+    let (code, out, log) = finish(l, DEADLINE);
+    learned(dir.path(), code, &out);
+    if code == Some(0) {
+        assert!(out.contains("solved at"), "{out}");
+        assert!(dir.path().join("checkpoint/solved/meta.json").exists());
+    }
     assert_eq!(
         log.iter()
             .filter(|l| l.contains("told RunFinished"))
@@ -70,7 +104,11 @@ fn training_survives_an_actor_killed_mid_run_and_the_replacement_contributes() {
     let dir = tempfile::tempdir().unwrap();
     // No evaluation before 20,000 steps: the run cannot be solved (and end) before the
     // kill below, however fast this seed learns (one solved at 8,024 steps otherwise).
-    let l = learner_on("127.0.0.1:0", dir.path(), &["--eval-every", "20000"]);
+    let l = learner_on(
+        "127.0.0.1:0",
+        dir.path(),
+        &["--eval-every", "20000", "--max-steps", "24000"],
+    );
     let mut first = actor(&l.addr, 1, "first");
     let mut second = actor(&l.addr, 2, "second");
     // Let training get under way, then SIGKILL one actor mid-batch and start another.
@@ -78,8 +116,8 @@ fn training_survives_an_actor_killed_mid_run_and_the_replacement_contributes() {
     first.kill().unwrap();
     first.wait().unwrap();
     let mut replacement = actor(&l.addr, 3, "replacement");
-    let (code, out, log) = finish(l, Duration::from_secs(180));
-    assert_eq!(code, Some(0), "not solved after losing an actor:\n{out}");
+    let (code, out, log) = finish(l, DEADLINE);
+    learned(dir.path(), code, &out);
     let joined = log
         .iter()
         .any(|l| l.contains("actor \"replacement\" joined"));
@@ -174,10 +212,15 @@ fn a_learner_stopped_by_sigterm_resumes_and_its_actors_wait_for_it() {
         log.join("\n")
     );
     let ckpt = dir.path().join("checkpoint");
-    let second = learner_on(&addr, dir.path(), &["--resume", ckpt.to_str().unwrap()]);
-    let (code, out, log) = finish(second, Duration::from_secs(180));
-    assert_eq!(code, Some(0), "the resumed learner did not solve:\n{out}");
-    assert!(out.contains("solved at"), "{out}");
+    // Resumed with a step budget (and its own unreachable target): it runs to the
+    // budget, learning on where the first left off.
+    let second = learner_on(
+        &addr,
+        dir.path(),
+        &["--resume", ckpt.to_str().unwrap(), "--max-steps", BUDGET],
+    );
+    let (code, out, log) = finish(second, DEADLINE);
+    learned(dir.path(), code, &out);
     // Every actor the resumed learner told the run is finished exits 0 by itself; one
     // still in its backoff when the run ended keeps retrying, as it should.
     let mut told = 0;

@@ -27,7 +27,16 @@ fn a_prioritized_dueling_population_with_decay_solves_and_serves_metrics_per_age
     } = serving(
         Command::new(binary("learner"))
             .args(["--env", "CartPole-v1", "--cpu", "--seed", "1"])
-            .args(["--population", &AGENTS.to_string()])
+            // Lock-step: the same seeds train the same way on any machine once the
+            // thread count is fixed (its default, one per core, changes the grouping);
+            // seed 1 on two threads is shown to solve (issue "One bad transition…",
+            // part 6).
+            .args([
+                "--population",
+                &AGENTS.to_string(),
+                "--population-threads",
+                "2",
+            ])
             .args(["--replay", "prioritized", "--dueling", "--lr-final", "1e-4"])
             .args(["--max-steps", "100000", "--metrics-addr", "127.0.0.1:0"])
             .arg("--logdir")
@@ -81,8 +90,15 @@ fn a_prioritized_dueling_population_with_decay_solves_and_serves_metrics_per_age
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
+        // A safety net far above the measured time; the guard kills the learner.
+        assert!(
+            started.elapsed() < Duration::from_secs(1200),
+            "the population did not finish: {}",
+            log.lock().unwrap().join("\n")
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
+    eprintln!("the population finished after {:?}", started.elapsed());
     reader.join().unwrap();
     let mut stdout = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
