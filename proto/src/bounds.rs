@@ -4,8 +4,8 @@
 //! a user's buggy environment) makes every update that samples it overflow, and the
 //! learner stopped after `--max-nonfinite` of them (issue "One bad transition…", part
 //! 1). Values are therefore screened before they are stored against bounds that follow
-//! from the environment: its per-step reward range where it declares one (the Rust
-//! ports), else a per-step bound a user can set (`--max-abs-reward`) whose default no
+//! from the environment: a per-step bound a user can set (`--max-abs-reward`), else its
+//! declared per-step reward range where it has one (the Rust ports), else a default no
 //! real environment reaches; and a magnitude bound on `f32` observations
 //! (`--max-abs-obs`; `u8` observations are bounded by their type). A stored reward is an
 //! n-step return, so the per-step bound is scaled by n.
@@ -52,13 +52,20 @@ impl ValueBounds {
         reward_from: RewardBound::Flag,
     };
 
-    /// The bounds for `env` with `n_step` returns: its declared per-step reward range
-    /// where it has one (so CartPole's rewards are at most n), else `max_abs_reward`
-    /// per step; `max_abs_obs` for observations.
-    pub fn new(env: &EnvSpec, n_step: usize, max_abs_reward: f32, max_abs_obs: f32) -> Self {
+    /// The bounds for `env` with `n_step` returns: `max_abs_reward` per step when a
+    /// user set it, else the environment's declared per-step range where it has one (so
+    /// CartPole's rewards are at most n), else [`DEFAULT_MAX_ABS_REWARD`];
+    /// `max_abs_obs` for observations.
+    pub fn new(
+        env: &EnvSpec,
+        n_step: usize,
+        max_abs_reward: Option<f32>,
+        max_abs_obs: f32,
+    ) -> Self {
         let n = n_step.max(1);
-        let (per_step, reward_from) = match env.reward_range {
-            Some((lo, hi)) => {
+        let (per_step, reward_from) = match (max_abs_reward, env.reward_range) {
+            (Some(flag), _) => (flag, RewardBound::Flag),
+            (None, Some((lo, hi))) => {
                 let per_step = lo.abs().max(hi.abs());
                 (
                     per_step,
@@ -68,7 +75,7 @@ impl ValueBounds {
                     },
                 )
             }
-            None => (max_abs_reward, RewardBound::Flag),
+            (None, None) => (DEFAULT_MAX_ABS_REWARD, RewardBound::Flag),
         };
         // A little over n × the bound: an n-step sum of discounted rewards in f32.
         let reward = (per_step * n as f32 * (1.0 + 1e-4)).min(f32::MAX);
@@ -116,15 +123,18 @@ mod tests {
 
     #[test]
     fn a_declared_range_bounds_n_steps_of_rewards_and_otherwise_the_flag_does() {
-        let b = ValueBounds::new(&env(Some((-1.0, 0.0))), 3, 1e6, 1e9);
+        let b = ValueBounds::new(&env(Some((-1.0, 0.0))), 3, None, 1e9);
         assert!(b.reward >= 3.0 && b.reward < 3.01, "{}", b.reward);
         assert!(b.reward_reason().contains("at most 1 a step"));
-        let b = ValueBounds::new(&env(None), 3, 1e6, 1e9);
+        let b = ValueBounds::new(&env(None), 3, None, 1e9);
         assert!(b.reward >= 3e6 && b.reward < 3.01e6, "{}", b.reward);
         assert!(b.reward_reason().contains("--max-abs-reward"));
         assert_eq!(b.obs, 1e9);
+        // A user's own bound wins over the declared range.
+        let b = ValueBounds::new(&env(Some((-1.0, 0.0))), 3, Some(1e38), 1e9);
+        assert!(b.reward >= 3e38, "{}", b.reward);
         assert_eq!(
-            ValueBounds::new(&env(None), 1, f32::MAX, 1.0).reward,
+            ValueBounds::new(&env(None), 1, Some(f32::MAX), 1.0).reward,
             f32::MAX
         );
     }

@@ -329,7 +329,7 @@ fn devices(args: &TrainArgs, population: bool) -> anyhow::Result<Vec<DeviceChoic
 /// What a stored transition's values may be (`--max-abs-reward`, `--max-abs-obs`).
 fn value_bounds(args: &TrainArgs, spec: &EnvSpec) -> anyhow::Result<ValueBounds> {
     for (flag, v) in [
-        ("--max-abs-reward", args.max_abs_reward),
+        ("--max-abs-reward", args.max_abs_reward.unwrap_or(1.0)),
         ("--max-abs-obs", args.max_abs_obs),
     ] {
         if !(v.is_finite() && v > 0.0) {

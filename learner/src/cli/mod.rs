@@ -518,11 +518,12 @@ pub struct TrainArgs {
     pub max_nonfinite: u64,
 
     /// The largest |reward| one environment step may give (times n-step for a stored
-    /// transition), where the environment declares no range of its own; a transition
-    /// beyond it is refused before it is stored (a remote actor sending one is
-    /// disconnected, naming the field). The default is beyond any real environment's.
-    #[arg(long, default_value_t = millrace_proto::bounds::DEFAULT_MAX_ABS_REWARD)]
-    pub max_abs_reward: f32,
+    /// transition); a transition beyond it is refused before it is stored (a remote
+    /// actor sending one is disconnected, naming the field). Default: the environment's
+    /// declared range where it has one (the Rust ports), else 1e6, beyond any real
+    /// environment's.
+    #[arg(long)]
+    pub max_abs_reward: Option<f32>,
 
     /// The largest |value| an `f32` observation may hold; a transition beyond it is
     /// refused before it is stored, as for --max-abs-reward.
