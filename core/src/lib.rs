@@ -26,6 +26,7 @@ pub mod dqn;
 pub mod faults;
 pub mod handoff;
 pub mod memory;
+pub mod poison;
 pub mod population_staging;
 pub mod prefetch;
 pub mod priority_feedback;

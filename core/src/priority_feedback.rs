@@ -1,5 +1,6 @@
-//! Prioritized replay's feedback: the learner's per-item TD errors back into replay as
-//! priorities, by the items' stable keys, and β's schedule.
+//! The learner's feedback into replay: per-item TD errors back as priorities
+//! (prioritized replay), by the items' stable keys, and β's schedule; and, for every
+//! replay, the items whose TD errors show them poison evicted ([`crate::poison`]).
 //!
 //! Each update leaves its TD errors on the device; every `every` updates they are
 //! joined and read back at once. On a GPU the read-back is an asynchronous copy into
@@ -46,7 +47,10 @@ struct InFlight {
 /// Collects TD errors and keys per update; hands them to replay in rounds.
 pub struct PriorityFeedback {
     table: Arc<Table>,
-    beta: BetaSchedule,
+    /// Prioritized replay's β; `None` for uniform replay (poison evicted, no priorities).
+    beta: Option<BetaSchedule>,
+    /// |TD error| beyond which an item is poison ([`crate::poison::td_bound`]).
+    poison_td: f32,
     every: usize,
     device: Device,
     tds: Vec<Tensor>,
@@ -69,18 +73,24 @@ impl std::fmt::Debug for PriorityFeedback {
 
 impl PriorityFeedback {
     /// Feedback into `table` every `every` updates (at least 1), for updates on
-    /// `device`; sets β for the first batches at `env_steps` (a resumed run's).
+    /// `device`: priorities with β from `beta` (prioritized replay; set for the first
+    /// batches at `env_steps`, a resumed run's), or none (`None`: uniform replay); and
+    /// items whose |TD error| is not finite or beyond `poison_td` evicted as poison.
     pub fn new(
         table: Arc<Table>,
-        beta: BetaSchedule,
+        beta: Option<BetaSchedule>,
         every: usize,
         device: Device,
         env_steps: u64,
+        poison_td: f32,
     ) -> Self {
-        table.set_beta(beta.at(env_steps));
+        if let Some(beta) = beta {
+            table.set_beta(beta.at(env_steps));
+        }
         Self {
             table,
             beta,
+            poison_td,
             every: every.max(1),
             device,
             tds: Vec::new(),
@@ -117,7 +127,9 @@ impl PriorityFeedback {
     }
 
     fn flush(&mut self, env_steps: u64) {
-        self.table.set_beta(self.beta.at(env_steps));
+        if let Some(beta) = self.beta {
+            self.table.set_beta(beta.at(env_steps));
+        }
         self.round();
     }
 
@@ -163,14 +175,58 @@ impl PriorityFeedback {
         self.spare = Some(f.marker);
     }
 
-    fn apply(&mut self, host: &Tensor, keys: Vec<ItemKey>) {
-        let priorities = match Vec::<f32>::try_from(host) {
+    fn apply(&mut self, host: &Tensor, mut keys: Vec<ItemKey>) {
+        let mut priorities = match Vec::<f32>::try_from(host) {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!("priorities: cannot read TD errors back: {e}");
                 return;
             }
         };
+        let culprits = crate::poison::culprits(&priorities, self.poison_td);
+        if !culprits.is_empty() {
+            let poisoned: Vec<ItemKey> = culprits
+                .iter()
+                .filter_map(|i| keys.get(*i))
+                .copied()
+                .collect();
+            let worst = culprits
+                .iter()
+                .map(|i| priorities[*i])
+                .fold(0.0f32, |m, td| {
+                    if td.is_finite() {
+                        m.max(td)
+                    } else {
+                        f32::INFINITY
+                    }
+                });
+            let evicted = self.table.evict(&poisoned);
+            let before = self.table.stats().evicted.saturating_sub(evicted as u64);
+            // Logged once per power of two (a flood says so without flooding the log).
+            if (before + 1..=before + evicted as u64).any(u64::is_power_of_two) {
+                tracing::warn!(
+                    "replay: {evicted} item(s) evicted as poison (|TD error| up to {worst:e}, beyond {:e}); {} so far",
+                    self.poison_td,
+                    before + evicted as u64
+                );
+            }
+            // Their TD errors are no priorities (one 3e38 would raise the maximum every
+            // new item gets).
+            let mut poison = vec![false; priorities.len()];
+            for i in &culprits {
+                poison[*i] = true;
+            }
+            (keys, priorities) = keys
+                .iter()
+                .zip(&priorities)
+                .zip(&poison)
+                .filter(|(_, bad)| !**bad)
+                .map(|((k, td), _)| (*k, *td))
+                .unzip();
+        }
+        if self.beta.is_none() {
+            return;
+        }
         let r = self
             .table
             .update_priorities(&PriorityUpdate { keys, priorities });
@@ -237,7 +293,14 @@ mod tests {
             end: 0.6,
             steps: 100,
         };
-        let mut fb = PriorityFeedback::new(Arc::clone(&table), beta, 2, Device::Cpu, 0);
+        let mut fb = PriorityFeedback::new(
+            Arc::clone(&table),
+            Some(beta),
+            2,
+            Device::Cpu,
+            0,
+            f32::INFINITY,
+        );
         assert_eq!(table.beta(), 0.2);
         let sample = |n: usize| {
             let mut out = SampleScratch::new(n, 4);
@@ -272,5 +335,79 @@ mod tests {
         fb.push(&td(&a3), &k3, 60);
         fb.finish();
         assert_eq!(fb.totals().applied, 10);
+    }
+
+    #[test]
+    fn items_whose_td_errors_explode_are_evicted_with_uniform_replay_too() {
+        // Regression (issue "One bad transition…", part 1): one item's reward of 3e38
+        // overflowed every update that sampled it, and its priority (3e38) became the
+        // maximum every new item got. Now the feedback evicts it, for either replay.
+        for priority in [
+            None,
+            Some(PriorityConfig {
+                alpha: 1.0,
+                beta: 0.0,
+            }),
+        ] {
+            let table = Arc::new(
+                Table::new(&ReplayConfig {
+                    capacity: 64,
+                    shards: 1,
+                    obs_row_bytes: 4,
+                    stack: 1,
+                    obs_rows_per_item: 2.0,
+                    limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e9, 1).unwrap(),
+                    priority,
+                })
+                .unwrap(),
+            );
+            let mut b = TransitionBatch::with_capacity(4, 8, 16);
+            for v in 0..8i64 {
+                b.push_f32(&[v as f32], v, 0.0, 0.9, &[v as f32]);
+            }
+            b.actor_id = 7;
+            table.insert(&b).unwrap();
+            let beta = priority.map(|_| BetaSchedule {
+                start: 0.4,
+                end: 0.4,
+                steps: 0,
+            });
+            let mut fb = PriorityFeedback::new(Arc::clone(&table), beta, 1, Device::Cpu, 0, 1e6);
+            let mut out = SampleScratch::new(8, 4);
+            table
+                .sample(&mut SmallRng::seed_from_u64(3), &mut out.buffers())
+                .unwrap();
+            // Item with action 5 explodes (finite, 3e38); item 2 is not a number.
+            let td: Vec<f32> = out
+                .actions
+                .iter()
+                .map(|a| match a {
+                    5 => -3e38,
+                    2 => f32::NAN,
+                    _ => 0.5,
+                })
+                .collect();
+            let culprits = out.actions.iter().filter(|a| [2, 5].contains(*a)).count();
+            fb.push(&Tensor::from_slice(&td).view([1, -1]), &out.keys, 0);
+            assert!(culprits > 0, "the draw holds a culprit: {:?}", out.actions);
+            let evicted: std::collections::BTreeSet<i64> = out
+                .actions
+                .iter()
+                .copied()
+                .filter(|a| [2, 5].contains(a))
+                .collect();
+            assert_eq!(table.stats().evicted, evicted.len() as u64, "{priority:?}");
+            assert_eq!(table.evicted_from(7), evicted.len() as u64);
+            let mut kept = Vec::new();
+            table.snapshot(|_, b| kept.extend(b.actions.iter().copied().zip(b.priorities.clone())));
+            assert!(kept.iter().all(|(a, _)| !evicted.contains(a)), "{kept:?}");
+            if priority.is_some() {
+                assert!(
+                    table.stats().max_priority < 1e3,
+                    "no poison in the priorities: {}",
+                    table.stats().max_priority
+                );
+            }
+        }
     }
 }

@@ -265,6 +265,16 @@ impl RunConfig {
         }
     }
 
+    /// The |TD error| beyond which a replay item is poison, for these value bounds and
+    /// this discount ([`millrace_core::poison::td_bound`]).
+    pub fn poison_td(&self) -> f32 {
+        millrace_core::poison::td_bound(
+            self.value_bounds.reward,
+            self.actors.gamma,
+            self.batch_size,
+        )
+    }
+
     /// The checkpoint root: `latest/`, `best/`, `solved/` and `config.json`.
     pub fn checkpoint_dir(&self) -> PathBuf {
         self.logdir.join("checkpoint")

@@ -115,6 +115,12 @@ pub fn page(
         replay.invalid_priorities as f64,
     )
     .metric(
+        "millrace_replay_evicted_poison_total",
+        Kind::Counter,
+        "Items evicted from replay as poison: their TD errors were not finite or beyond anything the run's value bounds allow.",
+        replay.evicted as f64,
+    )
+    .metric(
         "millrace_replay_clamped_priorities_total",
         Kind::Counter,
         "Actors' priorities above ten times the learner's largest (stored at that bound).",
@@ -170,6 +176,12 @@ pub fn page(
         Kind::Gauge,
         "Transitions per second received from the actor.",
         (0..actors.len()).map(|i| (labels(i), actors[i].1.transitions_per_s)),
+    )
+    .family(
+        "millrace_actor_evicted_total",
+        Kind::Counter,
+        "The actor's transitions evicted from replay as poison this session (at 64 it is refused).",
+        (0..actors.len()).map(|i| (labels(i), actors[i].1.evicted as f64)),
     )
     .family(
         "millrace_actor_episode_return",

@@ -63,23 +63,29 @@ pub struct PriorityOptions {
     pub feedback_every: usize,
 }
 
-impl PriorityOptions {
-    /// The learner's feedback of TD errors into `table` as priorities, for updates on
-    /// `device`, β set for `env_steps` (a resumed run's or agent's).
-    pub fn feedback(
-        &self,
-        table: &std::sync::Arc<millrace_replay::Table>,
-        device: tch::Device,
-        env_steps: u64,
-    ) -> millrace_core::priority_feedback::PriorityFeedback {
-        millrace_core::priority_feedback::PriorityFeedback::new(
-            std::sync::Arc::clone(table),
-            self.beta,
-            self.feedback_every,
-            device,
-            env_steps,
-        )
-    }
+/// Updates whose TD errors are read back at once with uniform replay, to find poison
+/// (prioritized replay reads them back every `--priority-feedback-every`).
+pub const POISON_CHECK_EVERY: usize = 8;
+
+/// The learner's feedback into `table`, for updates on `device`: with `priority`, TD
+/// errors back as priorities, β set for `env_steps` (a resumed run's or agent's); for
+/// every replay, items whose |TD error| is not finite or beyond `poison_td` evicted as
+/// poison ([`millrace_core::poison`]).
+pub fn feedback(
+    priority: Option<&PriorityOptions>,
+    table: &std::sync::Arc<millrace_replay::Table>,
+    device: tch::Device,
+    env_steps: u64,
+    poison_td: f32,
+) -> millrace_core::priority_feedback::PriorityFeedback {
+    millrace_core::priority_feedback::PriorityFeedback::new(
+        std::sync::Arc::clone(table),
+        priority.map(|p| p.beta),
+        priority.map_or(POISON_CHECK_EVERY, |p| p.feedback_every),
+        device,
+        env_steps,
+        poison_td,
+    )
 }
 
 /// Staging buffers with priorities on, unless `--prefetch-depth` says otherwise: each

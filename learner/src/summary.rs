@@ -218,6 +218,13 @@ impl std::fmt::Display for RunSummary {
                 r.max_priority,
             )?;
         }
+        if r.evicted > 0 {
+            writeln!(
+                f,
+                "  poison:          {} replay item(s) evicted (TD errors not finite or beyond the value bounds); the updates they spoiled were skipped",
+                r.evicted
+            )?;
+        }
         let kept: Vec<&str> = [
             ("latest/", true),
             ("best/", self.best.is_some()),

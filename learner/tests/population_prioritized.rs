@@ -107,10 +107,11 @@ fn feedback(table: &Arc<Table>) -> Option<PriorityFeedback> {
     };
     Some(PriorityFeedback::new(
         Arc::clone(table),
-        beta,
+        Some(beta),
         2,
         Device::Cpu,
         0,
+        f32::INFINITY,
     ))
 }
 

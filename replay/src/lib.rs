@@ -7,6 +7,7 @@
 //! a sampler locks each shard once per batch, one shard at a time, and sampled items come
 //! with stable [`ItemKey`]s for priority updates.
 
+pub mod evictions;
 pub mod key;
 pub mod limiter;
 pub mod scratch;

@@ -112,6 +112,11 @@ pub struct Shard {
     discounts: Vec<f32>,
     /// Parameter version that produced each item (staleness metrics).
     versions: Vec<u64>,
+    /// The stream (actor) whose batch brought each item: what an eviction is charged to.
+    actors: Vec<u32>,
+    /// Items evicted as poison ([`Shard::evict`]): never sampled, checkpointed or
+    /// given a priority again; their places are reused in FIFO order as any other's.
+    dead: Vec<bool>,
     /// Live batches, oldest first.
     extents: VecDeque<Extent>,
     /// The oldest row each live extent's items read (their stacks included), as a
@@ -237,6 +242,8 @@ impl Shard {
             rewards: zeroed(capacity)?,
             discounts: zeroed(capacity)?,
             versions: zeroed(capacity)?,
+            actors: zeroed(capacity)?,
+            dead: vec![false; capacity],
             extents: VecDeque::new(),
             needs: VecDeque::new(),
             next_extent: 0,
@@ -390,6 +397,8 @@ impl Shard {
             self.rewards[dst] = batch.rewards[i];
             self.discounts[dst] = batch.discounts[i];
             self.versions[dst] = batch.version;
+            self.actors[dst] = batch.actor_id;
+            self.dead[dst] = false;
             // The table counted invalid priorities; they are never stored.
             let priority = batch
                 .priorities
@@ -529,13 +538,48 @@ impl Shard {
     /// Sets the priority of the item `key` names; `false` (and nothing changes) when
     /// that item was evicted since it was sampled.
     pub fn update(&mut self, key: ItemKey, priority: f64) -> bool {
-        match self.position(key) {
+        match self.position(key).filter(|pos| !self.dead[*pos]) {
             Some(pos) => {
                 self.selector.update(pos, priority);
                 true
             }
             None => false,
         }
+    }
+
+    /// Takes the item `key` names out of replay for good (its TD error showed it poison,
+    /// see the learner's feedback): it is never sampled, checkpointed or given a
+    /// priority again. Its place is reused in FIFO order like any other (`len` counts it
+    /// until then). Returns the stream (actor) whose batch brought it, or `None` when it
+    /// was evicted already or its key is stale.
+    pub fn evict(&mut self, key: ItemKey) -> Option<u32> {
+        let pos = self.position(key).filter(|pos| !self.dead[*pos])?;
+        self.dead[pos] = true;
+        // Prioritized: weight 0, so the tree never lands on it (Uniform cannot remove
+        // from the middle of its ring: `gather` steps over dead items instead).
+        if self.selector.priority(pos).is_some() {
+            self.selector.delete(pos);
+        }
+        Some(self.actors[pos])
+    }
+
+    /// Live items evicted as poison and not yet overwritten.
+    pub fn dead(&self) -> usize {
+        (self.first_seq()..self.next_seq)
+            .filter(|seq| self.dead[self.pos(*seq)])
+            .count()
+    }
+
+    /// The first live item at or after position `pos` (in insertion order, wrapping
+    /// to the oldest) that is not dead; `pos` itself when every live item is dead.
+    fn alive_from(&self, pos: usize) -> usize {
+        let first = self.first_seq();
+        let offset = (pos + self.capacity - self.pos(first)) % self.capacity;
+        let live = (self.next_seq - first) as usize;
+        (0..live)
+            .map(|k| self.pos(first + ((offset + k) % live.max(1)) as u64))
+            .find(|p| !self.dead[*p])
+            .unwrap_or(pos)
     }
 
     /// Where a snapshot taken now ends: it covers the batches stored before it.
@@ -590,6 +634,9 @@ impl Shard {
         }
         for seq in items.clone() {
             let p = self.pos(seq);
+            if self.dead[p] {
+                continue;
+            }
             let (o, n) = (
                 self.row_seq(self.obs_pos[p]),
                 self.row_seq(self.next_pos[p]),
@@ -655,8 +702,17 @@ impl Shard {
     /// Gathers the item chosen by weight `u` into row `row` of `out` (all but its
     /// importance weight, which the table computes); returns its version and sampling
     /// weight, or `None` (and writes nothing) when the shard is empty.
+    ///
+    /// A dead item drawn (uniform replay keeps them in its ring) is replaced by the next
+    /// live one in insertion order: each dead item doubles one neighbour's chance, a
+    /// negligible bias for the few items ever evicted as poison.
     pub fn gather(&self, u: f64, out: &mut SampleBuffers<'_>, row: usize) -> Option<(u64, f64)> {
         let pos = self.selector.sample(u)?;
+        let pos = if self.dead[pos] {
+            self.alive_from(pos)
+        } else {
+            pos
+        };
         let ob = self.row_bytes * self.stack;
         self.copy_obs(self.obs_pos[pos], &mut out.obs[row * ob..(row + 1) * ob]);
         self.copy_obs(
@@ -789,6 +845,52 @@ mod tests {
             );
         }
         assert!(out.4.iter().all(|x| *x == 0.5));
+    }
+
+    #[test]
+    fn an_item_evicted_as_poison_is_never_gathered_checkpointed_or_reprioritized() {
+        // Uniform: the ring keeps it; a draw that lands on it takes the next live item.
+        let mut shard = shard(5, 10);
+        let mut poisoned = batch(0..3);
+        poisoned.actor_id = 42;
+        shard.insert(&poisoned, 1.0, f64::INFINITY).unwrap();
+        let key = gather_all(&shard).5[1];
+        assert_eq!(
+            shard.evict(key),
+            Some(42),
+            "charged to the stream that sent it"
+        );
+        assert_eq!(shard.evict(key), None, "once");
+        assert_eq!(shard.dead(), 1);
+        let out = gather_all(&shard);
+        assert!(!out.2.contains(&1), "item 1 never drawn: {:?}", out.2);
+        assert!(!shard.update(key, 5.0), "no priority for it");
+        let kept: Vec<i64> = shard.batches().flat_map(|b| b.actions).collect();
+        assert_eq!(kept, [0, 2], "nor checkpointed");
+        // Its place is reused in FIFO order like any other's.
+        shard.insert(&batch(3..5), 1.0, f64::INFINITY).unwrap();
+        shard.insert(&batch(5..8), 1.0, f64::INFINITY).unwrap();
+        assert_eq!(shard.dead(), 0);
+        assert_eq!(gather_all(&shard).2, [3, 4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn prioritized_an_item_evicted_as_poison_loses_its_weight() {
+        let mut shard =
+            Shard::new(0, 4, 8, 4, 1, Box::new(crate::Prioritized::new(4, 1.0))).unwrap();
+        let mut b = batch(0..4);
+        b.priorities = vec![1.0, 1e30, 1.0, 1.0];
+        shard.insert(&b, 1.0, f64::INFINITY).unwrap();
+        let key = ItemKey::new(0, 1);
+        assert_eq!(shard.evict(key), Some(0));
+        assert_eq!(shard.selector.total(), 3.0, "its weight is gone");
+        let mut out = Out::new(64);
+        for i in 0..64 {
+            shard
+                .gather(i as f64 * 3.0 / 64.0, &mut out.buffers(), i)
+                .unwrap();
+        }
+        assert!(!out.2.contains(&1), "{:?}", out.2);
     }
 
     #[test]

@@ -132,6 +132,9 @@ pub struct ReplayStats {
     pub clamped_priorities: u64,
     /// The largest priority seen so far: what items arriving without one get.
     pub max_priority: f64,
+    /// Items evicted as poison (their TD errors showed them so: see
+    /// [`Table::evict`]), since the start.
+    pub evicted: u64,
 }
 
 struct Gate {
@@ -247,6 +250,8 @@ pub struct Table {
     stale_priority_updates: AtomicU64,
     invalid_priorities: AtomicU64,
     clamped_priorities: AtomicU64,
+    /// Items evicted as poison, by stream.
+    evictions: Mutex<crate::evictions::Evictions>,
 }
 
 impl std::fmt::Debug for Table {
@@ -325,6 +330,7 @@ impl Table {
             stale_priority_updates: AtomicU64::new(0),
             invalid_priorities: AtomicU64::new(0),
             clamped_priorities: AtomicU64::new(0),
+            evictions: Mutex::default(),
         })
     }
 
@@ -807,7 +813,51 @@ impl Table {
             invalid_priorities: self.invalid_priorities.load(Ordering::Relaxed),
             clamped_priorities: self.clamped_priorities.load(Ordering::Relaxed),
             max_priority: self.max_priority.get(),
+            evicted: self.evictions().total(),
         }
+    }
+
+    fn evictions(&self) -> std::sync::MutexGuard<'_, crate::evictions::Evictions> {
+        self.evictions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Evicts the items `keys` name for good, as poison (see [`Shard::evict`]), each
+    /// charged to the stream whose batch brought it; each shard locked once. Returns how
+    /// many were evicted (the rest were gone already).
+    pub fn evict(&self, keys: &[ItemKey]) -> usize {
+        let mut evicted = 0;
+        for s in 0..self.shards.len() {
+            let mine: Vec<ItemKey> = keys
+                .iter()
+                .copied()
+                .filter(|k| usize::from(k.shard()) == s)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let streams: Vec<u32> = {
+                let mut shard = self.shard(s);
+                let streams = mine.iter().filter_map(|k| shard.evict(*k)).collect();
+                self.gauges[s].set(&shard);
+                streams
+            };
+            evicted += streams.len();
+            let mut ledger = self.evictions();
+            for stream in streams {
+                ledger.charge(stream);
+            }
+        }
+        evicted
+    }
+
+    /// Items of `stream` (an actor's batches' `actor_id`) evicted as poison so far.
+    pub fn evicted_from(&self, stream: u32) -> u64 {
+        self.evictions().of(stream)
+    }
+
+    /// Every stream with items evicted as poison, with its count, most first.
+    pub fn evicted_by_stream(&self) -> Vec<(u32, u64)> {
+        self.evictions().by_stream()
     }
 }
 

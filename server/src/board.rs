@@ -23,6 +23,9 @@ pub struct ActorEntry {
     /// Its last [`RETURNS_KEPT`] counted episode returns, oldest first: the operator's
     /// view of what each actor claims (the run's figure takes the median over actors).
     pub returns: VecDeque<f32>,
+    /// Its transitions evicted from replay as poison this session (their TD errors
+    /// exploded; see the learner's feedback).
+    pub evicted: u64,
 }
 
 /// Episode returns kept per actor.
@@ -62,6 +65,13 @@ impl ActorBoard {
         if let Some(e) = self.lock().get_mut(&id) {
             e.transitions_per_s = transitions_per_s;
             e.version_lag = version_lag;
+        }
+    }
+
+    /// Transitions of an actor evicted as poison this session, so far.
+    pub fn evicted(&self, id: u32, evicted: u64) {
+        if let Some(e) = self.lock().get_mut(&id) {
+            e.evicted = evicted;
         }
     }
 

@@ -21,6 +21,10 @@ use tokio::net::TcpStream;
 /// Bytes of a transition frame that are not rows: the header, the batch's scalar fields
 /// and the columns' length prefixes, with room to spare.
 const FRAME_HEADROOM: u64 = 64 << 10;
+/// Transitions of one session evicted from replay as poison after which the actor is
+/// refused (`ProtocolViolation`): a few are an environment's bad moment, this many a
+/// source of bad data.
+pub(super) const MAX_EVICTED_PER_SESSION: u64 = 64;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use super::handshake::authenticate;
@@ -647,6 +651,15 @@ impl Connection {
                     // whatever the actor claims.
                     batch.actor_id = stream;
                     batch.agent = agent;
+                    // An actor whose transitions keep being evicted as poison (finite
+                    // values within bounds whose TD errors still explode) is sent away
+                    // with a reason, and named on /metrics until then.
+                    let evicted = table.evicted_from(stream);
+                    if evicted >= MAX_EVICTED_PER_SESSION {
+                        return Outcome::Refused(violation(format!(
+                            "{evicted} of its transitions were evicted from replay as poison (their TD errors were not finite or exploded): its environment gives values no learner can use"
+                        )));
+                    }
                     let table = Arc::clone(table);
                     // Blocks while the rate limiter holds inserts back: this connection
                     // stops reading, and TCP pushes back on this actor alone. The frame's
@@ -709,6 +722,7 @@ impl Connection {
                     let window = window_start.elapsed().as_secs_f64();
                     let rate = (*received - window_mark) as f64 / window.max(1e-3);
                     ctx.board.report(id, rate, lag);
+                    ctx.board.evicted(id, table.evicted_from(stream));
                     (window_mark, window_start) = (*received, Instant::now());
                     let dt = since.elapsed().as_secs_f64();
                     if dt >= 10.0 {

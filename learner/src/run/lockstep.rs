@@ -110,10 +110,13 @@ pub fn run(
     let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 0x5eed);
     // Priorities are applied as soon as a round is complete (on the CPU, in order):
     // lock-step runs stay reproducible with prioritized replay too.
-    let feedback = cfg
-        .replay
-        .priority
-        .map(|p| p.feedback(&setup.table, Device::Cpu, setup.steps.get()));
+    let feedback = Some(crate::replay_flags::feedback(
+        cfg.replay.priority.as_ref(),
+        &setup.table,
+        Device::Cpu,
+        setup.steps.get(),
+        cfg.poison_td(),
+    ));
     let mut step = LearnerStep::new(
         dqn,
         setup.params.version(),

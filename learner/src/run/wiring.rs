@@ -139,10 +139,13 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         publisher,
         steps: Arc::clone(&setup.steps),
         footprint: setup.footprint,
-        feedback: cfg
-            .replay
-            .priority
-            .map(|p| p.feedback(&setup.table, device, setup.steps.get())),
+        feedback: Some(crate::replay_flags::feedback(
+            cfg.replay.priority.as_ref(),
+            &setup.table,
+            device,
+            setup.steps.get(),
+            cfg.poison_td(),
+        )),
         panic_after: cfg.faults.learner_panic.then_some(50),
         oom: cfg.faults.oom.map(|f| (f, 50)),
         alive: Arc::clone(&alive),

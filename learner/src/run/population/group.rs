@@ -159,14 +159,16 @@ pub(super) fn train_group(
             for m in queue.drain(..free) {
                 let (agent, state) = Agent::new(&m, &network, &cfg.logdir)?;
                 states.push((agent.hp, state));
-                // Prioritized replay: the agent's TD errors back into its own replay.
+                // The agent's TD errors back into its own replay: priorities
+                // (prioritized replay) and poison evicted.
                 let table = &agent.live.as_ref().expect("a new agent trains").table;
-                feedback.push(
-                    m.cfg
-                        .replay
-                        .priority
-                        .map(|p| p.feedback(table, device, agent.steps.get())),
-                );
+                feedback.push(Some(crate::replay_flags::feedback(
+                    m.cfg.replay.priority.as_ref(),
+                    table,
+                    device,
+                    agent.steps.get(),
+                    m.cfg.poison_td(),
+                )));
                 agents.push(agent);
             }
             match &mut step {
