@@ -1,9 +1,13 @@
 //! A soak over loopback: two honest actors train a `learner --listen --token-file
-//! --metrics-addr` while hostile clients, for a bounded time, hold silent sockets on
-//! both ports, trickle frames, guess tokens, claim oversized frames, send garbage, and
-//! (with the token, as a buggy actor would) send non-finite batches. What must hold:
-//! the honest actors keep training (env steps rising, evaluations going on), every
-//! health probe is answered, nothing panics, and the learner's memory stays bounded.
+//! --metrics-addr` while hostile clients, for a bounded time and each kind from a
+//! loopback address of its own, hold silent sockets reconnecting on the actor port and
+//! 2,000 idle ones on the metrics port, trickle frames, guess tokens, claim oversized
+//! frames, send garbage, and (with the token, as a buggy actor would) send non-finite
+//! batches and a finite but huge reward. What must hold: the honest actors keep
+//! training (env steps rising, evaluations going on), every honest join tried under the
+//! load is welcomed, every health probe is answered, the sessions sending poison are
+//! closed (tests/tests/poison.rs checks the refusal's words), nothing panics, and the
+//! learner's memory stays bounded.
 //! It prints the honest throughput with and without the hostile load, measured side by
 //! side in this one run, and the learner's peak memory (docs/results/robustness.md
 //! records a run).
@@ -69,11 +73,28 @@ fn honest_actor(addr: &str, token: &std::path::Path, seed: u64) -> KillOnDrop {
 #[derive(Default)]
 struct Hostile {
     silent: AtomicU64,
+    idle_metrics: AtomicU64,
     trickled: AtomicU64,
     wrong_tokens: AtomicU64,
     oversized: AtomicU64,
     garbage: AtomicU64,
     poisoned: AtomicU64,
+    huge_rewards: AtomicU64,
+    /// Honest joins tried (from the honest actors' address) while the load runs, and
+    /// those that were welcomed.
+    honest_tries: AtomicU64,
+    honest_joins: AtomicU64,
+}
+
+/// Each kind of hostile client comes from its own loopback address, as attackers come
+/// from machines of their own (the learner bounds what one source may hold before
+/// authentication); honest actors come from 127.0.0.1.
+fn source(last: u8) -> std::net::IpAddr {
+    std::net::Ipv4Addr::new(127, 0, 0, last).into()
+}
+
+fn connect_from(addr: SocketAddr, last: u8) -> Option<TcpStream> {
+    millrace_tests::connect_from(addr, source(last)).ok()
 }
 
 fn spawn_hostile(
@@ -91,9 +112,11 @@ fn spawn_hostile(
             }
         })
     };
-    // Silent sockets: 200 on the actor port, 100 on the metrics port, reopened as the
-    // learner closes them.
-    for (port, n) in [(actors, 200), (metrics, 100)] {
+    // Silent sockets: 200 on the actor port, reopened as the learner closes them (a
+    // trickle of reconnections that used to hold every handshake place); 2,000 idle
+    // ones on the metrics port, opened at up to ~500 a second (they used to make
+    // `/livez` answer 503).
+    for (port, n, from, per_tick) in [(actors, 200, 2, 200), (metrics, 2_000, 3, 100)] {
         let stop = Arc::clone(stop);
         let seen = Arc::clone(seen);
         threads.push(std::thread::spawn(move || {
@@ -104,14 +127,20 @@ fn spawn_hostile(
                     let mut b = [0u8; 1];
                     !matches!((&*s).read(&mut b), Ok(0))
                 });
-                while held.len() < n {
-                    match TcpStream::connect(port) {
-                        Ok(s) => {
-                            seen.silent.fetch_add(1, Ordering::Relaxed);
-                            held.push(s);
-                        }
-                        Err(_) => break,
+                for _ in 0..per_tick {
+                    if held.len() >= n {
+                        break;
                     }
+                    let Some(s) = connect_from(port, from) else {
+                        break;
+                    };
+                    let counter = if port == actors {
+                        &seen.silent
+                    } else {
+                        &seen.idle_metrics
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    held.push(s);
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
@@ -120,7 +149,8 @@ fn spawn_hostile(
     // Trickle: 16 frames that claim 60,000 bytes and send one byte every 100 ms.
     for _ in 0..16 {
         threads.push(go(Box::new(move |seen| {
-            let Ok(mut s) = TcpStream::connect(actors) else {
+            let Some(mut s) = connect_from(actors, 4) else {
+                std::thread::sleep(Duration::from_millis(50));
                 return;
             };
             seen.trickled.fetch_add(1, Ordering::Relaxed);
@@ -136,7 +166,7 @@ fn spawn_hostile(
     // Guesses at the token.
     for _ in 0..4 {
         threads.push(go(Box::new(move |seen| {
-            if let Some((_, LearnerMsg::Refused(r))) = try_join(actors, "guess") {
+            if let Some((_, LearnerMsg::Refused(r))) = try_join(actors, 5, "guess") {
                 if r.code == RefusalCode::WrongToken {
                     seen.wrong_tokens.fetch_add(1, Ordering::Relaxed);
                 }
@@ -145,7 +175,7 @@ fn spawn_hostile(
     }
     // Frames that claim 2 GiB, and garbage.
     threads.push(go(Box::new(move |seen| {
-        if let Ok(mut s) = TcpStream::connect(actors) {
+        if let Some(mut s) = connect_from(actors, 6) {
             let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
             let _ = s.write_all(&(2u32 << 30).to_le_bytes());
             let _ = s.read(&mut [0u8; 64]);
@@ -154,7 +184,7 @@ fn spawn_hostile(
         std::thread::sleep(Duration::from_millis(20));
     })));
     threads.push(go(Box::new(move |seen| {
-        if let Ok(mut s) = TcpStream::connect(actors) {
+        if let Some(mut s) = connect_from(actors, 6) {
             let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
             let junk: Vec<u8> = (0..4096u32)
                 .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -167,7 +197,7 @@ fn spawn_hostile(
     })));
     // A token holder whose environment returns NaN: its batches are refused.
     threads.push(go(Box::new(move |seen| {
-        if let Some((mut s, LearnerMsg::Sealed(_))) = try_join(actors, TOKEN) {
+        if let Some((mut s, LearnerMsg::Sealed(_))) = try_join(actors, 7, TOKEN) {
             let mut b = batch(64, 4);
             b.push_f32(&[f32::NAN; 4], 0, 1.0, 0.99, &[0.0; 4]);
             if let Ok(frame) = codec::encode(&ActorMsg::Transitions(b), DEFAULT_MAX_FRAME) {
@@ -180,14 +210,40 @@ fn spawn_hostile(
         }
         std::thread::sleep(Duration::from_millis(50));
     })));
+    // A token holder whose environment returns a finite but huge reward (3e38): its
+    // batches are refused at the door, naming the field (one such transition used to
+    // end the run).
+    threads.push(go(Box::new(move |seen| {
+        if let Some((mut s, LearnerMsg::Sealed(_))) = try_join(actors, 8, TOKEN) {
+            let mut b = batch(64, 4);
+            b.rewards[10] = 3e38;
+            if let Ok(frame) = codec::encode(&ActorMsg::Transitions(b), DEFAULT_MAX_FRAME) {
+                let _ = s.write_all(&frame);
+                let mut sink = [0u8; 4096];
+                while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+                seen.huge_rewards.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    })));
+    // Honest joins from the honest actors' own address while all that goes on: each
+    // must be welcomed (64 silent sockets reconnecting from one address used to lock
+    // every one of them out).
+    threads.push(go(Box::new(move |seen| {
+        seen.honest_tries.fetch_add(1, Ordering::Relaxed);
+        if let Some((_, LearnerMsg::Sealed(_))) = try_join(actors, 1, TOKEN) {
+            seen.honest_joins.fetch_add(1, Ordering::Relaxed);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    })));
     threads
 }
 
 /// The handshake as an actor does it, giving up quietly on a closed connection (the
 /// learner turns handshakes past its bound away at accept): the stream and the answer
 /// to the proof.
-fn try_join(addr: SocketAddr, token: &str) -> Option<(TcpStream, LearnerMsg)> {
-    let mut s = TcpStream::connect(addr).ok()?;
+fn try_join(addr: SocketAddr, from: u8, token: &str) -> Option<(TcpStream, LearnerMsg)> {
+    let mut s = connect_from(addr, from)?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let mut framer = Framer::new(DEFAULT_MAX_FRAME);
     let ActorMsg::Hello(h) = hello(PROTOCOL_VERSION, 4) else {
@@ -312,8 +368,9 @@ fn honest_actors_keep_training_through_a_hostile_load_and_memory_stays_bounded()
     println!(
         "soak: honest env steps/s {quiet:.0} quiet, {under_load:.0} under load ({:.2}x); \
          probes answered {} of {} quiet, {} of {} under load; evaluations under load {evals_during}; \
-         learner peak RSS {:.0} MiB; hostile: {} silent sockets, {} trickled frames, {} wrong tokens, \
-         {} oversized claims, {} garbage streams, {} poisoned sessions",
+         learner peak RSS {:.0} MiB; hostile: {} silent sockets, {} idle metrics sockets, {} trickled frames, \
+         {} wrong tokens, {} oversized claims, {} garbage streams, {} poisoned sessions, {} huge rewards; \
+         honest joins {} of {}",
         under_load / quiet,
         quiet_ok,
         quiet_ok as usize + quiet_failed.len(),
@@ -321,11 +378,15 @@ fn honest_actors_keep_training_through_a_hostile_load_and_memory_stays_bounded()
         probe_ok as usize + probe_failed.len(),
         peak as f64 / 1024.0,
         h.silent.load(Ordering::Relaxed),
+        h.idle_metrics.load(Ordering::Relaxed),
         h.trickled.load(Ordering::Relaxed),
         h.wrong_tokens.load(Ordering::Relaxed),
         h.oversized.load(Ordering::Relaxed),
         h.garbage.load(Ordering::Relaxed),
         h.poisoned.load(Ordering::Relaxed),
+        h.huge_rewards.load(Ordering::Relaxed),
+        h.honest_joins.load(Ordering::Relaxed),
+        h.honest_tries.load(Ordering::Relaxed),
     );
     assert!(running, "the learner stopped under load:\n{log}");
     assert!(!log.contains("panicked"), "{log}");
@@ -344,7 +405,15 @@ fn honest_actors_keep_training_through_a_hostile_load_and_memory_stays_bounded()
         ("oversized", &h.oversized),
         ("garbage", &h.garbage),
         ("poisoned", &h.poisoned),
+        ("idle metrics", &h.idle_metrics),
+        ("huge rewards", &h.huge_rewards),
+        ("honest joins", &h.honest_joins),
     ] {
         assert!(n.load(Ordering::Relaxed) > 0, "no {what} client ran");
     }
+    assert_eq!(
+        h.honest_joins.load(Ordering::Relaxed),
+        h.honest_tries.load(Ordering::Relaxed),
+        "every honest join under the load was welcomed"
+    );
 }
