@@ -28,15 +28,38 @@ pub fn td_bound(max_abs_reward: f32, gamma: f32, batch: usize) -> f32 {
     honest.min(overflow) as f32
 }
 
+/// At most this share of a round may be poison: a few items in a round are bad data,
+/// more are the network itself diverging (its own values blown up), which is
+/// `--max-nonfinite`'s to judge, not any item's or actor's fault.
+pub const MAX_SHARE: usize = 16;
+
 /// The positions, in a round of |TD errors|, of the items that are poison: not finite,
-/// or beyond `bound`.
+/// or beyond `bound` and [`MARGIN`] times the round's median (an outlier, not a
+/// network whose every error grew). Empty when more than one item in [`MAX_SHARE`]
+/// would be: that is divergence, not poison.
 pub fn culprits(td_abs: &[f32], bound: f32) -> Vec<usize> {
-    td_abs
+    let mut finite: Vec<f32> = td_abs
+        .iter()
+        .map(|t| t.abs())
+        .filter(|t| t.is_finite())
+        .collect();
+    let median = if finite.is_empty() {
+        0.0
+    } else {
+        let mid = finite.len() / 2;
+        *finite.select_nth_unstable_by(mid, f32::total_cmp).1
+    };
+    let outlier = bound.max(median * MARGIN as f32);
+    let culprits: Vec<usize> = td_abs
         .iter()
         .enumerate()
-        .filter(|(_, td)| !td.is_finite() || td.abs() > bound)
+        .filter(|(_, td)| !td.is_finite() || td.abs() > outlier)
         .map(|(i, _)| i)
-        .collect()
+        .collect();
+    if culprits.len() * MAX_SHARE > td_abs.len().max(MAX_SHARE) {
+        return Vec::new();
+    }
+    culprits
 }
 
 #[cfg(test)]
@@ -60,10 +83,26 @@ mod tests {
 
     #[test]
     fn non_finite_and_exploding_errors_are_culprits_and_nothing_else() {
-        let tds = [0.5, f32::NAN, 1e3, f32::INFINITY, 3e38, 2e5];
-        assert_eq!(culprits(&tds, 1e5), [1, 3, 4, 5]);
-        assert_eq!(culprits(&tds, f32::INFINITY), [1, 3]);
-        assert_eq!(culprits(&tds, td_bound(f32::MAX, 0.99, 256)), [1, 3, 4]);
+        let mut tds = vec![0.5f32; 58];
+        tds.extend([f32::NAN, 1e3, f32::INFINITY, 3e38, 2e5, 0.7]);
+        assert_eq!(culprits(&tds, 1e5), [58, 60, 61, 62]);
+        assert_eq!(culprits(&tds, f32::INFINITY), [58, 60]);
+        assert_eq!(culprits(&tds, td_bound(f32::MAX, 0.99, 256)), [58, 60, 61]);
         assert!(culprits(&[0.0; 64], 1.0).is_empty());
+    }
+
+    #[test]
+    fn a_network_whose_errors_all_grew_is_diverging_not_poisoned() {
+        // Every error beyond the bound, but none an outlier: no culprit.
+        let grown: Vec<f32> = (0..64).map(|i| 1e7 + i as f32).collect();
+        assert!(culprits(&grown, 6e5).is_empty());
+        // More than one item in 16 beyond everything: divergence, not poison.
+        let mut many = vec![0.5f32; 64];
+        for t in many.iter_mut().take(5) {
+            *t = f32::NAN;
+        }
+        assert!(culprits(&many, 1e5).is_empty());
+        many[4] = 0.5;
+        assert_eq!(culprits(&many, 1e5), [0, 1, 2, 3], "four in 64 is poison");
     }
 }

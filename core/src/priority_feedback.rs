@@ -351,7 +351,7 @@ mod tests {
         ] {
             let table = Arc::new(
                 Table::new(&ReplayConfig {
-                    capacity: 64,
+                    capacity: 128,
                     shards: 1,
                     obs_row_bytes: 4,
                     stack: 1,
@@ -361,8 +361,8 @@ mod tests {
                 })
                 .unwrap(),
             );
-            let mut b = TransitionBatch::with_capacity(4, 8, 16);
-            for v in 0..8i64 {
+            let mut b = TransitionBatch::with_capacity(4, 64, 128);
+            for v in 0..64i64 {
                 b.push_f32(&[v as f32], v, 0.0, 0.9, &[v as f32]);
             }
             b.actor_id = 7;
@@ -373,7 +373,8 @@ mod tests {
                 steps: 0,
             });
             let mut fb = PriorityFeedback::new(Arc::clone(&table), beta, 1, Device::Cpu, 0, 1e6);
-            let mut out = SampleScratch::new(8, 4);
+            // A round of 64: a culprit or two is poison (more would be divergence).
+            let mut out = SampleScratch::new(64, 4);
             table
                 .sample(&mut SmallRng::seed_from_u64(3), &mut out.buffers())
                 .unwrap();
