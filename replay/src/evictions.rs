@@ -38,6 +38,11 @@ impl Evictions {
         self.total
     }
 
+    /// Forgets `stream` (its session ended; a new session is a new stream).
+    pub fn forget(&mut self, stream: u32) {
+        self.by_stream.remove(&stream);
+    }
+
     /// Every stream charged, with its count, most first.
     pub fn by_stream(&self) -> Vec<(u32, u64)> {
         let mut all: Vec<(u32, u64)> = self.by_stream.iter().map(|(s, n)| (*s, *n)).collect();

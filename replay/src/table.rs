@@ -855,6 +855,11 @@ impl Table {
         self.evictions().of(stream)
     }
 
+    /// Forgets `stream`'s evictions (its session ended): the total keeps them.
+    pub fn forget_evicted(&self, stream: u32) {
+        self.evictions().forget(stream);
+    }
+
     /// Every stream with items evicted as poison, with its count, most first.
     pub fn evicted_by_stream(&self) -> Vec<(u32, u64)> {
         self.evictions().by_stream()

@@ -239,7 +239,9 @@ impl Connection {
             batch_rows,
             name: hello.actor_name.clone(),
         };
+        let stream = session.stream;
         let outcome = self.session(&mut rd, session, &route, &mut received).await;
+        route.route.table.forget_evicted(stream);
         drop(route);
         self.shared.ctx.board.leave(id);
         self.shared.indices.give_back(&indices);
