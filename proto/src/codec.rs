@@ -118,7 +118,9 @@ fn decode_limited<M: DeserializeOwned, const LIMIT: usize>(
 /// The limit is therefore [`DECODED_PER_ENCODED_BYTE`] × the payload's size class
 /// (64 KiB, 1 MiB, 16 MiB, 64 MiB: the smallest that holds it): every valid message
 /// decodes whatever its size, and whatever a frame claims, decoding allocates at most
-/// 8 × its class at once for bytes (512 KiB for a small frame).
+/// 8 × its class at once for bytes: 512 KiB for a frame of the 64 KiB class (every
+/// frame before authentication), up to 512 MiB (mostly untouched pages) for one of the
+/// largest class, which only an authenticated peer may send.
 pub fn decode<M: DeserializeOwned>(payload: &[u8]) -> Result<M, CodecError> {
     const K: usize = DECODED_PER_ENCODED_BYTE;
     const C: [usize; 4] = SIZE_CLASSES;

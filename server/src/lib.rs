@@ -362,12 +362,12 @@ async fn serve(
                     // Its source's place first (one source cannot take every place),
                     // then one of all; nothing is said to a peer that has not proved
                     // the token, and a flood is logged once per power of two.
-                    let place = sources::SourcePlace::take(&sources, peer.ip(), std::time::Instant::now())
-                        .map_err(|why| why.to_string())
-                        .and_then(|source| {
-                            let global = Arc::clone(&handshakes).try_acquire_owned().map_err(|_| {
-                                format!("{} handshakes already in flight", cfg.max_handshakes)
-                            })?;
+                    let place = Arc::clone(&handshakes)
+                        .try_acquire_owned()
+                        .map_err(|_| format!("{} handshakes already in flight", cfg.max_handshakes))
+                        .and_then(|global| {
+                            let source = sources::SourcePlace::take(&sources, peer.ip(), std::time::Instant::now())
+                                .map_err(|why| why.to_string())?;
                             Ok(connection::HandshakePlace { _global: global, _source: source })
                         });
                     let place = match place {
