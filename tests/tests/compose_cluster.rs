@@ -8,11 +8,14 @@
 //! itself; the learner crashed and restarted by its policy, resuming too. Until then
 //! the run's target is out of reach, so that it cannot end before all that is done,
 //! however fast the machine; then the learner is stopped and started with CartPole's
-//! own target (475; docker-compose recreates its container on the same volume), resumes
-//! once more and solves; the finished learner and actor stay stopped (exit 0); out of
+//! own target (475) and a step budget 20,000 steps past where the run stands
+//! (docker-compose recreates its container on the same volume), resumes once more and
+//! ends, solved or on its budget, whichever comes first (a threaded run sees its data in
+//! a different order each time: it must not have to solve by a deadline, issue "One bad
+//! transition…", part 6); the finished learner and actor stay stopped (exit 0); out of
 //! the volume, the run's TensorBoard events are read by TensorBoard and the saved
-//! policy replayed in Gymnasium reaches the target; everything is torn down with its
-//! volumes.
+//! policy is replayed in Gymnasium: at the target if the run solved, far above a random
+//! policy's ~22 otherwise; everything is torn down with its volumes.
 //!
 //! Needs Docker, docker-compose and the images: `deploy/build.sh`, then
 //! `cargo test -p millrace-tests --test compose_cluster -- --ignored`.
@@ -31,8 +34,11 @@ const ACTOR_IMAGE: &str = "millrace/actor:native";
 /// The learner's flags while the cluster is scaled, crashed and restarted: a target no
 /// CartPole episode reaches (they end at 500), and steps enough for any machine.
 const OUT_OF_REACH: &str = "--target-return 1000 --max-steps 100000000 --seed 1";
-/// Then: CartPole's own target (its reward threshold, 475).
-const SOLVABLE: &str = "--max-steps 100000000 --seed 1";
+/// Then: CartPole's own target (its reward threshold, 475), within a step budget this
+/// far past where the run stands.
+const BUDGET: u64 = 20_000;
+/// A random CartPole policy returns ~22; a run that learned anything doubles it.
+const LEARNED: f64 = 50.0;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -307,10 +313,11 @@ fn the_compose_cluster_trains_scales_survives_crashes_and_resumes() {
 
     // Stopped and started with CartPole's own target: docker-compose recreates the
     // container (its command changed) on the same volume; it resumes, the actor
-    // reconnects by itself, and the run is solved.
+    // reconnects by itself, and the run ends.
     let before = steps();
     c.compose_ok(&["stop", "learner"]);
-    c.learner_args.set(SOLVABLE);
+    let in_budget = format!("--max-steps {} --seed 1", before as u64 + BUDGET);
+    c.learner_args.set(Box::leak(in_budget.into_boxed_str()));
     c.compose_ok(&["up", "-d", "--no-deps", "learner"]);
     let learner = c.one("learner");
     c.wait(
@@ -323,14 +330,20 @@ fn the_compose_cluster_trains_scales_survives_crashes_and_resumes() {
     );
     phase("the learner restarted with CartPole's target");
 
-    // Trained to the end: solved, exit 0, not restarted; the actor told and stopped.
-    c.wait("the run ends", Duration::from_secs(600), || {
-        state(&learner).status == "exited"
+    // Trained to the end: solved (exit 0), or out of steps (exit 2, restarted once by
+    // its policy to say the run is finished, exit 0); the actor told and stopped.
+    c.wait("the run ends", Duration::from_secs(900), || {
+        let s = state(&learner);
+        s.status == "exited" && s.exit_code == 0
     });
     let end = state(&learner);
     let log = c.logs("learner");
-    assert_eq!(end.exit_code, 0, "solved:\n{log}");
-    assert!(log.contains("result:          solved"), "{log}");
+    let solved = log.contains("result:          solved");
+    assert!(
+        solved
+            || (log.contains("not reached within") && log.contains("already finished: max steps")),
+        "solved, or out of steps and said so when restarted:\n{log}"
+    );
     assert!(
         log.contains("continuing the run saved in /runs/cartpole/checkpoint"),
         "{log}"
@@ -359,8 +372,9 @@ fn the_compose_cluster_trains_scales_survives_crashes_and_resumes() {
     assert_eq!(state(&learner).restarts, end.restarts);
     assert_eq!(state(&actor).status, "exited");
     println!(
-        "{:>5.1} s: solved; the learner and the actor exited 0 and stayed stopped",
-        started.elapsed().as_secs_f64()
+        "{:>5.1} s: {}; the learner and the actor exited 0 and stayed stopped",
+        started.elapsed().as_secs_f64(),
+        if solved { "solved" } else { "out of steps" }
     );
 
     // The run out of the volume (as docs/guide/cluster.md says to copy it): its TensorBoard events
@@ -382,10 +396,11 @@ fn the_compose_cluster_trains_scales_survives_crashes_and_resumes() {
     }
     // ... and the saved policy replayed in Gymnasium itself.
     let out = run_dir.join("checkpoint");
-    let solved = read_json(&out.join("solved/meta.json"));
+    let which = if solved { "solved" } else { "best" };
+    let saved = read_json(&out.join(which).join("meta.json"));
     let policy = c.dir.path().join("policy.safetensors");
     ok(Command::new(binary("learner"))
-        .args(["export", "--which", "solved", "--checkpoint"])
+        .args(["export", "--which", which, "--checkpoint"])
         .arg(&out)
         .arg("--out")
         .arg(&policy));
@@ -396,10 +411,11 @@ fn the_compose_cluster_trains_scales_survives_crashes_and_resumes() {
     let played: serde_json::Value = serde_json::from_str(played.trim()).unwrap();
     let mean = played["mean"].as_f64().unwrap();
     println!(
-        "the solved policy (v{}) in Gymnasium: {mean:.1} over 100 episodes",
-        solved["params_version"]
+        "the {which} policy (v{}) in Gymnasium: {mean:.1} over 100 episodes",
+        saved["params_version"]
     );
-    assert!(mean >= 475.0, "the saved policy plays {mean} in Gymnasium");
+    let want = if solved { 475.0 } else { LEARNED };
+    assert!(mean >= want, "the {which} policy plays {mean} in Gymnasium");
 
     // Torn down with its volume.
     let volume = format!("{}_runs", c.project);
