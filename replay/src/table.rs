@@ -135,6 +135,9 @@ pub struct ReplayStats {
     /// Items evicted as poison (their TD errors showed them so: see
     /// [`Table::evict`]), since the start.
     pub evicted: u64,
+    /// The most transitions admitted between two samples, since the start or the
+    /// last [`Table::take_burst`]: how far inserts ran ahead of the learner at once.
+    pub burst: u64,
 }
 
 struct Gate {
@@ -143,6 +146,22 @@ struct Gate {
     /// Threads blocked in `wait`: nobody to wake means no wake-up syscall, and a
     /// sampler never wakes an actor that still could not insert.
     waiting: usize,
+    /// Transitions admitted since the last sample, and the most of them (see
+    /// [`ReplayStats::burst`]).
+    since_sample: u64,
+    burst: u64,
+}
+
+impl Gate {
+    fn admitted(&mut self, n: u64) {
+        self.since_sample += n;
+        self.burst = self.burst.max(self.since_sample);
+    }
+
+    fn sampled(&mut self, n: u64) {
+        self.limiter.sample(n);
+        self.since_sample = 0;
+    }
 }
 
 /// What a shard publishes for readers that do not take its lock: item count and
@@ -318,6 +337,8 @@ impl Table {
                 limiter: RateLimiter::new(config.limiter),
                 closed: false,
                 waiting: 0,
+                since_sample: 0,
+                burst: 0,
             }),
             changed: Condvar::new(),
             insert_blocked_ns: AtomicU64::new(0),
@@ -506,6 +527,7 @@ impl Table {
         };
         let mut gate = self.gate();
         gate.limiter.insert(charge as u64);
+        gate.admitted(charge as u64);
         if gate.waiting > 0 {
             self.changed.notify_all();
         }
@@ -524,7 +546,7 @@ impl Table {
             &self.sample_blocked_ns,
             |g| g.limiter.can_sample(n) && self.live() > 0,
             |g| {
-                g.limiter.sample(n);
+                g.sampled(n);
                 g.limiter.can_insert()
             },
         )
@@ -548,7 +570,7 @@ impl Table {
             if !(g.limiter.can_sample(n) && self.live() > 0) {
                 return Ok(None);
             }
-            g.limiter.sample(n);
+            g.sampled(n);
             if g.waiting > 0 && g.limiter.can_insert() {
                 self.changed.notify_all();
             }
@@ -792,9 +814,9 @@ impl Table {
     }
 
     pub fn stats(&self) -> ReplayStats {
-        let (inserted, sampled) = {
+        let (inserted, sampled, burst) = {
             let g = self.gate();
-            (g.limiter.inserts(), g.limiter.samples())
+            (g.limiter.inserts(), g.limiter.samples(), g.burst)
         };
         ReplayStats {
             inserted,
@@ -814,7 +836,14 @@ impl Table {
             clamped_priorities: self.clamped_priorities.load(Ordering::Relaxed),
             max_priority: self.max_priority.get(),
             evicted: self.evictions().total(),
+            burst,
         }
+    }
+
+    /// [`ReplayStats::burst`] so far, which starts again from nothing (a benchmark's
+    /// window).
+    pub fn take_burst(&self) -> u64 {
+        std::mem::take(&mut self.gate().burst)
     }
 
     fn evictions(&self) -> std::sync::MutexGuard<'_, crate::evictions::Evictions> {
