@@ -7,8 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use millrace_proto::ObsSpec;
+use millrace_proto::{DType, ObsSpec};
+use tch::{Device, Kind, Tensor};
 
+use crate::dqn::{Batch, Dqn};
 use crate::prefetch;
 
 /// When the loop waits for the device.
@@ -80,6 +82,71 @@ pub fn run(
     }
     updates.wait();
     (n, start.elapsed())
+}
+
+/// A random batch of `b` transitions already on `device`: `f32` observations from a
+/// normal distribution, `u8` ones uniform over 0..256.
+pub fn random_batch(obs: &ObsSpec, actions: usize, b: usize, device: Device) -> Batch {
+    let b = b as i64;
+    let mut shape = vec![1, 2 * b];
+    shape.extend(obs.shape.iter().map(|d| *d as i64));
+    let obs2 = match obs.dtype {
+        DType::F32 => Tensor::randn(shape.as_slice(), (Kind::Float, device)),
+        DType::U8 => Tensor::randint(256, shape.as_slice(), (Kind::Uint8, device)),
+    };
+    Batch {
+        obs2,
+        actions: Tensor::randint(actions as i64, [1, b, 1], (Kind::Int64, device)),
+        rewards: Tensor::randn([1, b, 1], (Kind::Float, device)),
+        discounts: Tensor::full([1, b, 1], 0.99, (Kind::Float, device)),
+        weights: None,
+    }
+}
+
+/// Waits for queued device work (a no-op on the CPU).
+pub fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// `Dqn::update` on one resident batch, for [`run`].
+struct Resident<'a> {
+    dqn: &'a mut Dqn,
+    batch: &'a Batch,
+    device: Device,
+}
+
+impl Updates for Resident<'_> {
+    fn update(&mut self) {
+        let _ = self.dqn.update(self.batch);
+    }
+
+    fn wait(&mut self) {
+        sync(self.device);
+    }
+
+    fn stats(&mut self) {
+        let _ = self.dqn.take_stats();
+    }
+}
+
+/// Updates/s of `dqn` on `batch`: after a warm-up of a tenth of the time (at least two
+/// updates), for `seconds` and at least `min_updates`, waiting for the device and
+/// reading statistics as the learner thread does (`cadence`), and for all of it at the
+/// end.
+pub fn updates_per_s(
+    dqn: &mut Dqn,
+    batch: &Batch,
+    device: Device,
+    seconds: f64,
+    min_updates: u64,
+    cadence: Cadence,
+) -> f64 {
+    let mut r = Resident { dqn, batch, device };
+    run(&mut r, cadence, seconds * 0.1, 2);
+    let (n, took) = run(&mut r, cadence, seconds, min_updates);
+    n as f64 / took.as_secs_f64()
 }
 
 #[cfg(test)]

@@ -65,6 +65,8 @@ pub struct ActorsConfig {
     pub epsilon: EpsilonSchedule,
     /// Ape-X's fixed ε per environment instead of `epsilon` (`--apex-epsilon`).
     pub apex_epsilon: bool,
+    /// `--actors auto`: `count` is decided at start from measurements.
+    pub auto: Option<crate::cpu_plan::auto::AutoActors>,
 }
 
 /// When and how policies are evaluated, and what counts as solved.
@@ -176,6 +178,22 @@ pub struct PopulationMode {
     pub shard: Option<crate::shard::Shard>,
 }
 
+impl PopulationMode {
+    /// The group threads it runs on (before memory's limit on agents at once): one per
+    /// CPU it may use unless `threads` says, one per GPU, one for a shard.
+    pub fn group_threads(&self, device: DeviceChoice) -> usize {
+        if self.shard.is_some() {
+            1
+        } else if device.device() == tch::Device::Cpu {
+            self.threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        } else {
+            self.devices.len()
+        }
+        .max(1)
+    }
+}
+
 /// Which agents a population has.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -237,6 +255,8 @@ pub struct RunConfig {
     pub live_limit: std::time::Duration,
     #[serde(skip)]
     pub faults: Faults,
+    /// Where the learner, service and actor threads run (`--cpu-plan`).
+    pub cpu_plan: crate::cpu_plan::CpuPlan,
 }
 
 impl RunConfig {

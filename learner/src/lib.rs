@@ -18,6 +18,7 @@
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod cpu_plan;
 pub mod doctor;
 pub mod env_defaults;
 pub mod evaluation;

@@ -121,7 +121,10 @@ fn train(
         } else {
             ""
         },
-        cfg.actors.count,
+        match cfg.actors.auto {
+            Some(_) => "auto (decided at start)".to_string(),
+            None => cfg.actors.count.to_string(),
+        },
         cfg.actors.envs_per_actor,
         cfg.network,
         cfg.hidden

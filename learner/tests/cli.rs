@@ -78,6 +78,10 @@ fn bad_flag_values_are_rejected_before_training() {
         ),
         (vec!["--actors", "0"], "--actors 0 needs --listen"),
         (
+            vec!["--actors", "auto", "--deterministic"],
+            "--actors auto sizes the actor threads of a threaded run",
+        ),
+        (
             vec!["--max-nonfinite", "0"],
             "--max-nonfinite must be at least 1",
         ),

@@ -17,6 +17,8 @@ use crate::config::{
     ActorsConfig, Agents, DeviceChoice, EvalConfig, Faults, GpuMathConfig, LoopConfig, Mode,
     PopulationMode, ReplayOptions, RunConfig,
 };
+use crate::cpu_plan::auto::AutoActors;
+use crate::cpu_plan::{ActorCount, CpuPlan, PlanChoice};
 
 fn positive(name: &str, value: f64) -> anyhow::Result<()> {
     if !(value.is_finite() && value > 0.0) {
@@ -113,9 +115,19 @@ fn counts(args: &TrainArgs, actor_batch: usize) -> anyhow::Result<usize> {
     ] {
         positive(name, v)?;
     }
-    let actors = args
-        .actors
-        .unwrap_or(if args.listen.is_some() { 0 } else { 1 });
+    let actors = match args.actors {
+        None => usize::from(args.listen.is_none()),
+        Some(ActorCount::Count(n)) => n,
+        Some(ActorCount::Auto) => {
+            if args.deterministic || args.population.is_some() || args.sweep.is_some() {
+                bail!(
+                    "--actors auto sizes the actor threads of a threaded run; lock-step runs and populations act in their own threads: give a number"
+                );
+            }
+            // Resolved at start, once the learner has been measured (run::actors_auto).
+            1
+        }
+    };
     if actors == 0 && args.listen.is_none() {
         bail!("--actors 0 needs --listen (remote actors), or nothing would ever act");
     }
@@ -418,6 +430,22 @@ fn dueling_and_decay(args: &TrainArgs, spec: &EnvSpec) -> anyhow::Result<Option<
     Ok(lr_decay)
 }
 
+/// The learner threads the CPU plan gives a core each: one, or a population's group
+/// threads.
+fn learner_threads(args: &TrainArgs, population: bool, devices: &[DeviceChoice]) -> usize {
+    if !population {
+        return 1;
+    }
+    let mode = PopulationMode {
+        agents: Agents::Count(1),
+        threads: args.population_threads,
+        max_concurrent: None,
+        devices: devices.to_vec(),
+        shard: args.shard,
+    };
+    mode.group_threads(devices[0])
+}
+
 impl TrainArgs {
     /// Checks the flags, component by component, and turns them into the typed
     /// configuration.
@@ -458,6 +486,17 @@ impl TrainArgs {
         };
         let bootstrap = bootstrap(&args)?;
         let (iqn, iqn_sampling) = iqn_head(&args)?;
+        let machine = crate::cpu_plan::host::machine();
+        let cpu_plan = match args.cpu_plan {
+            PlanChoice::On if args.deterministic => CpuPlan::off(
+                &machine,
+                "lock-step: one thread acts and learns; nothing pinned",
+            ),
+            PlanChoice::On => {
+                crate::cpu_plan::plan(&machine, learner_threads(&args, population, &devices))
+            }
+            PlanChoice::Off => CpuPlan::off(&machine, "--cpu-plan off: nothing pinned"),
+        };
         let cfg = RunConfig {
             eval: EvalConfig {
                 every: args.eval_every,
@@ -520,6 +559,7 @@ impl TrainArgs {
             },
             actors: ActorsConfig {
                 count: actors,
+                auto: (args.actors == Some(ActorCount::Auto)).then_some(AutoActors::Pending),
                 envs_per_actor: args.envs_per_actor,
                 batch_rows,
                 n_step: args.n_step,
@@ -542,6 +582,7 @@ impl TrainArgs {
             live_limit: std::time::Duration::try_from_secs_f64(args.live_limit_s)
                 .context("--live-limit-s")?,
             faults,
+            cpu_plan,
         };
         if cfg
             .population()

@@ -167,9 +167,19 @@ pub struct TrainArgs {
     pub impala_pool: usize,
 
     /// Actor threads in this process, each stepping --envs-per-actor environments with
-    /// batched inference. Default: 1, or 0 with --listen (remote actors only).
+    /// batched inference: a number, or `auto` (as many as the learner's consumption
+    /// needs, measured for a second at start, and the CPU plan's actor CPUs allow).
+    /// Default: 1, or 0 with --listen (remote actors only).
     #[arg(long)]
-    pub actors: Option<usize>,
+    pub actors: Option<crate::cpu_plan::ActorCount>,
+
+    /// The CPU plan (printed at start, kept in config.json): `on` gives the learner
+    /// thread a physical core of its own (its SMT siblings idle, not CPU 0), the
+    /// sampler, publisher, writer and server a second, and actor threads the rest, from
+    /// the CPUs this process may use (its affinity mask and cgroup quota); `off` pins
+    /// nothing.
+    #[arg(long, value_enum, default_value_t = crate::cpu_plan::PlanChoice::On)]
+    pub cpu_plan: crate::cpu_plan::PlanChoice,
 
     /// Serve remote actors (`actor --learner HOST:PORT`) on this address; `--listen`
     /// alone means 127.0.0.1:7787. Any address but loopback needs a token.

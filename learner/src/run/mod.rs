@@ -3,6 +3,7 @@
 //! the lock-step mode ([`lockstep`]) for bit-reproducible runs; populations of agents
 //! trained by one stacked update run in [`population`], lock-step too.
 
+mod actors_auto;
 mod coordinator;
 mod failure;
 mod lockstep;
@@ -18,6 +19,7 @@ use indicatif::ProgressBar;
 
 use crate::checkpoint::CheckpointError;
 use crate::config::RunConfig;
+use crate::cpu_plan::host::{self, Role};
 use crate::summary::RunSummary;
 pub use failure::{Component, Failure};
 
@@ -107,6 +109,11 @@ pub fn run(
     bar: Option<ProgressBar>,
     monitor: Option<Arc<millrace_telemetry::Endpoint>>,
 ) -> Result<RunSummary, RunError> {
+    tracing::info!("{}", cfg.cpu_plan);
+    // This thread, and every thread it starts that does not pin itself (sampler,
+    // publisher, writer, evaluator, server), runs on the service CPUs.
+    host::enter(&cfg.cpu_plan, Role::Service);
+    let cfg = &actors_auto::resolve(cfg)?;
     let mut setup = setup::prepare(cfg, bar, monitor)?;
     if cfg.mode == crate::config::Mode::LockStep {
         setup.metrics.ready();

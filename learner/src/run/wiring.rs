@@ -25,6 +25,7 @@ use super::RunError;
 use super::{Component, Failure};
 use crate::checkpoint::writer::{CheckpointContext, CheckpointWriter};
 use crate::config::{DeviceChoice, RunConfig};
+use crate::cpu_plan::host::{self, Role};
 use crate::evaluation::Evaluator;
 use crate::summary::StopReason;
 use millrace_core::prefetch::{Prefetcher, SamplerConfig};
@@ -152,7 +153,11 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
     };
     let loop_cfg = cfg.learner.clone();
     let learner_writer = Arc::clone(&writer);
+    let plan = cfg.cpu_plan.clone();
     let learner = spawn("learner", move || {
+        // Pinned before its first libtorch call, so the autograd worker libtorch starts
+        // for a CUDA device inherits the learner's CPU.
+        host::enter(&plan, Role::Learner(0));
         // The learner gets one intra-op thread: actors and the sampler need the rest.
         tch::set_num_threads(1);
         update_loop::run(parts, &loop_cfg, &cmd_rx, &report_tx, &*learner_writer)
@@ -195,7 +200,9 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
                 failed: false,
             };
             let (steps, stop) = (Arc::clone(&setup.steps), Arc::clone(&running.stop_actors));
+            let plan = cfg.cpu_plan.clone();
             let handle = spawn(&format!("actor-{id}"), move || {
+                host::enter(&plan, Role::Actor);
                 let taken = run_actor(&acfg, &network, &mut params, &mut sink, &steps, &stop)
                     .map_err(|e| e.to_string())?;
                 if sink.failed {

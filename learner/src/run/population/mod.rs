@@ -40,6 +40,7 @@ pub(super) use metrics::PopulationMetrics;
 
 use super::RunError;
 use crate::config::RunConfig;
+use crate::cpu_plan::host::{self, Role};
 use crate::population_board;
 use crate::population_results::{AgentEnd, AgentSetup, PopulationSummary};
 use crate::shard::Shard;
@@ -190,15 +191,16 @@ pub fn run(
     // `--population-threads` says (more intra-op threads on one update cost more in
     // synchronisation than they save at these sizes), one per GPU (`--gpu 0,1`).
     let devices: Vec<tch::Device> = mode.devices.iter().map(|d| d.device()).collect();
-    let threads = if mode.shard.is_some() {
-        1
-    } else if cfg.device.device() == tch::Device::Cpu {
-        mode.threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    let threads = mode.group_threads(cfg.device).clamp(1, concurrent);
+    // The CPU plan was made for `group_threads`; memory may allow fewer at once.
+    let cpu_plan = if cfg.cpu_plan.pins() && cfg.cpu_plan.learner.len() != threads {
+        crate::cpu_plan::plan(&host::machine(), threads)
     } else {
-        devices.len()
-    }
-    .clamp(1, concurrent);
+        cfg.cpu_plan.clone()
+    };
+    tracing::info!("{cpu_plan}");
+    // This thread and what it starts (the server) run on the service CPUs.
+    host::enter(&cpu_plan, Role::Service);
     tch::set_num_threads(1);
     // Groups: agents that share the update's shapes and pace, in the order the sweep
     // first names them. Each thread takes its share of every group, group after group,
@@ -281,7 +283,10 @@ pub fn run(
                     server: server.as_ref(),
                     metrics,
                 };
+                let cpu_plan = &cpu_plan;
                 scope.spawn(move || {
+                    // Before this thread's first libtorch call (see host::enter).
+                    host::enter(cpu_plan, Role::Learner(t));
                     let mut done = Vec::new();
                     for members in plan.into_iter().filter(|m| !m.is_empty()) {
                         if run.stop.iter().any(|s| s.load(Ordering::Relaxed)) {
