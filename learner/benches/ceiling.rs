@@ -232,7 +232,7 @@ fn main() {
             };
             let label = if iqn { label + "+iqn" } else { label };
             for &b in &o.batch {
-                let batch = common::random_batch(&obs, actions, b, o.device);
+                let batch = millrace_core::ceiling::random_batch(&obs, actions, b, o.device);
                 let cadence = common::learner_cadence(&obs, b, o.device, false);
                 for &precision in &o.precision {
                     if iqn && precision != Precision::Fp32 {
@@ -254,7 +254,7 @@ fn main() {
                             ..spec.clone()
                         };
                         let mut dqn = Dqn::new(spec, cfg, o.device, 0);
-                        let rate = common::updates_per_s(
+                        let rate = millrace_core::ceiling::updates_per_s(
                             &mut dqn,
                             &batch,
                             o.device,

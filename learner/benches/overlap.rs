@@ -1,17 +1,25 @@
 //! Does the learner ever wait? One command, one run, one table:
 //!
-//! (a) ceiling: `Dqn::update` on a batch already on the device (the "100% busy" loop);
+//! (a) ceiling: `Dqn::update` on a batch already on the device (the "100% busy" loop),
+//!     on the learner's CPU;
 //! (b) end to end: actor threads → replay (rate limited) → prefetcher → the learner
-//!     thread of a real run; efficiency = (b) / (a), with the learner's duty cycle and
-//!     stall breakdown;
+//!     thread of a real run; efficiency = (b) / (a). Everything in a row is measured
+//!     in one window of steady state (a warm-up after learning starts is discarded):
+//!     updates/s, the actors' total env steps/s and inserts/s, the most transitions
+//!     admitted between two samples (`ReplayStats::burst`), the learner's time split,
+//!     and each kind of thread's CPU time (`/proc/self/task`, in cores). The window is
+//!     `--seconds` or four admission cycles (the time the learner takes to consume one
+//!     actor batch at its ceiling), whichever is longer, at most `--max-window`;
 //! (c) replay: insert and sample+collate throughput against `memcpy` of the same bytes,
 //!     and replay memory per transition against one observation;
-//! (d) one actor's env steps/s (one core, batched inference, 8 envs).
+//! (d) one actor alone: one actor thread's env steps/s (batched inference, 8 envs), on
+//!     the actors' CPUs with nothing else running.
 //!
 //! for the CartPole MLP (64×64) and the Nature CNN on `CatchPixels-v0` (4×84×84 `u8`),
-//! at batch 32 and 512. The learner thread is pinned to core 0 and everything else
-//! (actors, sampler) to the other cores, with one intra-op thread; `--actors N` runs N
-//! actor threads (one by default, for a 2-core machine; e.g. 14 on a 16-core GPU host).
+//! at batch 32 and 512, for each actor count in `--actors` (default `1,2,4,…` up to
+//! the CPU plan's actor CPUs, and `auto`: the count `learner --actors auto` picks from
+//! (a) and (d)). Threads run where the learner binary's CPU plan puts them
+//! (`learner::cpu_plan`; `--cpu-plan off` pins nothing), with one intra-op thread.
 //!
 //! With `--checkpoint-every S`, (b) starts from a full replay and checkpoints every S
 //! seconds, and a second table shows what that costs the learner thread: its longest
@@ -20,10 +28,13 @@
 //! against the writer's time per checkpoint, and updates/s against the same run (full
 //! replay too) without checkpoints.
 //!
-//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--only mlp|cnn] [--batch 32,512] [--actors N] [--copy-stream] [--cpu | --gpu N] [--tf32 off|conv|all] [--checkpoint-every S]`
+//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--max-window S] [--only mlp|cnn] [--batch 32,512] [--actors 1,2,auto] [--cpu-plan on|off] [--copy-stream] [--cpu | --gpu N] [--tf32 off|conv|all] [--checkpoint-every S]`
 
 mod common;
 
+use common::threads;
+
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +50,9 @@ use millrace_core::update_loop::{self, LearnerParts};
 use millrace_learner::checkpoint::writer::{CheckpointContext, CheckpointWriter};
 use millrace_learner::checkpoint::Layout;
 use millrace_learner::config::{DeviceChoice, LoopConfig};
+use millrace_learner::cpu_plan::auto::AutoChoice;
+use millrace_learner::cpu_plan::host::{self, Role};
+use millrace_learner::cpu_plan::{ActorCount, CpuPlan};
 use millrace_proto::EnvConfig;
 use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
@@ -104,11 +118,17 @@ struct Control {
 }
 
 struct Opts {
+    /// The shortest end-to-end window, and how long (a), (c) and (d) measure.
     seconds: f64,
+    /// The longest end-to-end window.
+    max_window: f64,
+    /// `--cpu-plan off`: pin nothing.
+    cpu_plan: bool,
     /// Checkpoint every this often in (b), once replay is full.
     checkpoint_every: Option<f64>,
-    /// Actor threads feeding replay in (b), 8 envs each.
-    actors: usize,
+    /// Actor thread counts feeding replay in (b), 8 envs each, one row each (`None`:
+    /// 1, 2, 4, … up to the plan's actor CPUs, and `auto`).
+    actors: Option<Vec<ActorCount>>,
     /// Copy batches on a side CUDA stream in (b) (`--copy-stream`).
     copy_stream: bool,
     nets: Vec<Net>,
@@ -120,8 +140,10 @@ struct Opts {
 fn parse() -> Opts {
     let mut o = Opts {
         seconds: 4.0,
+        max_window: 90.0,
+        cpu_plan: true,
         checkpoint_every: None,
-        actors: 1,
+        actors: None,
         copy_stream: false,
         nets: vec![Net::Mlp, Net::Cnn],
         batches: vec![32, 512],
@@ -137,7 +159,21 @@ fn parse() -> Opts {
             "--checkpoint-every" => {
                 o.checkpoint_every = Some(next.parse().expect("--checkpoint-every S"))
             }
-            "--actors" => o.actors = next.parse().expect("--actors N"),
+            "--max-window" => o.max_window = next.parse().expect("--max-window S"),
+            "--cpu-plan" => {
+                o.cpu_plan = match next.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => panic!("--cpu-plan on|off, got {other}"),
+                }
+            }
+            "--actors" => {
+                o.actors = Some(
+                    next.split(',')
+                        .map(|x| x.parse().expect("--actors 1,2,auto"))
+                        .collect(),
+                )
+            }
             "--only" => {
                 o.nets = match next.as_str() {
                     "mlp" => vec![Net::Mlp],
@@ -176,38 +212,31 @@ fn parse() -> Opts {
     o
 }
 
-/// The learner's core.
-const LEARNER: usize = 0;
-/// Every core but the learner's (actors, sampler, publisher).
-const OTHERS: usize = usize::MAX;
-
-/// Pins the calling thread (and threads it spawns later) to core `LEARNER` or to all the
-/// `OTHERS`, on machines with two or more cores.
-fn pin(which: usize) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores < 2 {
-        return;
-    }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it (cores
-    // are fewer than CPU_SETSIZE here), and sched_setaffinity(0, ..) only reads it for
-    // the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if which == LEARNER {
-            libc::CPU_SET(LEARNER, &mut set);
-        } else {
-            for core in (0..cores.min(libc::CPU_SETSIZE as usize)).filter(|c| *c != LEARNER) {
-                libc::CPU_SET(core, &mut set);
-            }
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+/// Runs `f` in a thread pinned where `plan` puts `role` (named `name`, which the
+/// per-thread CPU table reads), and returns what it returns.
+fn on<T: Send + 'static>(
+    plan: &CpuPlan,
+    role: Role,
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let plan = plan.clone();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            host::enter(&plan, role);
+            tch::set_num_threads(1);
+            f()
+        })
+        .expect("a thread starts")
+        .join()
+        .expect("the thread ends without panicking")
 }
 
-/// (a) updates/s on a batch already on the device, optionally with an unthrottled actor
-/// busy on the other core (to tell interference between cores from pipeline overhead).
-/// With `copy_stream`, on the side-stream learner's cadence (it never waits for the
-/// device).
+/// (a) updates/s on a batch already on the device, on the learner's CPU, optionally
+/// with an unthrottled actor busy on the actors' CPUs (to tell interference between
+/// cores from pipeline overhead). With `copy_stream`, on the side-stream learner's
+/// cadence (it never waits for the device).
 fn ceiling(
     net: Net,
     b: usize,
@@ -215,17 +244,20 @@ fn ceiling(
     seconds: f64,
     busy_neighbour: bool,
     copy_stream: bool,
+    plan: &CpuPlan,
 ) -> f64 {
     let control = Arc::new(Control::default());
     let neighbour = busy_neighbour.then(|| {
-        let control = Arc::clone(&control);
+        let (control, plan) = (Arc::clone(&control), plan.clone());
         std::thread::spawn(move || {
-            pin(OTHERS);
+            host::enter(&plan, Role::Actor);
             let params = random_params(net);
             run_one_actor(net, 0, &params, &mut Discard(Arc::default()), &control);
         })
     });
-    let rate = ceiling_loop(net, b, device, seconds, copy_stream);
+    let rate = on(plan, Role::Learner(0), "learner", move || {
+        ceiling_loop(net, b, device, seconds, copy_stream)
+    });
     control.stop.store(true, Ordering::Relaxed);
     if let Some(h) = neighbour {
         h.join().unwrap();
@@ -236,10 +268,10 @@ fn ceiling(
 fn ceiling_loop(net: Net, b: usize, device: Device, seconds: f64, copy_stream: bool) -> f64 {
     let env = net.env();
     let mut dqn = Dqn::new(net.network(), DqnConfig::default(), device, 0);
-    let batch = common::random_batch(&env.obs, env.num_actions, b, device);
+    let batch = millrace_core::ceiling::random_batch(&env.obs, env.num_actions, b, device);
     // At least 20 updates, however slow one is (the Nature CNN at batch 512 on a CPU).
     let cadence = common::learner_cadence(&env.obs, b, device, copy_stream);
-    common::updates_per_s(&mut dqn, &batch, device, seconds, 20, cadence)
+    millrace_core::ceiling::updates_per_s(&mut dqn, &batch, device, seconds, 20, cadence)
 }
 
 /// Inserts into replay, blocking under its rate limiter.
@@ -339,14 +371,15 @@ fn random_params(net: Net) -> Arc<ParamsCell> {
     }))
 }
 
-/// (d) env steps/s of one actor thread with inference on.
-fn actor_steps(net: Net, seconds: f64) -> f64 {
+/// (d) env steps/s of one actor thread alone, with inference on, on the actors' CPUs.
+fn actor_steps(net: Net, seconds: f64, plan: &CpuPlan) -> f64 {
     let params = random_params(net);
     let count = Arc::new(AtomicU64::new(0));
     let control = Arc::new(Control::default());
     let handle = {
-        let (count, control) = (Arc::clone(&count), Arc::clone(&control));
+        let (count, control, plan) = (Arc::clone(&count), Arc::clone(&control), plan.clone());
         std::thread::spawn(move || {
+            host::enter(&plan, Role::Actor);
             run_one_actor(net, 0, &params, &mut Discard(count), &control);
         })
     };
@@ -362,16 +395,52 @@ fn actor_steps(net: Net, seconds: f64) -> f64 {
 }
 
 struct EndToEnd {
+    /// The window measured, seconds.
+    window_s: f64,
     updates_per_s: f64,
+    /// The actors' total env steps/s in the window.
+    steps_per_s: f64,
+    /// The most transitions admitted between two samples in the window.
+    burst: u64,
+    /// Cores' worth of CPU per kind of thread in the window.
+    cpu: BTreeMap<String, f64>,
     duty: f64,
     wait: f64,
     h2d: f64,
     publish: f64,
     metrics: f64,
     inserts_per_s: f64,
-    obs_rows_per_item: f64,
     bytes_per_obs_byte: f64,
     checkpoint: Option<CheckpointCost>,
+}
+
+/// The counters at one report of (b).
+struct Mark {
+    at: Instant,
+    report: update_loop::LearnerReport,
+    inserted: u64,
+    steps: u64,
+    threads: threads::Snapshot,
+}
+
+/// The per-thread CPU table's columns, from thread names.
+fn thread_kind(name: &str) -> String {
+    let kind = if name.starts_with("actor") {
+        "actors"
+    } else if name == "learner" {
+        "learner"
+    } else if name.starts_with("pt_autograd") {
+        "autograd"
+    } else if name == "prefetch" {
+        "sampler"
+    } else if name == "publish" {
+        "publisher"
+    } else if name == "checkpoint" {
+        "writer"
+    } else {
+        "other"
+    };
+    kind.into()
 }
 
 /// What periodic checkpoints cost during (b).
@@ -424,11 +493,12 @@ fn end_to_end(
     net: Net,
     b: usize,
     device: Device,
-    seconds: f64,
+    window: f64,
     actors: usize,
     copy_stream: bool,
     checkpoint_every: Option<f64>,
     prefill: bool,
+    plan: &CpuPlan,
 ) -> EndToEnd {
     let env = net.env();
     let table = table(net, b);
@@ -441,18 +511,22 @@ fn end_to_end(
         data: dqn.online_params(),
     }));
     let control = Arc::new(Control::default());
-    // This thread moves off the learner's core: actors and the sampler inherit that.
-    pin(OTHERS);
+    // This thread is on the service CPUs (main): the sampler and publisher inherit that.
     let actor_threads: Vec<_> = (0..actors as u32)
         .map(|id| {
-            let (table, params, control) = (
+            let (table, params, control, plan) = (
                 Arc::clone(&table),
                 Arc::clone(&params),
                 Arc::clone(&control),
+                plan.clone(),
             );
-            std::thread::spawn(move || {
-                run_one_actor(net, id, &params, &mut ReplaySink(table), &control);
-            })
+            std::thread::Builder::new()
+                .name(format!("actor-{id}"))
+                .spawn(move || {
+                    host::enter(&plan, Role::Actor);
+                    run_one_actor(net, id, &params, &mut ReplaySink(table), &control);
+                })
+                .unwrap()
         })
         .collect();
     let pin_for = matches!(device, Device::Cuda(_)).then_some(device);
@@ -525,23 +599,30 @@ fn end_to_end(
             oom: None,
             alive: Default::default(),
         };
-        std::thread::spawn(move || {
-            pin(LEARNER);
-            let cfg = LoopConfig {
-                publish_every: 20,
-                report_every: Duration::from_millis(100),
-                checkpoint_every: checkpoint_every.map(Duration::from_secs_f64),
-                max_nonfinite: u64::MAX,
-                copy_stream,
-            };
-            update_loop::run(parts, &cfg, &cmd_rx, &rep_tx, &*writer)
-        })
+        let plan = plan.clone();
+        std::thread::Builder::new()
+            .name("learner".into())
+            .spawn(move || {
+                host::enter(&plan, Role::Learner(0));
+                tch::set_num_threads(1);
+                let cfg = LoopConfig {
+                    publish_every: 20,
+                    report_every: Duration::from_millis(100),
+                    checkpoint_every: checkpoint_every.map(Duration::from_secs_f64),
+                    max_nonfinite: u64::MAX,
+                    copy_stream,
+                };
+                update_loop::run(parts, &cfg, &cmd_rx, &rep_tx, &*writer)
+            })
+            .unwrap()
     };
-    // Measure from the first report after learning starts to the last one.
-    let deadline = Instant::now() + Duration::from_secs_f64(seconds * 4.0 + 60.0);
-    let mut first = None;
-    let mut last = None;
-    let mut inserts = (0, 0);
+    // Steady state: the window opens at the first report `warmup` after learning
+    // started and closes at the first report `window` later.
+    let warmup = Duration::from_secs_f64((window * 0.25).clamp(1.0, 10.0));
+    let deadline = Instant::now() + Duration::from_secs_f64(window * 3.0 + 120.0);
+    let mut learning = None;
+    let mut first: Option<Mark> = None;
+    let mut last: Option<Mark> = None;
     while Instant::now() < deadline {
         let Ok(r) = rep_rx.recv_timeout(Duration::from_millis(200)) else {
             continue;
@@ -549,23 +630,32 @@ fn end_to_end(
         if r.updates == 0 {
             continue;
         }
-        let now = (Instant::now(), r, table.stats().inserted);
+        let now = Instant::now();
+        let since = now - *learning.get_or_insert(now);
+        let mark = |report| Mark {
+            at: now,
+            report,
+            inserted: table.stats().inserted,
+            steps: control.steps.get(),
+            threads: threads::Snapshot::now(),
+        };
         match &first {
+            None if since < warmup => {}
             None => {
-                first = Some(now);
-                inserts.0 = now.2;
+                table.take_burst();
+                first = Some(mark(r));
             }
             Some(f) => {
-                inserts.1 = now.2;
-                let done = now.0 - f.0 >= Duration::from_secs_f64(seconds)
-                    && now.1.updates >= f.1.updates + 20;
-                last = Some(now);
+                let done = now - f.at >= Duration::from_secs_f64(window)
+                    && r.updates >= f.report.updates + 20;
+                last = Some(mark(r));
                 if done {
                     break;
                 }
             }
         }
     }
+    let burst = table.stats().burst;
     let _ = cmd_tx.send(update_loop::Command::Stop {
         checkpoint: false,
         run_finished: None,
@@ -580,17 +670,19 @@ fn end_to_end(
     let written = Arc::try_unwrap(writer)
         .map_err(|_| ())
         .and_then(|w| w.finish().map_err(|_| ()));
-    pin(LEARNER);
-    let (f, l) = (first.expect("learning started"), last.expect("two reports"));
-    let dt = (l.0 - f.0).as_secs_f64();
-    let d = |a: f64, b: f64| (a - b) / (l.1.stalls.total - f.1.stalls.total).max(1e-9);
-    let (ls, fs) = (l.1.stalls, f.1.stalls);
+    let (f, l) = (
+        first.expect("learning started"),
+        last.expect("two reports in the window"),
+    );
+    let dt = (l.at - f.at).as_secs_f64();
+    let d = |a: f64, b: f64| (a - b) / (l.report.stalls.total - f.report.stalls.total).max(1e-9);
+    let (ls, fs) = (l.report.stalls, f.report.stalls);
     let stats = table.stats();
     let checkpoint = match (checkpoint_every, written) {
         (Some(_), Ok(w)) => Some(CheckpointCost {
             written: w.written,
             write_s: w.last_write_s,
-            stall_max_s: l.1.checkpoint_stall_max,
+            stall_max_s: l.report.checkpoint_stall_max,
             stall_frac: d(ls.checkpoint, fs.checkpoint),
             replay_items: stats.size,
             replay_bytes: table.bytes_per_item() * net.capacity() as f64,
@@ -599,14 +691,17 @@ fn end_to_end(
     };
     EndToEnd {
         checkpoint,
-        updates_per_s: (l.1.updates - f.1.updates) as f64 / dt,
+        window_s: dt,
+        updates_per_s: (l.report.updates - f.report.updates) as f64 / dt,
+        steps_per_s: (l.steps - f.steps) as f64 / dt,
+        burst,
+        cpu: f.threads.cores_since(&l.threads, thread_kind),
         duty: d(ls.compute, fs.compute),
         wait: d(ls.wait_data, fs.wait_data),
         h2d: d(ls.host_to_device, fs.host_to_device),
         publish: d(ls.publish, fs.publish),
         metrics: d(ls.metrics, fs.metrics),
-        inserts_per_s: (inserts.1 - inserts.0) as f64 / dt,
-        obs_rows_per_item: stats.obs_rows as f64 / stats.size.max(1) as f64,
+        inserts_per_s: (l.inserted - f.inserted) as f64 / dt,
         bytes_per_obs_byte: (stats.obs_rows as f64 * env.obs.row_bytes() as f64
             + stats.size as f64 * 32.0)
             / (stats.size.max(1) as f64 * env.obs.row_bytes() as f64),
@@ -680,91 +775,212 @@ fn replay_throughput(net: Net, b: usize, seconds: f64) -> (f64, f64) {
     (insert_bw, sample_bw)
 }
 
+/// 1, 2, 4, … up to `budget` (and at least 2), then `budget`, then `auto`.
+fn default_counts(budget: usize) -> Vec<ActorCount> {
+    let mut counts = Vec::new();
+    let mut n = 1;
+    while n <= budget.max(2) {
+        counts.push(ActorCount::Count(n));
+        n *= 2;
+    }
+    if !counts.contains(&ActorCount::Count(budget)) {
+        counts.push(ActorCount::Count(budget));
+    }
+    counts.push(ActorCount::Auto);
+    counts
+}
+
+/// One end-to-end row: its actor count's label, and what it measured.
+struct Scaled {
+    label: String,
+    threads: usize,
+    cycle_s: f64,
+    e: EndToEnd,
+}
+
+/// Everything measured for one network and batch size.
+struct Row {
+    net: Net,
+    b: usize,
+    ceiling: f64,
+    ceiling_busy: f64,
+    alone: f64,
+    insert_bw: f64,
+    sample_bw: f64,
+    memcpy: f64,
+    scaled: Vec<Scaled>,
+    baseline: Option<f64>,
+}
+
+/// The CPU columns, in this order.
+const CPU_KINDS: [&str; 7] = [
+    "learner",
+    "autograd",
+    "sampler",
+    "publisher",
+    "writer",
+    "actors",
+    "other",
+];
+
 fn main() {
     let o = parse();
     tch::set_num_threads(1);
     common::gpu_math(o.device, o.tf32);
-    pin(LEARNER);
+    let machine = host::machine();
+    let plan = if o.cpu_plan {
+        millrace_learner::cpu_plan::plan(&machine, 1)
+    } else {
+        CpuPlan::off(&machine, "--cpu-plan off: nothing pinned")
+    };
+    println!("{plan}");
+    // This thread, and what it starts without pinning itself, on the service CPUs.
+    host::enter(&plan, Role::Service);
+    let counts = o
+        .actors
+        .clone()
+        .unwrap_or_else(|| default_counts(plan.actor_budget()));
     println!(
-        "device {:?}{}; learner pinned to core 0, {} actor thread(s) x {ENVS} envs and the sampler on the other cores; 1 intra-op thread; {} s per measurement",
+        "device {:?}{}; {ENVS} envs per actor thread, 1 intra-op thread; (a), (c), (d) {} s each; end-to-end windows of at least {} s, four admission cycles where longer, at most {} s",
         o.device,
         if o.copy_stream { " (copies on a side stream)" } else { "" },
-        o.actors,
-        o.seconds
+        o.seconds,
+        o.seconds,
+        o.max_window,
     );
     let mut rows = Vec::new();
     for &net in &o.nets {
-        let steps = actor_steps(net, o.seconds);
+        let alone = actor_steps(net, o.seconds, &plan);
         let row_bytes = net.env().obs.row_bytes();
         let memcpy = memcpy_bw(row_bytes.max(64), o.seconds.min(2.0));
         for &b in &o.batches {
-            let a = ceiling(net, b, o.device, o.seconds, false, o.copy_stream);
-            let a_busy = ceiling(net, b, o.device, o.seconds, true, o.copy_stream);
+            let a = ceiling(net, b, o.device, o.seconds, false, o.copy_stream, &plan);
+            let a_busy = ceiling(net, b, o.device, o.seconds, true, o.copy_stream, &plan);
+            // An admission cycle: the learner consuming one actor batch at its ceiling.
+            let cycle_s = net.actor_batch() as f64 * SPI / (a * b as f64);
+            let window = (4.0 * cycle_s).max(o.seconds).min(o.max_window);
             let prefill = o.checkpoint_every.is_some();
-            let e = end_to_end(
-                net,
-                b,
-                o.device,
-                o.seconds,
-                o.actors,
-                o.copy_stream,
-                o.checkpoint_every,
-                prefill,
-            );
-            // With checkpoints, the same run without them, for what they cost.
+            let mut scaled = Vec::new();
+            for &count in &counts {
+                let (label, threads) = match count {
+                    ActorCount::Count(n) => (n.to_string(), n),
+                    ActorCount::Auto => {
+                        let c = AutoChoice::new(a, b, SPI, alone, plan.actor_budget());
+                        (format!("auto ({})", c.threads), c.threads)
+                    }
+                };
+                let e = end_to_end(
+                    net,
+                    b,
+                    o.device,
+                    window,
+                    threads,
+                    o.copy_stream,
+                    o.checkpoint_every,
+                    prefill,
+                    &plan,
+                );
+                println!(
+                    "{} b{b} actors {label}: ceiling {a:.1}/s ({a_busy:.1}/s with the actors' CPUs busy), end-to-end {:.1}/s in {:.1} s, actors {:.0} env steps/s, {:.1} inserts/s, burst {}, duty {:.1}%, wait {:.1}%",
+                    net.name(),
+                    e.updates_per_s,
+                    e.window_s,
+                    e.steps_per_s,
+                    e.inserts_per_s,
+                    e.burst,
+                    100.0 * e.duty,
+                    100.0 * e.wait,
+                );
+                scaled.push(Scaled {
+                    label,
+                    threads,
+                    cycle_s,
+                    e,
+                });
+            }
+            // With checkpoints, the same run without them (first actor count), for
+            // what they cost.
             let baseline = o.checkpoint_every.map(|_| {
                 end_to_end(
                     net,
                     b,
                     o.device,
-                    o.seconds,
-                    o.actors,
+                    window,
+                    scaled[0].threads,
                     o.copy_stream,
                     None,
                     true,
+                    &plan,
                 )
                 .updates_per_s
             });
-            let (ins, smp) = replay_throughput(net, b, o.seconds.min(2.0));
+            let (insert_bw, sample_bw) = replay_throughput(net, b, o.seconds.min(2.0));
+            rows.push(Row {
+                net,
+                b,
+                ceiling: a,
+                ceiling_busy: a_busy,
+                alone,
+                insert_bw,
+                sample_bw,
+                memcpy,
+                scaled,
+                baseline,
+            });
+        }
+    }
+    println!();
+    println!(
+        "| network | batch | (a) ceiling upd/s | ceiling, actors' CPUs busy | (c) insert / memcpy | sample+collate / memcpy | replay bytes per obs byte | (d) one actor alone, env steps/s |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.3} | {:.0} |",
+            r.net.name(),
+            r.b,
+            r.ceiling,
+            r.ceiling_busy,
+            r.insert_bw / r.memcpy,
+            r.sample_bw / r.memcpy,
+            r.scaled[0].e.bytes_per_obs_byte,
+            r.alone,
+        );
+    }
+    println!();
+    println!(
+        "| network | batch | actor threads | window s (admission cycles) | (b) end-to-end upd/s | b/a | actors' env steps/s | × one actor alone | inserts/s | most admitted between two samples | duty | wait data | h2d | publish | metrics | CPU cores: {} |",
+        CPU_KINDS.join(" / ")
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    for r in &rows {
+        for s in &r.scaled {
+            let e = &s.e;
+            let cpu: Vec<String> = CPU_KINDS
+                .iter()
+                .map(|k| format!("{:.2}", e.cpu.get(*k).copied().unwrap_or(0.0)))
+                .collect();
             println!(
-                "{} b{b}: ceiling {a:.1}/s ({a_busy:.1}/s with the other core busy), end-to-end {:.1}/s ({:.1} inserts/s), duty {:.1}%, wait {:.1}%, h2d {:.1}%, publish {:.1}%, metrics {:.1}%; replay insert {:.2} GB/s, sample {:.2} GB/s, memcpy {:.2} GB/s; {:.3} obs rows/transition ({:.3} bytes per obs byte); actor {steps:.0} steps/s",
-                net.name(),
+                "| {} | {} | {} | {:.1} ({:.1}) | {:.1} | **{:.2}** | {:.0} | {:.2} | {:.1} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} |",
+                r.net.name(),
+                r.b,
+                s.label,
+                e.window_s,
+                e.window_s / s.cycle_s,
                 e.updates_per_s,
+                e.updates_per_s / r.ceiling,
+                e.steps_per_s,
+                e.steps_per_s / r.alone,
                 e.inserts_per_s,
+                e.burst,
                 100.0 * e.duty,
                 100.0 * e.wait,
                 100.0 * e.h2d,
                 100.0 * e.publish,
                 100.0 * e.metrics,
-                ins / 1e9,
-                smp / 1e9,
-                memcpy / 1e9,
-                e.obs_rows_per_item,
-                e.bytes_per_obs_byte,
+                cpu.join(" / "),
             );
-            rows.push((net, b, a, a_busy, e, ins, smp, memcpy, steps, baseline));
         }
-    }
-    println!();
-    println!(
-        "| network | batch | (a) ceiling upd/s | ceiling, other core busy | (b) end-to-end upd/s | b/a | duty | wait data | h2d | publish | (c) insert / memcpy | sample+collate / memcpy | replay bytes per obs byte | (d) actor steps/s/core |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (net, b, a, a_busy, e, ins, smp, memcpy, steps, _) in &rows {
-        let (a, e) = (*a, e);
-        println!(
-            "| {} | {b} | {a:.1} | {a_busy:.1} | {:.1} | **{:.2}** | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {:.2} | {:.3} | {steps:.0} |",
-            net.name(),
-            e.updates_per_s,
-            e.updates_per_s / a,
-            100.0 * e.duty,
-            100.0 * e.wait,
-            100.0 * e.h2d,
-            100.0 * e.publish,
-            ins / memcpy,
-            smp / memcpy,
-            e.bytes_per_obs_byte,
-        );
     }
     if o.checkpoint_every.is_some() {
         println!();
@@ -772,19 +988,20 @@ fn main() {
             "| network | batch | replay (items, MiB) | checkpoints written | writer s per checkpoint | learner stall, longest (ms) | learner time in checkpoints | end-to-end upd/s with checkpoints | without |"
         );
         println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for (net, b, _, _, e, .., baseline) in &rows {
-            if let Some(c) = &e.checkpoint {
+        for r in &rows {
+            if let Some(c) = &r.scaled[0].e.checkpoint {
                 println!(
-                    "| {} | {b} | {}, {:.0} | {} | {:.2} | {:.2} | {:.3}% | {:.1} | {:.1} |",
-                    net.name(),
+                    "| {} | {} | {}, {:.0} | {} | {:.2} | {:.2} | {:.3}% | {:.1} | {:.1} |",
+                    r.net.name(),
+                    r.b,
                     c.replay_items,
                     c.replay_bytes / f64::from(1u32 << 20),
                     c.written,
                     c.write_s,
                     1e3 * c.stall_max_s,
                     100.0 * c.stall_frac,
-                    e.updates_per_s,
-                    baseline.unwrap_or(f64::NAN),
+                    r.scaled[0].e.updates_per_s,
+                    r.baseline.unwrap_or(f64::NAN),
                 );
             }
         }
