@@ -73,20 +73,25 @@ impl RateLimiterConfig {
 }
 
 /// Counts inserts and samples and decides what may proceed.
+///
+/// An insert goes through three steps: [`RateLimiter::admit`] (under the caller's lock,
+/// once [`RateLimiter::can_insert`] says so), the store (outside it), then
+/// [`RateLimiter::stored`] (or [`RateLimiter::release`] if the store failed). Items
+/// admitted but not yet stored are *pending*: `can_insert` counts them, so inserters
+/// admitted together cannot each see the same room, and `can_sample` does not, so a
+/// sampler never takes items that are not stored yet.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RateLimiter {
     config: RateLimiterConfig,
     inserts: u64,
     samples: u64,
+    /// Admitted, not yet stored (nor released).
+    pending: u64,
 }
 
 impl RateLimiter {
     pub fn new(config: RateLimiterConfig) -> Self {
-        Self {
-            config,
-            inserts: 0,
-            samples: 0,
-        }
+        Self::with_counts(config, 0, 0)
     }
 
     /// Restores counters (from a checkpoint).
@@ -95,6 +100,7 @@ impl RateLimiter {
             config,
             inserts,
             samples,
+            pending: 0,
         }
     }
 
@@ -114,22 +120,50 @@ impl RateLimiter {
         inserts as f64 * self.config.samples_per_insert - samples as f64
     }
 
-    /// Whether `n` items may be inserted now.
-    ///
-    /// Inserts are always allowed while fewer than `min_size_to_sample` items exist (as in
-    /// Reverb), and a multi-item insert is allowed when the band has room for its first
-    /// item, so a batch of any size gets through once samples catch up.
-    pub fn can_insert(&self) -> bool {
-        self.inserts < self.config.min_size_to_sample
-            || self.diff(self.inserts + 1, self.samples) <= self.config.max_diff
+    /// Items admitted and not yet stored.
+    pub fn pending(&self) -> u64 {
+        self.pending
     }
 
-    /// Whether `n` items may be sampled now.
+    /// Whether an insert may be admitted now: while fewer than `min_size_to_sample`
+    /// items are admitted (stored or pending), always (as in Reverb); after that, when
+    /// the band, counting the pending items, has room for one more item. A batch of `n`
+    /// admitted on that room may carry the counters up to `(n − 1) · samples_per_insert`
+    /// past `max_diff`; nothing else is admitted until samples bring them back, so any
+    /// number of inserters admitted in turn overshoot the band by at most one batch in
+    /// all. (Waiting for room for the whole batch could wait forever for a batch larger
+    /// than the band.)
+    pub fn can_insert(&self) -> bool {
+        let admitted = self.inserts + self.pending;
+        admitted < self.config.min_size_to_sample
+            || self.diff(admitted + 1, self.samples) <= self.config.max_diff
+    }
+
+    /// Whether `n` items may be sampled now (pending items are not counted: they are
+    /// not stored yet).
     pub fn can_sample(&self, n: u64) -> bool {
         self.inserts >= self.config.min_size_to_sample
             && self.diff(self.inserts, self.samples + n) >= self.config.min_diff
     }
 
+    /// Reserves room for `n` items about to be stored.
+    pub fn admit(&mut self, n: u64) {
+        self.pending += n;
+    }
+
+    /// `n` admitted items were stored: they count as inserted.
+    pub fn stored(&mut self, n: u64) {
+        self.pending -= n.min(self.pending);
+        self.inserts += n;
+    }
+
+    /// `n` admitted items were not stored after all (the store failed).
+    pub fn release(&mut self, n: u64) {
+        self.pending -= n.min(self.pending);
+    }
+
+    /// Counts `n` items inserted without admission (a caller that keeps the ratio
+    /// itself, or a restore).
     pub fn insert(&mut self, n: u64) {
         self.inserts += n;
     }
@@ -227,12 +261,62 @@ mod tests {
                 let (ins, smp) = (rl.can_insert(), rl.can_sample(batch));
                 assert!(ins || smp, "deadlock at {rl:?}");
                 if ins {
-                    rl.insert(4);
+                    rl.admit(4);
+                    rl.stored(4);
                 } else {
                     rl.sample(batch);
                 }
             }
         }
+    }
+
+    #[test]
+    fn inserters_admitted_together_overshoot_the_band_by_one_batch_at_most() {
+        // spi 4, band ±2,048 around 4·1: inserts stop once diff would pass 2,052.
+        let cfg = RateLimiterConfig::sample_to_insert_ratio(4.0, 1, 2048.0, 32).unwrap();
+        let mut rl = RateLimiter::new(cfg);
+        rl.admit(500);
+        rl.stored(500); // diff 2,000: room for 13 more items
+                        // Eight actors with 512-transition batches reach the gate before any of them
+                        // has stored its batch (what a sample that frees room wakes).
+        let admitted = (0..8)
+            .filter(|_| {
+                let go = rl.can_insert();
+                if go {
+                    rl.admit(512);
+                }
+                go
+            })
+            .count();
+        assert_eq!(admitted, 1, "one batch fits the room; the rest wait");
+        rl.stored(512);
+        let diff = rl.inserts() as f64 * 4.0 - rl.samples() as f64;
+        assert!(
+            diff <= cfg.max_diff + 511.0 * 4.0,
+            "overshoot of one batch at most"
+        );
+        assert!(!rl.can_insert());
+        // Samples bring the counters back under the band before the next batch.
+        rl.sample(1_900);
+        assert!(!rl.can_insert());
+        rl.sample(148);
+        assert!(rl.can_insert());
+    }
+
+    #[test]
+    fn pending_items_are_not_sampled_and_a_failed_store_gives_its_room_back() {
+        let cfg = RateLimiterConfig::sample_to_insert_ratio(1.0, 10, 40.0, 8).unwrap();
+        let mut rl = RateLimiter::new(cfg);
+        // Band [−30, 50]: 50 admitted fill it.
+        rl.admit(50);
+        assert!(!rl.can_sample(1), "admitted, not stored: nothing to sample");
+        assert!(!rl.can_insert(), "the pending 50 fill the band");
+        rl.release(50);
+        assert_eq!((rl.inserts(), rl.pending()), (0, 0));
+        assert!(rl.can_insert());
+        rl.admit(40);
+        rl.stored(40);
+        assert!(rl.can_sample(8));
     }
 
     #[test]

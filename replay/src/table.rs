@@ -143,9 +143,10 @@ pub struct ReplayStats {
 struct Gate {
     limiter: RateLimiter,
     closed: bool,
-    /// Threads blocked in `wait`: nobody to wake means no wake-up syscall, and a
-    /// sampler never wakes an actor that still could not insert.
-    waiting: usize,
+    /// Inserters and samplers blocked in `wait`: nobody to wake means no wake-up
+    /// syscall.
+    waiting_inserters: usize,
+    waiting_samplers: usize,
     /// Transitions admitted since the last sample, and the most of them (see
     /// [`ReplayStats::burst`]).
     since_sample: u64,
@@ -153,7 +154,9 @@ struct Gate {
 }
 
 impl Gate {
-    fn admitted(&mut self, n: u64) {
+    /// Admits `n` items to be stored (pending until stored or released).
+    fn admit(&mut self, n: u64) {
+        self.limiter.admit(n);
         self.since_sample += n;
         self.burst = self.burst.max(self.since_sample);
     }
@@ -161,6 +164,25 @@ impl Gate {
     fn sampled(&mut self, n: u64) {
         self.limiter.sample(n);
         self.since_sample = 0;
+    }
+}
+
+/// Which side of the gate a waiter is on: each has its own condition variable, and is
+/// woken one at a time, each waiter that goes through waking the next if there is still
+/// room (a chain), never all at once.
+#[derive(Clone, Copy)]
+enum Side {
+    Insert,
+    Sample,
+}
+
+impl Side {
+    /// This side's count of blocked threads.
+    fn count(self, g: &mut Gate) -> &mut usize {
+        match self {
+            Side::Insert => &mut g.waiting_inserters,
+            Side::Sample => &mut g.waiting_samplers,
+        }
     }
 }
 
@@ -240,13 +262,15 @@ pub struct PriorityOutcome {
 
 /// Sharded replay with rate-limited, blocking insert and sample.
 ///
-/// Locking: `gate` (a std `Mutex` + `Condvar`: waits are short and never span an
-/// `.await`) guards only the limiter's counters; shard locks guard storage; no path
-/// holds two locks at once. An insert writes its shard first and counts afterwards, so
-/// anything the limiter lets a sampler take is already stored. A sampler reserves its
-/// items under the lock that checked the limiter, so samplers never overdraw the
-/// ratio, and then gathers from one shard at a time, so inserts into the other shards
-/// go on meanwhile.
+/// Locking: `gate` (a std `Mutex` with a `Condvar` per side: waits are short and never
+/// span an `.await`) guards only the limiter's counters; shard locks guard storage; no
+/// path holds two locks at once. An insert is admitted under the gate (its items then
+/// pending, which later inserters see), writes its shard outside it, and counts as
+/// inserted afterwards, so anything the limiter lets a sampler take is already stored
+/// and inserters admitted together overshoot the band by one batch at most (see
+/// [`RateLimiter::can_insert`]). A sampler reserves its items under the lock that
+/// checked the limiter, so samplers never overdraw the ratio, and then gathers from one
+/// shard at a time, so inserts into the other shards go on meanwhile.
 pub struct Table {
     shards: Vec<Mutex<Shard>>,
     gauges: Vec<ShardGauge>,
@@ -255,7 +279,9 @@ pub struct Table {
     /// Items and observation rows per shard.
     per_shard: (usize, usize),
     gate: Mutex<Gate>,
-    changed: Condvar,
+    /// Where inserters wait for room in the band, and samplers for stored items.
+    insertable: Condvar,
+    sampleable: Condvar,
     insert_blocked_ns: AtomicU64,
     sample_blocked_ns: AtomicU64,
     /// Prioritized replay's settings; `None` for uniform.
@@ -336,11 +362,13 @@ impl Table {
             gate: Mutex::new(Gate {
                 limiter: RateLimiter::new(config.limiter),
                 closed: false,
-                waiting: 0,
+                waiting_inserters: 0,
+                waiting_samplers: 0,
                 since_sample: 0,
                 burst: 0,
             }),
-            changed: Condvar::new(),
+            insertable: Condvar::new(),
+            sampleable: Condvar::new(),
             insert_blocked_ns: AtomicU64::new(0),
             sample_blocked_ns: AtomicU64::new(0),
             priority: config.priority,
@@ -466,14 +494,29 @@ impl Table {
         if Self::holds_nothing(batch) {
             return Ok(());
         }
-        // Counted only once stored (below), so a sampler never sees counted but absent
-        // items; concurrent inserters may overshoot the band by a batch each.
+        // Admitted (pending) under the gate, counted as inserted once stored.
+        let charge = self.charge(batch);
         self.wait(
-            &self.insert_blocked_ns,
+            Side::Insert,
             |g| g.limiter.can_insert(),
-            |_| false,
+            |g| {
+                g.admit(charge);
+                g.limiter.can_insert()
+            },
         )?;
-        self.insert_now(batch)
+        self.insert_admitted(batch, charge)
+    }
+
+    /// What the limiter counts for a batch: transitions sent (stored, or dropped for
+    /// frames that were gone); a frame-mode batch is charged at least a transition per
+    /// stack of frames, so frames alone cannot cycle replay unthrottled.
+    fn charge(&self, batch: &TransitionBatch) -> u64 {
+        let charge = if batch.frames.is_some() {
+            batch.len().max(batch.obs_rows().div_ceil(self.stack))
+        } else {
+            batch.len()
+        };
+        charge as u64
     }
 
     /// A batch with nothing to store: no transitions, and no frames later batches may
@@ -495,13 +538,40 @@ impl Table {
         if Self::holds_nothing(batch) {
             return Ok(());
         }
-        if self.gate().closed {
-            return Err(ReplayError::Closed);
+        let charge = self.charge(batch);
+        {
+            let mut g = self.gate();
+            if g.closed {
+                return Err(ReplayError::Closed);
+            }
+            g.admit(charge);
         }
-        self.insert_now(batch)
+        self.insert_admitted(batch, charge)
     }
 
-    fn insert_now(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
+    /// Stores a batch whose `charge` the limiter has admitted, then counts it as
+    /// inserted (or gives its room back if the store failed) and wakes a sampler.
+    fn insert_admitted(&self, batch: &TransitionBatch, charge: u64) -> Result<(), ReplayError> {
+        let stored = self.store_batch(batch);
+        let mut g = self.gate();
+        match stored {
+            Ok(()) => {
+                g.limiter.stored(charge);
+                if g.waiting_samplers > 0 {
+                    self.sampleable.notify_one();
+                }
+            }
+            Err(_) => {
+                g.limiter.release(charge);
+                if g.waiting_inserters > 0 && g.limiter.can_insert() {
+                    self.insertable.notify_one();
+                }
+            }
+        }
+        stored
+    }
+
+    fn store_batch(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
         let cap = self.screen_priorities(batch, true);
         let shards = self.shards.len();
         if batch.frames.is_none() {
@@ -517,20 +587,6 @@ impl Table {
                 self.store(shard, &part, cap)?;
             }
         }
-        // The limiter counts transitions sent (stored, or dropped for frames that were
-        // gone); a frame-mode batch is charged at least a transition per stack of
-        // frames, so frames alone cannot cycle replay unthrottled.
-        let charge = if batch.frames.is_some() {
-            batch.len().max(batch.obs_rows().div_ceil(self.stack))
-        } else {
-            batch.len()
-        };
-        let mut gate = self.gate();
-        gate.limiter.insert(charge as u64);
-        gate.admitted(charge as u64);
-        if gate.waiting > 0 {
-            self.changed.notify_all();
-        }
         Ok(())
     }
 
@@ -543,11 +599,11 @@ impl Table {
         // Reserve under the same lock that checked, so samplers never overdraw the ratio.
         // Wake inserters only once one of them can go.
         self.wait(
-            &self.sample_blocked_ns,
+            Side::Sample,
             |g| g.limiter.can_sample(n) && self.live() > 0,
             |g| {
                 g.sampled(n);
-                g.limiter.can_insert()
+                g.limiter.can_sample(n)
             },
         )
         .map_err(|_| Closed)?;
@@ -571,9 +627,7 @@ impl Table {
                 return Ok(None);
             }
             g.sampled(n);
-            if g.waiting > 0 && g.limiter.can_insert() {
-                self.changed.notify_all();
-            }
+            self.wake_inserter(&g);
         }
         Ok(Some(self.gather(rng, out)))
     }
@@ -688,33 +742,48 @@ impl Table {
         r
     }
 
-    /// Blocks until `ready` holds or the table closes, then runs `then` under the same
-    /// lock, waking the other waiters if it returns true; adds the time waited to
-    /// `blocked`.
+    /// Wakes one blocked inserter if one could go now (a sample made room).
+    fn wake_inserter(&self, g: &Gate) {
+        if g.waiting_inserters > 0 && g.limiter.can_insert() {
+            self.insertable.notify_one();
+        }
+    }
+
+    /// Blocks on `side`'s condition until `ready` holds or the table closes, then runs
+    /// `then` under the same lock; if `then` says there is room for another of its side,
+    /// wakes the next one (the chain). A sampler that went through wakes an inserter if
+    /// its sample made room. Adds the time waited to the side's blocked time.
     fn wait(
         &self,
-        blocked: &AtomicU64,
+        side: Side,
         ready: impl Fn(&Gate) -> bool,
         then: impl FnOnce(&mut Gate) -> bool,
     ) -> Result<(), ReplayError> {
+        let (cond, blocked) = match side {
+            Side::Insert => (&self.insertable, &self.insert_blocked_ns),
+            Side::Sample => (&self.sampleable, &self.sample_blocked_ns),
+        };
         let mut gate = self.gate();
         if gate.closed {
             return Err(ReplayError::Closed);
         }
         if !ready(&gate) {
             let start = Instant::now();
-            gate.waiting += 1;
+            *side.count(&mut gate) += 1;
             while !gate.closed && !ready(&gate) {
-                gate = self.changed.wait(gate).unwrap_or_else(|e| e.into_inner());
+                gate = cond.wait(gate).unwrap_or_else(|e| e.into_inner());
             }
-            gate.waiting -= 1;
+            *side.count(&mut gate) -= 1;
             blocked.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
             if gate.closed {
                 return Err(ReplayError::Closed);
             }
         }
-        if then(&mut gate) && gate.waiting > 0 {
-            self.changed.notify_all();
+        if then(&mut gate) && *side.count(&mut gate) > 0 {
+            cond.notify_one();
+        }
+        if let Side::Sample = side {
+            self.wake_inserter(&gate);
         }
         Ok(())
     }
@@ -758,7 +827,7 @@ impl Table {
         // Under the gate, like every other wake-up: a sampler between its check and its
         // wait holds it, so it cannot miss this one.
         let _gate = self.gate();
-        self.changed.notify_all();
+        self.sampleable.notify_all();
         Ok(())
     }
 
@@ -768,14 +837,16 @@ impl Table {
         let mut g = self.gate();
         let config = *g.limiter.config();
         g.limiter = RateLimiter::with_counts(config, inserts, samples);
-        self.changed.notify_all();
+        self.insertable.notify_all();
+        self.sampleable.notify_all();
     }
 
     /// Wakes every blocked inserter and sampler with [`ReplayError::Closed`]; later calls
     /// fail at once. Stored data stays readable through `stats`.
     pub fn close(&self) {
         self.gate().closed = true;
-        self.changed.notify_all();
+        self.insertable.notify_all();
+        self.sampleable.notify_all();
     }
 
     pub fn len(&self) -> usize {
@@ -948,7 +1019,8 @@ mod tests {
     }
 
     fn waiting(table: &Table) -> usize {
-        table.gate().waiting
+        let g = table.gate();
+        g.waiting_inserters + g.waiting_samplers
     }
 
     #[test]
@@ -1183,6 +1255,72 @@ mod tests {
         assert_eq!(woken, Ok(Ok(())), "the sample woke the inserter");
         assert_eq!(table.stats().inserted, 85);
         assert!(table.stats().insert_blocked_s > 0.0);
+    }
+
+    #[test]
+    fn inserters_released_together_overshoot_the_band_by_one_batch_in_all() {
+        const INSERTERS: usize = 16;
+        const BATCH: i64 = 1024;
+        // spi 1, min size 1, band ±4,096: inserts stop once diff would pass 4,097.
+        let table = Arc::new(table(ReplayConfig {
+            limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 4096.0, 64).unwrap(),
+            ..config(1 << 16, 4, 1.0, 1)
+        }));
+        table.insert(&batch(99, 0..4096)).unwrap(); // room for one more item
+                                                    // The waiters are released (closed) however the test ends.
+        struct CloseOnDrop(Arc<Table>);
+        impl Drop for CloseOnDrop {
+            fn drop(&mut self) {
+                self.0.close();
+            }
+        }
+        let close_on_drop = CloseOnDrop(Arc::clone(&table));
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let start = Arc::new(std::sync::Barrier::new(INSERTERS));
+        let inserters: Vec<_> = (0..INSERTERS)
+            .map(|i| {
+                let (table, done, start) =
+                    (Arc::clone(&table), Arc::clone(&done), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    let r = table.insert(&batch(i as u32, 0..BATCH));
+                    if r.is_ok() {
+                        done.fetch_add(1, Ordering::SeqCst);
+                    }
+                    r
+                })
+            })
+            .collect();
+        // Settled: every inserter has either stored its batch or waits, nothing pending.
+        let settled = || {
+            let g = table.gate();
+            g.limiter.pending() == 0
+                && g.waiting_inserters + done.load(Ordering::SeqCst) == INSERTERS
+        };
+        wait_until("the released inserters settle", settled);
+        let inserted = table.stats().inserted;
+        assert_eq!(
+            (done.load(Ordering::SeqCst), inserted),
+            (1, 4096 + BATCH as u64),
+            "one batch went through the room for one item, the others wait"
+        );
+        // A sample of 1,024 makes room for one item again: one more batch goes, woken
+        // alone (a wake-up for all would let every waiter see the same room).
+        let mut out = scratch(BATCH as usize);
+        table
+            .sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            .unwrap();
+        wait_until("the woken inserter settles", || {
+            settled() && done.load(Ordering::SeqCst) >= 2
+        });
+        assert_eq!(done.load(Ordering::SeqCst), 2, "one inserter woken");
+        assert_eq!(table.stats().inserted, 4096 + 2 * BATCH as u64);
+        drop(close_on_drop);
+        let results: Vec<_> = inserters.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 2);
+        assert!(results
+            .iter()
+            .all(|r| matches!(r, Ok(()) | Err(ReplayError::Closed))));
     }
 
     #[test]
