@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds, here, everything the GPU check (bench/gpu_check.sh) runs on a machine with a
+# Builds, here, everything the GPU checks (bench/gpu/*.sh) run on a machine with a
 # GPU and PyTorch 2.11.0 but no Rust toolchain: the learner, the ceiling, overlap and
 # population benchmarks and the lib tests of the device core and the learner (the
 # GPU-only ones among them),
@@ -12,8 +12,9 @@
 # highest glibc symbol version the binaries need (the GPU machine's glibc must be at
 # least that) and that none of them needs libpython.
 #
-# Then the one call on the GPU machine, from the repository root, with .gpu carried:
-#   bash bench/gpu_check.sh          (BENCHMARKS.md, "GPU: the one call")
+# Then one call per script on the GPU machine, from the repository root, with .gpu
+# carried, at most 6 minutes each (docs/results/gpu.md lists which have run):
+#   bash bench/gpu/overlap-scaling.sh    (or check.sh, runs.sh)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/env.sh
@@ -80,4 +81,4 @@ for f in "$out"/*; do
     fi
 done
 echo "gpu_prepare: none of them needs libpython; libraries needed: $(readelf -d "$out"/* | grep -o 'NEEDED.*\[.*\]' | grep -o '\[.*\]' | sort -u | tr -d '[]' | tr '\n' ' ')"
-echo "gpu_prepare: ready; carry $out (run: bash bench/gpu_check.sh, timeout 600 s)"
+echo "gpu_prepare: ready; carry $out (run: bash bench/gpu/NAME.sh, timeout 360 s each; docs/results/gpu.md lists them)"

@@ -29,12 +29,14 @@ if cargo tree -p millrace-server -e normal,build,dev --locked | grep -q 'torch';
     exit 1
 fi
 "${no_gym[@]}" cargo test -p millrace-server --locked "$@"
-# The GPU check's rehearsal: the CUDA-feature build it carries (bench/gpu_prepare.sh:
-# the learner, the benchmarks and the lib tests, stripped into .gpu/) and the script a
-# lent GPU machine runs, here on the CPU with every step shortened (CPU_DRY=1), so
-# neither rots between the days a device is lent.
+# The GPU checks' rehearsal: the CUDA-feature build they carry (bench/gpu_prepare.sh:
+# the learner, the benchmarks and the lib tests, stripped into .gpu/) and every script
+# a lent GPU machine runs (bench/gpu/, one call each), here on the CPU with every step
+# shortened (CPU_DRY=1), so none rots between the days a device is lent.
 bench/gpu_prepare.sh
-CPU_DRY=1 bash bench/gpu_check.sh
+for check in bench/gpu/*.sh; do
+    [[ "$check" == bench/gpu/lib.sh ]] || CPU_DRY=1 bash "$check"
+done
 # The local cluster (deploy/): where Docker runs, the images are built (deploy/build.sh;
 # Docker's cache makes this seconds after the first time) and the cluster is brought up
 # and put through its paces; elsewhere the test is reported as skipped, not passed.

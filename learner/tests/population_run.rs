@@ -216,12 +216,12 @@ fn a_population_of_no_agents_is_refused() {
 }
 
 /// The side stream is GPU-only: on a host without CUDA the flag is refused in one
-/// line before any agent starts (`bench/gpu_check.sh` runs a population with it on a
+/// line before any agent starts (`bench/gpu/runs.sh` runs a population with it on a
 /// GPU, and the core's GPU tests check its batches).
 #[test]
 fn a_population_copies_on_a_side_stream_only_on_a_gpu() {
     if tch::Cuda::is_available() {
-        eprintln!("skipped: CUDA is available (bench/gpu_check.sh covers --copy-stream there)");
+        eprintln!("skipped: CUDA is available (bench/gpu/runs.sh covers --copy-stream there)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
