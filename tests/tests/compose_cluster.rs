@@ -69,6 +69,8 @@ impl Cluster {
             )
             .env("MILLRACE_CHECKPOINT_EVERY_S", "5")
             .env("MILLRACE_LEARNER_ARGS", self.learner_args.get())
+            // The learner's cpuset: its CPU plan must start from it (below).
+            .env("MILLRACE_LEARNER_CPUS", "0")
             .env_remove("MILLRACE_LEARNER_IMAGE")
             .env_remove("MILLRACE_ACTOR_IMAGE");
         c
@@ -271,6 +273,12 @@ fn the_compose_cluster_trains_scales_survives_crashes_and_resumes() {
         "SIGTERM: checkpoint, exit 130"
     );
     let log = c.logs("learner");
+    // The container's cpuset (CPU 0), not the host's CPUs, is what the plan starts from.
+    assert!(
+        log.contains("CPU plan: 1 CPU(s) allowed (0)"),
+        "the learner's CPU plan ignores its cpuset: {}",
+        log.lines().find(|l| l.contains("CPU plan")).unwrap_or("no CPU plan line")
+    );
     println!("docker-compose stop learner: {stop_s:.1} s (SIGTERM, final checkpoint, exit)");
     c.compose_ok(&["start", "learner"]);
     c.wait(
