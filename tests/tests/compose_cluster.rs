@@ -277,7 +277,9 @@ fn the_compose_cluster_trains_scales_survives_crashes_and_resumes() {
     assert!(
         log.contains("CPU plan: 1 CPU(s) allowed (0)"),
         "the learner's CPU plan ignores its cpuset: {}",
-        log.lines().find(|l| l.contains("CPU plan")).unwrap_or("no CPU plan line")
+        log.lines()
+            .find(|l| l.contains("CPU plan"))
+            .unwrap_or("no CPU plan line")
     );
     println!("docker-compose stop learner: {stop_s:.1} s (SIGTERM, final checkpoint, exit)");
     c.compose_ok(&["start", "learner"]);
