@@ -32,6 +32,7 @@ if [[ -z "${OUT:-}" ]]; then
 fi
 mkdir -p "$OUT"
 work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
 logs="$work/logs"
 runs="$work/runs"
 mkdir -p "$logs" "$runs"

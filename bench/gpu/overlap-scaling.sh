@@ -40,8 +40,9 @@ fi
 run_step overlap-mlp 60 0 "$bin/overlap" "${dev[@]}" --only mlp --batch 32 --actors 1,auto --seconds "$secs" --max-window "$window"
 add_row overlap-mlp "$(figures '^\| MLP' 4)"
 
-# Steal time over the script: the share of CPU time the hypervisor took.
+# Steal time over the script: the share of CPU time the hypervisor took (of user,
+# nice, system, idle, iowait, irq, softirq and steal; guest time is inside user's).
 export STAT0="$stat0"
-run_step steal 10 0 bash -c 'awk -v a="$STAT0" -v b="$(grep -E "^cpu " /proc/stat)" '"'"'BEGIN { n = split(a, x); split(b, y); t = 0; for (i = 2; i <= n; i++) t += y[i] - x[i]; printf "steal: %.2f%% of CPU time (%d of %d ticks)\n", t ? 100 * (y[9] - x[9]) / t : 0, y[9] - x[9], t }'"'"
+run_step steal 10 0 bash -c 'awk -v a="$STAT0" -v b="$(grep -E "^cpu " /proc/stat)" '"'"'BEGIN { n = split(a, x); split(b, y); t = 0; for (i = 2; i <= 9 && i <= n; i++) t += y[i] - x[i]; printf "steal: %.2f%% of CPU time (%d of %d ticks)\n", t ? 100 * (y[9] - x[9]) / t : 0, y[9] - x[9], t }'"'"
 add_row steal "$(figures '^steal' 1)"
 finish

@@ -5,7 +5,8 @@
 //! (b) end to end: actor threads → replay (rate limited) → prefetcher → the learner
 //!     thread of a real run; efficiency = (b) / (a). Everything in a row is measured
 //!     in one window of steady state (a warm-up after learning starts is discarded):
-//!     updates/s, the actors' total env steps/s and inserts/s, the most transitions
+//!     updates/s, the actors' total env steps/s and transitions inserted/s (as the
+//!     rate limiter counts them), the most transitions
 //!     admitted between two samples (`ReplayStats::burst`), the learner's time split,
 //!     and each kind of thread's CPU time (`/proc/self/task`, in cores). The window is
 //!     `--seconds` or four admission cycles (the time the learner takes to consume one
@@ -949,7 +950,7 @@ fn main() {
     }
     println!();
     println!(
-        "| network | batch | actor threads | window s (admission cycles) | (b) end-to-end upd/s | b/a | actors' env steps/s | × one actor alone | inserts/s | most admitted between two samples | duty | wait data | h2d | publish | metrics | CPU cores: {} |",
+        "| network | batch | actor threads | window s (admission cycles) | (b) end-to-end upd/s | b/a | actors' env steps/s | × one actor alone | transitions inserted/s | most admitted between two samples | duty | wait data | h2d | publish | metrics | CPU cores: {} |",
         CPU_KINDS.join(" / ")
     );
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");

@@ -83,6 +83,12 @@ fn train(
     }
     let restarted = args.resume_if_present;
     let cfg = args.into_config()?;
+    // This thread and every thread started from here that does not pin itself (the
+    // run lock's, the metrics server's, the signal handler's) on the service CPUs.
+    millrace_learner::cpu_plan::host::enter(
+        &cfg.cpu_plan,
+        millrace_learner::cpu_plan::host::Role::Service,
+    );
     // One learner per log directory, from here to the end of the run.
     let _lock = millrace_learner::run_lock::RunLock::acquire(&cfg.logdir)?;
     if restarted {

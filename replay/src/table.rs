@@ -137,6 +137,8 @@ pub struct ReplayStats {
     pub evicted: u64,
     /// The most transitions admitted between two samples, since the start or the
     /// last [`Table::take_burst`]: how far inserts ran ahead of the learner at once.
+    /// Since the start it includes the fill before `min_size_to_sample` (nothing is
+    /// sampled then); a window's figure comes from `take_burst` at its start.
     pub burst: u64,
 }
 
@@ -164,6 +166,20 @@ impl Gate {
     fn sampled(&mut self, n: u64) {
         self.limiter.sample(n);
         self.since_sample = 0;
+    }
+}
+
+/// An admitted insert on its way to storage; dropped only if the store panicked, when
+/// it gives the room back.
+struct Admission<'a> {
+    table: &'a Table,
+    charge: u64,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        let mut g = self.table.gate();
+        self.table.release(&mut g, self.charge);
     }
 }
 
@@ -552,23 +568,33 @@ impl Table {
     /// Stores a batch whose `charge` the limiter has admitted, then counts it as
     /// inserted (or gives its room back if the store failed) and wakes a sampler.
     fn insert_admitted(&self, batch: &TransitionBatch, charge: u64) -> Result<(), ReplayError> {
+        // Gives the room back if the store panics (a bug), so inserters never wait on
+        // items that will not come.
+        let admission = Admission {
+            table: self,
+            charge,
+        };
         let stored = self.store_batch(batch);
+        std::mem::forget(admission);
         let mut g = self.gate();
         match stored {
             Ok(()) => {
                 g.limiter.stored(charge);
+                // All samplers: few (one per table in a run), and each waits for its own
+                // batch size, so the one woken might not be the one that can go.
                 if g.waiting_samplers > 0 {
-                    self.sampleable.notify_one();
+                    self.sampleable.notify_all();
                 }
             }
-            Err(_) => {
-                g.limiter.release(charge);
-                if g.waiting_inserters > 0 && g.limiter.can_insert() {
-                    self.insertable.notify_one();
-                }
-            }
+            Err(_) => self.release(&mut g, charge),
         }
         stored
+    }
+
+    /// Gives back the room of `charge` admitted items that were not stored.
+    fn release(&self, g: &mut Gate, charge: u64) {
+        g.limiter.release(charge);
+        self.wake_inserter(g);
     }
 
     fn store_batch(&self, batch: &TransitionBatch) -> Result<(), ReplayError> {
@@ -835,8 +861,10 @@ impl Table {
     /// carries on where it was.
     pub fn restore_counters(&self, inserts: u64, samples: u64) {
         let mut g = self.gate();
-        let config = *g.limiter.config();
+        let (config, pending) = (*g.limiter.config(), g.limiter.pending());
         g.limiter = RateLimiter::with_counts(config, inserts, samples);
+        // Inserts admitted before and still being stored stay pending.
+        g.limiter.admit(pending);
         self.insertable.notify_all();
         self.sampleable.notify_all();
     }
@@ -911,10 +939,12 @@ impl Table {
         }
     }
 
-    /// [`ReplayStats::burst`] so far, which starts again from nothing (a benchmark's
-    /// window).
+    /// [`ReplayStats::burst`] so far; counting starts again from nothing, as if a
+    /// sample had just been taken (a benchmark's window).
     pub fn take_burst(&self) -> u64 {
-        std::mem::take(&mut self.gate().burst)
+        let mut g = self.gate();
+        g.since_sample = 0;
+        std::mem::take(&mut g.burst)
     }
 
     fn evictions(&self) -> std::sync::MutexGuard<'_, crate::evictions::Evictions> {
@@ -1304,8 +1334,9 @@ mod tests {
             (1, 4096 + BATCH as u64),
             "one batch went through the room for one item, the others wait"
         );
-        // A sample of 1,024 makes room for one item again: one more batch goes, woken
-        // alone (a wake-up for all would let every waiter see the same room).
+        // A sample of 1,024 makes room for one item again: one more batch goes (the
+        // pending count lets the first inserter through take the room, whichever it
+        // is), the rest wait.
         let mut out = scratch(BATCH as usize);
         table
             .sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())

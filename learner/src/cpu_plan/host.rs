@@ -123,14 +123,35 @@ pub fn enter(plan: &CpuPlan, role: Role) {
     }
 }
 
-/// The cgroup CPU quota of this process, in CPUs: cgroup v2's `cpu.max` ("max 100000"
-/// for none), else v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1 for none); the
-/// cgroup's own directory first (from `/proc/self/cgroup`), then the mount's root (what
-/// a container sees of its own cgroup).
+/// Puts the calling thread back on the CPUs it had when [`enter_for_now`] moved it.
+#[must_use = "the thread is moved back when this is dropped"]
+pub struct Restore(Option<Vec<usize>>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        if let Some(mask) = &self.0 {
+            let _ = pin(mask);
+        }
+    }
+}
+
+/// [`enter`] until the returned guard is dropped: for a library call (a run) on a
+/// thread that goes on afterwards.
+pub fn enter_for_now(plan: &CpuPlan, role: Role) -> Restore {
+    let before = plan.pins().then(affinity).flatten();
+    enter(plan, role);
+    Restore(before)
+}
+
+/// The cgroup CPU quota of this process, in CPUs: the smallest along its cgroup's path
+/// (a parent's quota binds its children: a Slurm job's, a systemd slice's), from cgroup
+/// v2's `cpu.max` ("max 100000" for none), else v1's `cpu.cfs_quota_us` /
+/// `cpu.cfs_period_us` (-1 for none). The path comes from `/proc/self/cgroup`; a
+/// container that sees its own cgroup at the mount's root finds it there.
 fn quota(proc_cgroup: &Path, root: &Path) -> Option<f64> {
     let lines = std::fs::read_to_string(proc_cgroup).unwrap_or_default();
-    let mut v2 = Vec::new();
-    let mut v1 = Vec::new();
+    let mut v2 = None;
+    let mut v1 = None;
     for line in lines.lines() {
         let mut parts = line.splitn(3, ':');
         let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
@@ -139,23 +160,17 @@ fn quota(proc_cgroup: &Path, root: &Path) -> Option<f64> {
         };
         let path = path.trim_start_matches('/');
         if controllers.is_empty() {
-            v2.push(root.join(path));
+            v2 = Some(path.to_string());
         } else if controllers.split(',').any(|c| c == "cpu") {
-            for mount in ["cpu", "cpu,cpuacct", "cpuacct,cpu"] {
-                v1.push(root.join(mount).join(path));
-            }
+            v1 = Some(path.to_string());
         }
     }
-    v2.push(root.to_path_buf());
-    for mount in ["cpu", "cpu,cpuacct", "cpuacct,cpu"] {
-        v1.push(root.join(mount));
-    }
-    for dir in &v2 {
-        if let Ok(s) = std::fs::read_to_string(dir.join("cpu.max")) {
-            return parse_cpu_max(&s);
-        }
-    }
-    for dir in &v1 {
+    let v2_quota = |dir: &Path| -> Option<Option<f64>> {
+        Some(parse_cpu_max(
+            &std::fs::read_to_string(dir.join("cpu.max")).ok()?,
+        ))
+    };
+    let v1_quota = |dir: &Path| -> Option<Option<f64>> {
         let read = |f: &str| -> Option<f64> {
             std::fs::read_to_string(dir.join(f))
                 .ok()?
@@ -163,11 +178,43 @@ fn quota(proc_cgroup: &Path, root: &Path) -> Option<f64> {
                 .parse()
                 .ok()
         };
-        if let (Some(q), Some(p)) = (read("cpu.cfs_quota_us"), read("cpu.cfs_period_us")) {
-            return (q > 0.0 && p > 0.0).then(|| q / p);
+        let (q, p) = (read("cpu.cfs_quota_us")?, read("cpu.cfs_period_us")?);
+        Some((q > 0.0 && p > 0.0).then(|| q / p))
+    };
+    if let Some(found) = smallest_along(root, v2.as_deref().unwrap_or(""), v2_quota) {
+        return found;
+    }
+    for mount in ["cpu", "cpu,cpuacct", "cpuacct,cpu"] {
+        let found = smallest_along(&root.join(mount), v1.as_deref().unwrap_or(""), v1_quota);
+        if let Some(found) = found {
+            return found;
         }
     }
     None
+}
+
+/// The smallest quota `read` finds in `root/path` and each of its parents up to
+/// `root`: `None` if no directory along it has the file, `Some(None)` if they have it
+/// and set no quota.
+fn smallest_along(
+    root: &Path,
+    path: &str,
+    read: impl Fn(&Path) -> Option<Option<f64>>,
+) -> Option<Option<f64>> {
+    let mut dir = root.join(path);
+    let mut found: Option<Option<f64>> = None;
+    loop {
+        if let Some(q) = read(&dir) {
+            found = Some(match (found.flatten(), q) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            });
+        }
+        if dir == root || !dir.pop() || !dir.starts_with(root) {
+            break;
+        }
+    }
+    found
 }
 
 /// `cpu.max`: "QUOTA PERIOD", QUOTA `max` for none.
@@ -193,6 +240,10 @@ mod tests {
         assert_eq!(quota(&proc_cg, &root), Some(2.5));
         std::fs::write(root.join("slurm/job1/cpu.max"), "max 100000\n").unwrap();
         assert_eq!(quota(&proc_cg, &root), None);
+        // A parent's quota binds its child's.
+        std::fs::write(root.join("slurm/cpu.max"), "150000 100000\n").unwrap();
+        std::fs::write(root.join("slurm/job1/cpu.max"), "400000 100000\n").unwrap();
+        assert_eq!(quota(&proc_cg, &root), Some(1.5));
         // v1 as a container sees it: its own cgroup at the mount's root.
         let (proc_cg, root) = (dir.path().join("cgroup1"), dir.path().join("fs1"));
         std::fs::write(&proc_cg, "3:cpuset:/\n2:cpu,cpuacct:/docker/abc\n").unwrap();

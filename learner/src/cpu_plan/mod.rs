@@ -138,11 +138,13 @@ fn cores(machine: &Machine) -> Vec<Vec<usize>> {
 ///
 /// - Cores for every learner, a service core and at least one for actors: each
 ///   learner pinned to the first CPU of a core of its own (CPU 0's core last in line),
-///   its siblings idle; the service threads on the next core (CPU 0's, if it is
+///   its SMT siblings idle; the service threads on the next core (CPU 0's, if it is
 ///   free); actors on every CPU of the rest.
-/// - One core short: the learners keep their own cores (siblings idle only where a
-///   core's worth is left for the rest), service threads and actors share the rest.
-/// - Fewer CPUs than learners + 1: nothing pinned (the learners would share anyway).
+/// - One core short: with SMT, the service threads on the learners' siblings and the
+///   actors on the other core (never the actors on a learner's core); without, the
+///   service threads and the actors share the other core.
+/// - Fewer physical cores than learners + 1 (SMT only): the learners on distinct CPUs,
+///   the rest shared; fewer CPUs than learners + 1: nothing pinned.
 pub fn plan(machine: &Machine, learners: usize) -> CpuPlan {
     let learners = learners.max(1);
     let all: Vec<usize> = {
@@ -162,71 +164,59 @@ pub fn plan(machine: &Machine, learners: usize) -> CpuPlan {
     }
     let mut notes = Vec::new();
     let n_cores = cores.len();
-    // CPU 0 takes the interrupts: its core is the learners' last choice.
+    // CPU 0 takes the interrupts: its core is the learners' last choice, and the
+    // service threads' first.
     cores.sort_by_key(|c| c.contains(&0));
-    let (learner, idle, rest): (Vec<usize>, Vec<usize>, Vec<usize>) = if n_cores > learners {
-        let (mine, others) = cores.split_at(learners);
-        let idle_siblings = n_cores >= learners + 2;
-        let learner = mine.iter().map(|c| c[0]).collect();
-        let mut idle = Vec::new();
-        let mut rest: Vec<usize> = others.iter().flatten().copied().collect();
-        for c in mine {
-            if idle_siblings {
-                idle.extend(&c[1..]);
-            } else {
-                rest.extend(&c[1..]);
-            }
-        }
-        if !idle_siblings && mine.iter().any(|c| c.len() > 1) {
-            notes.push("too few cores to leave the learner's SMT siblings idle: they run the other threads".into());
-        }
-        (learner, idle, rest)
-    } else {
-        // Fewer physical cores than learners + 1 (SMT): the learners on distinct
-        // CPUs, none of them CPU 0 where that can be avoided.
-        let mut order = all.clone();
-        order.sort_by_key(|&id| id == 0);
-        let learner: Vec<usize> = order[..learners].to_vec();
-        notes.push(format!(
-            "{n_cores} physical core(s) for {learners} learner thread(s) and the rest: the learner shares its core with an SMT sibling"
-        ));
-        let rest = all
-            .iter()
-            .copied()
-            .filter(|id| !learner.contains(id))
-            .collect();
-        (learner, Vec::new(), rest)
-    };
-    let mut rest = rest;
-    rest.sort_unstable();
-    // The service core: CPU 0's core if it is among the rest (interrupts and
-    // service threads together), else the first.
-    let rest_cores: Vec<Vec<usize>> = {
-        let mut cs: Vec<Vec<usize>> = cores
-            .iter()
-            .map(|c| {
-                c.iter()
-                    .copied()
-                    .filter(|id| rest.contains(id))
-                    .collect::<Vec<_>>()
-            })
-            .filter(|c: &Vec<usize>| !c.is_empty())
-            .collect();
-        cs.sort_by_key(|c| (!c.contains(&0), c[0]));
-        cs
-    };
-    let (service, actors) = if rest_cores.len() >= 2 {
-        let service = rest_cores[0].clone();
-        let mut actors: Vec<usize> = rest_cores[1..].iter().flatten().copied().collect();
-        actors.sort_unstable();
-        (service, actors)
-    } else {
+    let shared = |cpus: &[usize], notes: &mut Vec<String>| {
         notes.push(format!(
             "one core left after the learner: service threads and actors share CPU(s) {}",
-            list(&rest)
+            list(cpus)
         ));
-        (rest.clone(), rest.clone())
+        (cpus.to_vec(), cpus.to_vec())
     };
+    let (learner, idle, service, actors): (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>) =
+        if n_cores > learners {
+            let (mine, others) = cores.split_at(learners);
+            let learner: Vec<usize> = mine.iter().map(|c| c[0]).collect();
+            let siblings: Vec<usize> = mine.iter().flat_map(|c| c[1..].to_vec()).collect();
+            let mut others = others.to_vec();
+            others.sort_by_key(|c| (!c.contains(&0), c[0]));
+            if n_cores >= learners + 2 {
+                // The ideal: siblings idle, a core for the service threads, the rest
+                // for actors.
+                let mut actors: Vec<usize> = others[1..].iter().flatten().copied().collect();
+                actors.sort_unstable();
+                (learner, siblings, others[0].clone(), actors)
+            } else if !siblings.is_empty() {
+                // One core short with SMT: the light service threads on the learners'
+                // siblings, the actors on the other core.
+                notes.push(format!(
+                    "one core left after the learner: service threads on its SMT sibling(s) {}, actors on {}",
+                    list(&siblings),
+                    list(&others[0])
+                ));
+                (learner, Vec::new(), siblings, others[0].clone())
+            } else {
+                let (service, actors) = shared(&others[0], &mut notes);
+                (learner, Vec::new(), service, actors)
+            }
+        } else {
+            // Fewer physical cores than learners + 1 (SMT): the learners on distinct
+            // CPUs, none of them CPU 0 where that can be avoided.
+            let mut order = all.clone();
+            order.sort_by_key(|&id| id == 0);
+            let learner: Vec<usize> = order[..learners].to_vec();
+            notes.push(format!(
+                "{n_cores} physical core(s) for {learners} learner thread(s) and the rest: the learner shares its core with an SMT sibling"
+            ));
+            let rest: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|id| !learner.contains(id))
+                .collect();
+            let (service, actors) = shared(&rest, &mut notes);
+            (learner, Vec::new(), service, actors)
+        };
     CpuPlan {
         allowed: all,
         cores: n_cores,
@@ -340,6 +330,16 @@ mod tests {
             (&[1][..], &[0][..])
         );
         assert_eq!(p.actors, [0]);
+        assert_eq!(p.notes.len(), 1, "{:?}", p.notes);
+    }
+
+    #[test]
+    fn one_core_short_with_smt_keeps_actors_off_the_learners_core() {
+        // 2 cores × 2 threads (a 4-vCPU cloud GPU host): CPUs 0 and 2 share a core, 1 and 3.
+        let p = plan(&machine(2, 2), 1);
+        assert_eq!(p.learner, [1]);
+        assert_eq!(p.service, [3], "the light threads on the learner's sibling");
+        assert_eq!(p.actors, [0, 2], "the actors on the other core");
         assert_eq!(p.notes.len(), 1, "{:?}", p.notes);
     }
 

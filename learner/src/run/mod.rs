@@ -112,7 +112,7 @@ pub fn run(
     tracing::info!("{}", cfg.cpu_plan);
     // This thread, and every thread it starts that does not pin itself (sampler,
     // publisher, writer, evaluator, server), runs on the service CPUs.
-    host::enter(&cfg.cpu_plan, Role::Service);
+    let _on_service_cpus = host::enter_for_now(&cfg.cpu_plan, Role::Service);
     let cfg = &actors_auto::resolve(cfg)?;
     let mut setup = setup::prepare(cfg, bar, monitor)?;
     if cfg.mode == crate::config::Mode::LockStep {

@@ -200,7 +200,7 @@ pub fn run(
     };
     tracing::info!("{cpu_plan}");
     // This thread and what it starts (the server) run on the service CPUs.
-    host::enter(&cpu_plan, Role::Service);
+    let _on_service_cpus = host::enter_for_now(&cpu_plan, Role::Service);
     tch::set_num_threads(1);
     // Groups: agents that share the update's shapes and pace, in the order the sweep
     // first names them. Each thread takes its share of every group, group after group,
