@@ -11,8 +11,9 @@
 //! - [`prefetch`]: staging buffers filled from replay by a sampler thread, and
 //!   [`population_staging`] a population's stacked batches (both copy to the device
 //!   on a side stream with `--copy-stream`, through `device_copy`);
-//!   [`priority_feedback`]: TD errors back into replay; [`publisher`]: parameters out
-//!   to actors.
+//!   [`priority_feedback`]: TD errors back into replay (applied by `priority_apply`,
+//!   off the learner thread by `priority_thread`); [`publisher`]: parameters out to
+//!   actors.
 //! - [`cuda`]: what tch does not expose of the CUDA runtime; [`torch_settings`]:
 //!   libtorch's math settings; [`device`], [`memory`], [`faults`]: where tensors live,
 //!   what they cost, and injected failures; [`ceiling`]: the learner's ceiling, for
@@ -29,7 +30,9 @@ pub mod memory;
 pub mod poison;
 pub mod population_staging;
 pub mod prefetch;
+mod priority_apply;
 pub mod priority_feedback;
+mod priority_thread;
 pub mod publisher;
 pub mod step;
 pub mod torch_settings;

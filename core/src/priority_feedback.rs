@@ -3,19 +3,24 @@
 //! replay, the items whose TD errors show them poison evicted ([`crate::poison`]).
 //!
 //! Each update leaves its TD errors on the device; every `every` updates they are
-//! joined and read back at once. On a GPU the read-back is an asynchronous copy into
-//! pinned memory, applied one round later, after an event says it has landed: the
-//! learner never waits for the device to drain its queue, and there is no host sync
-//! per update. An item overwritten since it was sampled is left alone (its key is
+//! joined and read back at once (a round). On a GPU the read-back is an asynchronous
+//! copy into pinned memory, followed by an event. The learner thread hands each round
+//! to a thread of its own (`priority_thread`), which waits for the copy to
+//! land and applies it (`priority_apply`); lock-step drivers apply inline, on
+//! a GPU one round later, once the event says the copy has landed. Neither waits for
+//! the device to drain its queue, and there is no host sync per update. An item
+//! overwritten since it was sampled is left alone (its key is
 //! stale); a TD error that is not finite is counted by replay and never stored.
 
 use std::sync::Arc;
 
-use millrace_replay::{ItemKey, PriorityOutcome, PriorityUpdate, Table};
+use millrace_replay::{ItemKey, PriorityOutcome, Table};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::cuda::Marker;
+use crate::priority_apply::Applier;
+use crate::priority_thread::{Landing, PriorityThread, Round};
 
 /// β, the importance-sampling exponent: linear from `start` to `end` over `steps` env
 /// steps, then `end` (Schaul et al. anneal it to 1; Ape-X keeps 0.4).
@@ -36,12 +41,26 @@ impl BetaSchedule {
     }
 }
 
-/// A read-back on its way to the host (GPU): pinned memory, its keys, and the event
-/// after the copy.
+/// A read-back on its way to the host (GPU, applied inline): pinned memory, its keys,
+/// and the event after the copy.
 struct InFlight {
     host: Tensor,
     keys: Vec<ItemKey>,
     marker: Marker,
+}
+
+/// Where rounds are applied.
+enum Apply {
+    /// On the caller's thread (lock-step drivers); on a GPU each round's read-back is
+    /// applied one round later, once its event says it has landed.
+    Inline {
+        applier: Applier,
+        in_flight: Option<InFlight>,
+        /// The marker of a read-back already applied, for reuse.
+        spare: Option<Marker>,
+    },
+    /// On a thread of their own (the learner thread's): see [`crate::priority_thread`].
+    OwnThread(PriorityThread),
 }
 
 /// Collects TD errors and keys per update; hands them to replay in rounds.
@@ -49,16 +68,11 @@ pub struct PriorityFeedback {
     table: Arc<Table>,
     /// Prioritized replay's β; `None` for uniform replay (poison evicted, no priorities).
     beta: Option<BetaSchedule>,
-    /// |TD error| beyond which an item is poison ([`crate::poison::td_bound`]).
-    poison_td: f32,
     every: usize,
     device: Device,
     tds: Vec<Tensor>,
     keys: Vec<ItemKey>,
-    in_flight: Option<InFlight>,
-    /// Markers of read-backs already applied, for reuse.
-    spare: Option<Marker>,
-    totals: PriorityOutcome,
+    apply: Apply,
 }
 
 impl std::fmt::Debug for PriorityFeedback {
@@ -66,16 +80,18 @@ impl std::fmt::Debug for PriorityFeedback {
         f.debug_struct("PriorityFeedback")
             .field("every", &self.every)
             .field("pending", &self.tds.len())
-            .field("totals", &self.totals)
+            .field("own_thread", &matches!(self.apply, Apply::OwnThread(_)))
+            .field("totals", &self.totals())
             .finish_non_exhaustive()
     }
 }
 
 impl PriorityFeedback {
     /// Feedback into `table` every `every` updates (at least 1), for updates on
-    /// `device`: priorities with β from `beta` (prioritized replay; set for the first
-    /// batches at `env_steps`, a resumed run's), or none (`None`: uniform replay); and
-    /// items whose |TD error| is not finite or beyond `poison_td` evicted as poison.
+    /// `device`, applied on the caller's thread: priorities with β from `beta`
+    /// (prioritized replay; set for the first batches at `env_steps`, a resumed run's),
+    /// or none (`None`: uniform replay); and items whose |TD error| is not finite or
+    /// beyond `poison_td` evicted as poison.
     pub fn new(
         table: Arc<Table>,
         beta: Option<BetaSchedule>,
@@ -87,43 +103,68 @@ impl PriorityFeedback {
         if let Some(beta) = beta {
             table.set_beta(beta.at(env_steps));
         }
+        let applier = Applier::new(Arc::clone(&table), beta.is_some(), poison_td);
         Self {
             table,
             beta,
-            poison_td,
             every: every.max(1),
             device,
             tds: Vec::new(),
             keys: Vec::new(),
-            in_flight: None,
-            spare: None,
-            totals: PriorityOutcome::default(),
+            apply: Apply::Inline {
+                applier,
+                in_flight: None,
+                spare: None,
+            },
         }
     }
 
-    /// Takes one update's TD errors (`[1, B]`, on the device) and the keys of the
-    /// items it was computed on; every `every` calls, hands the priorities to replay.
-    /// `env_steps` moves β along its schedule.
+    /// The same feedback, applied from now on by a thread of its own
+    /// (`priority_thread`, started here: it runs where the calling thread
+    /// may): the caller then never takes replay's shard locks and never waits for the
+    /// device for priorities. Rounds land later than inline, so a run that must be
+    /// bit-identical stays inline.
+    pub fn on_own_thread(mut self) -> std::io::Result<Self> {
+        self.finish();
+        let apply = match self.apply {
+            Apply::Inline { applier, .. } => Apply::OwnThread(PriorityThread::spawn(applier)?),
+            own @ Apply::OwnThread(_) => own,
+        };
+        Ok(Self { apply, ..self })
+    }
+
+    /// Takes one update's TD errors (`[B]` or `[1, B]`, on the device) and the keys of
+    /// the items it was computed on; every `every` calls, hands the priorities to
+    /// replay. `env_steps` moves β along its schedule.
     pub fn push(&mut self, td: &Tensor, keys: &[ItemKey], env_steps: u64) {
-        self.tds.push(td.detach().reshape([-1]));
+        // One call into libtorch per update (detached: no update's autograd graph is
+        // kept); the round joins and flattens them.
+        self.tds.push(td.detach());
         self.keys.extend_from_slice(keys);
         if self.tds.len() >= self.every {
             self.flush(env_steps);
         }
     }
 
-    /// Hands every priority collected so far to replay, waiting for any read-back in
-    /// flight (the end of a run, or before a checkpoint).
+    /// Hands every priority collected so far to replay and waits until it has been
+    /// applied (the end of a run, or before a checkpoint).
     pub fn finish(&mut self) {
         if !self.tds.is_empty() {
             self.round();
         }
-        self.land();
+        if let Apply::OwnThread(t) = &self.apply {
+            t.finish();
+        } else {
+            self.land();
+        }
     }
 
-    /// What replay did with the priorities handed over so far.
+    /// What replay did with the priorities applied so far.
     pub fn totals(&self) -> PriorityOutcome {
-        self.totals
+        match &self.apply {
+            Apply::Inline { applier, .. } => applier.totals(),
+            Apply::OwnThread(t) => t.totals(),
+        }
     }
 
     fn flush(&mut self, env_steps: u64) {
@@ -133,37 +174,74 @@ impl PriorityFeedback {
         self.round();
     }
 
-    /// One round: |TD| of the collected updates, read back (on a GPU, asynchronously:
-    /// the previous round's read-back is applied instead).
+    /// One round: |TD| of the collected updates, read back (on a GPU, asynchronously)
+    /// and handed on: to the thread, or applied here (on a GPU, the previous round's
+    /// read-back is applied instead).
     fn round(&mut self) {
         // Taken first: should the device fail here, nothing is tried twice.
         let tds = std::mem::take(&mut self.tds);
         let keys = std::mem::take(&mut self.keys);
-        let td = Tensor::cat(&tds, 0).abs().to_kind(Kind::Float);
+        let td = Tensor::cat(&tds, 0)
+            .reshape([-1])
+            .abs()
+            .to_kind(Kind::Float);
         let Device::Cuda(i) = self.device else {
-            self.apply(&td, keys);
+            match &mut self.apply {
+                Apply::Inline { applier, .. } => applier.apply(&td, keys),
+                Apply::OwnThread(t) => t.send(Round {
+                    host: td,
+                    keys,
+                    landing: Landing::Now,
+                }),
+            }
             return;
         };
         // Pinned, so that the copy does not block: PyTorch pins the destination of a
         // non-blocking copy to the host.
         let host = td.to_device_(Device::Cpu, Kind::Float, true, false);
-        let marker = match self.spare.take().map_or_else(|| Marker::new(i), Ok) {
-            Ok(m) if m.record().is_ok() => m,
-            _ => {
-                // No event: wait for the copy here (correct, slower).
-                tch::Cuda::synchronize(i as i64);
-                self.land();
-                self.apply(&host, keys);
-                return;
+        let spare = match &mut self.apply {
+            Apply::Inline { spare, .. } => spare.take(),
+            Apply::OwnThread(t) => t.spare(),
+        };
+        let marker = match spare.map_or_else(|| Marker::new(i), Ok) {
+            Ok(m) if m.record().is_ok() => Some(m),
+            _ => None,
+        };
+        if let Apply::OwnThread(t) = &mut self.apply {
+            let landing = marker.map_or(Landing::Drained(i), |m| Landing::After(m, i));
+            t.send(Round {
+                host,
+                keys,
+                landing,
+            });
+            return;
+        }
+        let Some(marker) = marker else {
+            // No event: wait for the copy here (correct, slower).
+            tch::Cuda::synchronize(i as i64);
+            self.land();
+            if let Apply::Inline { applier, .. } = &mut self.apply {
+                applier.apply(&host, keys);
             }
+            return;
         };
         self.land();
-        self.in_flight = Some(InFlight { host, keys, marker });
+        if let Apply::Inline { in_flight, .. } = &mut self.apply {
+            *in_flight = Some(InFlight { host, keys, marker });
+        }
     }
 
-    /// Applies the read-back in flight, if any, once it has landed.
+    /// Applies the inline read-back in flight, if any, once it has landed.
     fn land(&mut self) {
-        let Some(f) = self.in_flight.take() else {
+        let Apply::Inline {
+            applier,
+            in_flight,
+            spare,
+        } = &mut self.apply
+        else {
+            return;
+        };
+        let Some(f) = in_flight.take() else {
             return;
         };
         if f.marker.wait().is_err() {
@@ -171,68 +249,8 @@ impl PriorityFeedback {
                 tch::Cuda::synchronize(i as i64);
             }
         }
-        self.apply(&f.host, f.keys);
-        self.spare = Some(f.marker);
-    }
-
-    fn apply(&mut self, host: &Tensor, mut keys: Vec<ItemKey>) {
-        let mut priorities = match Vec::<f32>::try_from(host) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!("priorities: cannot read TD errors back: {e}");
-                return;
-            }
-        };
-        let culprits = crate::poison::culprits(&priorities, self.poison_td);
-        if !culprits.is_empty() {
-            let poisoned: Vec<ItemKey> = culprits
-                .iter()
-                .filter_map(|i| keys.get(*i))
-                .copied()
-                .collect();
-            let worst = culprits
-                .iter()
-                .map(|i| priorities[*i])
-                .fold(0.0f32, |m, td| {
-                    if td.is_finite() {
-                        m.max(td)
-                    } else {
-                        f32::INFINITY
-                    }
-                });
-            let evicted = self.table.evict(&poisoned);
-            let before = self.table.stats().evicted.saturating_sub(evicted as u64);
-            // Logged once per power of two (a flood says so without flooding the log).
-            if (before + 1..=before + evicted as u64).any(u64::is_power_of_two) {
-                tracing::warn!(
-                    "replay: {evicted} item(s) evicted as poison (|TD error| up to {worst:e}, beyond {:e}); {} so far",
-                    self.poison_td,
-                    before + evicted as u64
-                );
-            }
-            // Their TD errors are no priorities (one 3e38 would raise the maximum every
-            // new item gets).
-            let mut poison = vec![false; priorities.len()];
-            for i in &culprits {
-                poison[*i] = true;
-            }
-            (keys, priorities) = keys
-                .iter()
-                .zip(&priorities)
-                .zip(&poison)
-                .filter(|(_, bad)| !**bad)
-                .map(|((k, td), _)| (*k, *td))
-                .unzip();
-        }
-        if self.beta.is_none() {
-            return;
-        }
-        let r = self
-            .table
-            .update_priorities(&PriorityUpdate { keys, priorities });
-        self.totals.applied += r.applied;
-        self.totals.stale += r.stale;
-        self.totals.invalid += r.invalid;
+        applier.apply(&f.host, f.keys);
+        *spare = Some(f.marker);
     }
 }
 
@@ -264,6 +282,15 @@ mod tests {
 
     #[test]
     fn td_errors_become_priorities_of_the_sampled_items_in_rounds() {
+        td_errors_become_priorities(false);
+    }
+
+    #[test]
+    fn on_their_own_thread_td_errors_become_the_same_priorities() {
+        td_errors_become_priorities(true);
+    }
+
+    fn td_errors_become_priorities(own_thread: bool) {
         let table = Arc::new(
             Table::new(&ReplayConfig {
                 capacity: 64,
@@ -293,7 +320,7 @@ mod tests {
             end: 0.6,
             steps: 100,
         };
-        let mut fb = PriorityFeedback::new(
+        let fb = PriorityFeedback::new(
             Arc::clone(&table),
             Some(beta),
             2,
@@ -301,6 +328,11 @@ mod tests {
             0,
             f32::INFINITY,
         );
+        let mut fb = if own_thread {
+            fb.on_own_thread().unwrap()
+        } else {
+            fb
+        };
         assert_eq!(table.beta(), 0.2);
         let sample = |n: usize| {
             let mut out = SampleScratch::new(n, 4);
@@ -319,6 +351,10 @@ mod tests {
         fb.push(&td(&a1), &k1, 10);
         assert_eq!(fb.totals().applied, 0, "not before a round is complete");
         fb.push(&td(&a2), &k2, 50);
+        if own_thread {
+            // Handed over; applied once the thread has, which `finish` waits for.
+            fb.finish();
+        }
         assert_eq!(fb.totals().applied, 8);
         assert!((table.beta() - 0.4).abs() < 1e-12, "β at 50 of 100 steps");
         let mut stored = Vec::new();
@@ -342,13 +378,11 @@ mod tests {
         // Regression (issue "One bad transition…", part 1): one item's reward of 3e38
         // overflowed every update that sampled it, and its priority (3e38) became the
         // maximum every new item got. Now the feedback evicts it, for either replay.
-        for priority in [
-            None,
-            Some(PriorityConfig {
-                alpha: 1.0,
-                beta: 0.0,
-            }),
-        ] {
+        for (priority, own_thread) in [None, Some(1.0)]
+            .into_iter()
+            .flat_map(|alpha| [(alpha, false), (alpha, true)])
+        {
+            let priority = priority.map(|alpha| PriorityConfig { alpha, beta: 0.0 });
             let table = Arc::new(
                 Table::new(&ReplayConfig {
                     capacity: 128,
@@ -373,6 +407,9 @@ mod tests {
                 steps: 0,
             });
             let mut fb = PriorityFeedback::new(Arc::clone(&table), beta, 1, Device::Cpu, 0, 1e6);
+            if own_thread {
+                fb = fb.on_own_thread().unwrap();
+            }
             // A round of 64: a culprit or two is poison (more would be divergence).
             let mut out = SampleScratch::new(64, 4);
             table
@@ -390,6 +427,7 @@ mod tests {
                 .collect();
             let culprits = out.actions.iter().filter(|a| [2, 5].contains(*a)).count();
             fb.push(&Tensor::from_slice(&td).view([1, -1]), &out.keys, 0);
+            fb.finish();
             assert!(culprits > 0, "the draw holds a culprit: {:?}", out.actions);
             let evicted: std::collections::BTreeSet<i64> = out
                 .actions
@@ -397,7 +435,11 @@ mod tests {
                 .copied()
                 .filter(|a| [2, 5].contains(a))
                 .collect();
-            assert_eq!(table.stats().evicted, evicted.len() as u64, "{priority:?}");
+            assert_eq!(
+                table.stats().evicted,
+                evicted.len() as u64,
+                "{priority:?}, own thread {own_thread}"
+            );
             assert_eq!(table.evicted_from(7), evicted.len() as u64);
             let mut kept = Vec::new();
             table.snapshot(|_, b| kept.extend(b.actions.iter().copied().zip(b.priorities.clone())));

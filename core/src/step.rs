@@ -52,6 +52,9 @@ pub struct LearnerStep {
     /// path).
     oom: Option<(OomFault, u64)>,
     nonfinite_total: u64,
+    /// The caller's time handing TD errors to replay since the last
+    /// [`LearnerStep::take_priority_seconds`].
+    priorities_s: f64,
 }
 
 impl LearnerStep {
@@ -75,6 +78,7 @@ impl LearnerStep {
             feedback,
             oom,
             nonfinite_total: 0,
+            priorities_s: 0.0,
         }
     }
 
@@ -113,17 +117,24 @@ impl LearnerStep {
         inject_oom(self.oom, self.dqn.updates(), OomSite::Update);
         let out = self.dqn.update(batch);
         if self.feedback.iter().any(Option::is_some) {
+            let p0 = std::time::Instant::now();
             let b = keys.len() / self.feedback.len().max(1);
+            // One agent's TD errors are the whole `[1, B]` output: no view to make.
+            let one = self.feedback.len() == 1;
             for (row, fb) in self.feedback.iter_mut().enumerate() {
                 let Some(fb) = fb else { continue };
                 inject_oom(self.oom, self.dqn.updates(), OomSite::Priorities);
                 let steps = env_steps.get(row).or(env_steps.last()).copied();
-                fb.push(
-                    &out.agent(row),
-                    &keys[row * b..(row + 1) * b],
-                    steps.unwrap_or(0),
-                );
+                let agent;
+                let td = if one {
+                    &out.td_errors
+                } else {
+                    agent = out.agent(row);
+                    &agent
+                };
+                fb.push(td, &keys[row * b..(row + 1) * b], steps.unwrap_or(0));
             }
+            self.priorities_s += p0.elapsed().as_secs_f64();
         }
         if self
             .dqn
@@ -134,6 +145,12 @@ impl LearnerStep {
             inject_oom(self.oom, self.dqn.updates(), OomSite::Publish);
             publish(self.version, &self.dqn);
         }
+    }
+
+    /// The caller's time in [`LearnerStep::update`] handing TD errors to replay
+    /// (priorities and poison checks) since the last call, in seconds.
+    pub fn take_priority_seconds(&mut self) -> f64 {
+        std::mem::take(&mut self.priorities_s)
     }
 
     /// Reads the statistics since the last check (one host sync) and which agents

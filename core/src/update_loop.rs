@@ -74,6 +74,9 @@ pub struct StallTimes {
     pub wait_data: f64,
     pub host_to_device: f64,
     pub publish: f64,
+    /// Handing TD errors to replay (priorities, poison checks): on its own thread in
+    /// a threaded run, only the hand-over.
+    pub priorities: f64,
     pub metrics: f64,
     pub checkpoint: f64,
     pub total: f64,
@@ -551,8 +554,8 @@ impl LoopState {
             }
             // An allocation failure here panics in libtorch: `run` turns it into
             // `LearnerError::OutOfMemory` (the state is the one before this update, or
-            // at worst one half-applied optimizer step). The priorities' round trip
-            // counts as compute (it is the update's output); publishing is timed apart.
+            // at worst one half-applied optimizer step). Handing TD errors to replay
+            // and publishing are timed apart.
             let mut publish_s = 0.0;
             let version = step.version();
             step.update(&batch, buf.keys(), &[steps.get()], &mut |version, dqn| {
@@ -561,6 +564,7 @@ impl LoopState {
                 publish_s += p0.elapsed().as_secs_f64();
             });
             let t3 = Instant::now();
+            let priorities_s = step.take_priority_seconds();
             self.alive
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             drop(batch);
@@ -576,9 +580,10 @@ impl LoopState {
             };
             self.t.wait_data += (t1 - t0).as_secs_f64();
             self.t.host_to_device += (t2 - t1).as_secs_f64() + copies;
-            self.t.compute +=
-                ((t3 - t2).as_secs_f64() - publish_s).max(0.0) + (waited - copies).max(0.0);
+            self.t.compute += ((t3 - t2).as_secs_f64() - publish_s - priorities_s).max(0.0)
+                + (waited - copies).max(0.0);
             self.t.publish += publish_s;
+            self.t.priorities += priorities_s;
 
             if last_report.elapsed() >= cfg.report_every {
                 let m0 = Instant::now();

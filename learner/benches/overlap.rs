@@ -29,7 +29,14 @@
 //! against the writer's time per checkpoint, and updates/s against the same run (full
 //! replay too) without checkpoints.
 //!
-//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--max-window S] [--only mlp|cnn] [--batch 32,512] [--actors 1,2,auto] [--cpu-plan on|off] [--copy-stream] [--cpu | --gpu N] [--tf32 off|conv|all] [--checkpoint-every S]`
+//! The learner's feedback into replay is a real run's: poison checks every 8 updates
+//! (uniform replay) or priorities every 8 with `--replay prioritized` (α 0.6, β 0.4),
+//! applied on a thread of their own (`--priorities thread`, the learner's way) or on
+//! the learner thread (`inline`, the lock-step drivers' way); `--priorities
+//! inline,thread` gives a row each, side by side, and the "priorities" column is the
+//! learner thread's time handing TD errors to replay.
+//!
+//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--max-window S] [--only mlp|cnn] [--batch 32,512] [--actors 1,2,auto] [--replay uniform|prioritized] [--priorities inline,thread] [--cpu-plan on|off] [--copy-stream] [--cpu | --gpu N] [--tf32 off|conv|all] [--checkpoint-every S]`
 
 mod common;
 
@@ -46,6 +53,7 @@ use millrace_core::cuda::CopyStream;
 use millrace_core::dqn::{Dqn, DqnConfig};
 use millrace_core::memory::Footprint;
 use millrace_core::prefetch::{Prefetcher, SamplerConfig, StagingBuffer};
+use millrace_core::priority_feedback::{BetaSchedule, PriorityFeedback};
 use millrace_core::publisher::Publisher;
 use millrace_core::update_loop::{self, LearnerParts};
 use millrace_learner::checkpoint::writer::{CheckpointContext, CheckpointWriter};
@@ -56,7 +64,7 @@ use millrace_learner::cpu_plan::host::{self, Role};
 use millrace_learner::cpu_plan::{ActorCount, CpuPlan};
 use millrace_proto::EnvConfig;
 use millrace_proto::{EnvSpec, NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
-use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
+use millrace_replay::{PriorityConfig, RateLimiterConfig, ReplayConfig, Table};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tch::Device;
@@ -111,6 +119,28 @@ impl Net {
     }
 }
 
+/// Where the learner's TD errors are applied to replay.
+#[derive(Clone, Copy, PartialEq)]
+enum Apply {
+    /// On the learner thread (the lock-step drivers' way).
+    Inline,
+    /// On a thread of their own (the learner thread's way in a real run).
+    Thread,
+}
+
+impl Apply {
+    fn name(self) -> &'static str {
+        match self {
+            Apply::Inline => "inline",
+            Apply::Thread => "own thread",
+        }
+    }
+}
+
+/// Updates per round of feedback: the learner's `--priority-feedback-every` default
+/// and its poison checks' cadence with uniform replay.
+const FEEDBACK_EVERY: usize = 8;
+
 /// What actor threads share: a stop flag and the run's step counter.
 #[derive(Default)]
 struct Control {
@@ -132,6 +162,10 @@ struct Opts {
     actors: Option<Vec<ActorCount>>,
     /// Copy batches on a side CUDA stream in (b) (`--copy-stream`).
     copy_stream: bool,
+    /// `--replay prioritized`.
+    prioritized: bool,
+    /// Where TD errors are applied in (b), one row each.
+    priorities: Vec<Apply>,
     nets: Vec<Net>,
     batches: Vec<usize>,
     device: Device,
@@ -146,6 +180,8 @@ fn parse() -> Opts {
         checkpoint_every: None,
         actors: None,
         copy_stream: false,
+        prioritized: false,
+        priorities: vec![Apply::Thread],
         nets: vec![Net::Mlp, Net::Cnn],
         batches: vec![32, 512],
         device: Device::cuda_if_available(),
@@ -174,6 +210,23 @@ fn parse() -> Opts {
                         .map(|x| x.parse().expect("--actors 1,2,auto"))
                         .collect(),
                 )
+            }
+            "--replay" => {
+                o.prioritized = match next.as_str() {
+                    "uniform" => false,
+                    "prioritized" => true,
+                    other => panic!("--replay uniform|prioritized, got {other}"),
+                }
+            }
+            "--priorities" => {
+                o.priorities = next
+                    .split(',')
+                    .map(|x| match x {
+                        "inline" => Apply::Inline,
+                        "thread" => Apply::Thread,
+                        other => panic!("--priorities inline,thread, got {other}"),
+                    })
+                    .collect()
             }
             "--only" => {
                 o.nets = match next.as_str() {
@@ -409,6 +462,8 @@ struct EndToEnd {
     wait: f64,
     h2d: f64,
     publish: f64,
+    /// The learner thread's time handing TD errors to replay.
+    priorities: f64,
     metrics: f64,
     inserts_per_s: f64,
     bytes_per_obs_byte: f64,
@@ -438,6 +493,8 @@ fn thread_kind(name: &str) -> String {
         "publisher"
     } else if name == "checkpoint" {
         "writer"
+    } else if name == "priorities" {
+        "priorities"
     } else {
         "other"
     };
@@ -457,7 +514,7 @@ struct CheckpointCost {
     replay_bytes: f64,
 }
 
-fn table(net: Net, batch: usize) -> Arc<Table> {
+fn table(net: Net, batch: usize, prioritized: bool) -> Arc<Table> {
     let env = net.env();
     Arc::new(
         Table::new(&ReplayConfig {
@@ -482,7 +539,10 @@ fn table(net: Net, batch: usize) -> Arc<Table> {
                 batch as u64,
             )
             .unwrap(),
-            priority: None,
+            priority: prioritized.then_some(PriorityConfig {
+                alpha: 0.6,
+                beta: 0.4,
+            }),
         })
         .unwrap(),
     )
@@ -499,10 +559,11 @@ fn end_to_end(
     copy_stream: bool,
     checkpoint_every: Option<f64>,
     prefill: bool,
+    (prioritized, apply): (bool, Apply),
     plan: &CpuPlan,
 ) -> EndToEnd {
     let env = net.env();
-    let table = table(net, b);
+    let table = table(net, b, prioritized);
     let dqn = Dqn::new(net.network(), DqnConfig::default(), device, 0);
     let params = Arc::new(ParamsCell::new(Params {
         version: 0,
@@ -595,7 +656,30 @@ fn end_to_end(
                 replay_bytes: 0,
                 batch_size: b,
             },
-            feedback: None,
+            feedback: Some({
+                let beta = BetaSchedule {
+                    start: 0.4,
+                    end: 0.4,
+                    steps: 0,
+                };
+                // Started here, on the service CPUs, as the learner starts it.
+                let fb = PriorityFeedback::new(
+                    Arc::clone(&table),
+                    prioritized.then_some(beta),
+                    FEEDBACK_EVERY,
+                    device,
+                    0,
+                    millrace_core::poison::td_bound(
+                        millrace_proto::bounds::DEFAULT_MAX_ABS_REWARD,
+                        0.99,
+                        b,
+                    ),
+                );
+                match apply {
+                    Apply::Inline => fb,
+                    Apply::Thread => fb.on_own_thread().unwrap(),
+                }
+            }),
             panic_after: None,
             oom: None,
             alive: Default::default(),
@@ -701,6 +785,7 @@ fn end_to_end(
         wait: d(ls.wait_data, fs.wait_data),
         h2d: d(ls.host_to_device, fs.host_to_device),
         publish: d(ls.publish, fs.publish),
+        priorities: d(ls.priorities, fs.priorities),
         metrics: d(ls.metrics, fs.metrics),
         inserts_per_s: (l.inserted - f.inserted) as f64 / dt,
         bytes_per_obs_byte: (stats.obs_rows as f64 * env.obs.row_bytes() as f64
@@ -795,6 +880,7 @@ fn default_counts(budget: usize) -> Vec<ActorCount> {
 struct Scaled {
     label: String,
     threads: usize,
+    apply: Apply,
     cycle_s: f64,
     e: EndToEnd,
 }
@@ -814,11 +900,12 @@ struct Row {
 }
 
 /// The CPU columns, in this order.
-const CPU_KINDS: [&str; 7] = [
+const CPU_KINDS: [&str; 8] = [
     "learner",
     "autograd",
     "sampler",
     "publisher",
+    "priorities",
     "writer",
     "actors",
     "other",
@@ -842,9 +929,10 @@ fn main() {
         .clone()
         .unwrap_or_else(|| default_counts(plan.actor_budget()));
     println!(
-        "device {:?}{}; {ENVS} envs per actor thread, 1 intra-op thread; (a), (c), (d) {} s each; end-to-end windows of at least {} s, four admission cycles where longer, at most {} s",
+        "device {:?}{}; {} replay, TD errors back every {FEEDBACK_EVERY} updates; {ENVS} envs per actor thread, 1 intra-op thread; (a), (c), (d) {} s each; end-to-end windows of at least {} s, four admission cycles where longer, at most {} s",
         o.device,
         if o.copy_stream { " (copies on a side stream)" } else { "" },
+        if o.prioritized { "prioritized" } else { "uniform" },
         o.seconds,
         o.seconds,
         o.max_window,
@@ -862,7 +950,10 @@ fn main() {
             let window = (4.0 * cycle_s).max(o.seconds).min(o.max_window);
             let prefill = o.checkpoint_every.is_some();
             let mut scaled = Vec::new();
-            for &count in &counts {
+            for (&count, &apply) in counts
+                .iter()
+                .flat_map(|c| o.priorities.iter().map(move |p| (c, p)))
+            {
                 let (label, threads) = match count {
                     ActorCount::Count(n) => (n.to_string(), n),
                     ActorCount::Auto => {
@@ -879,11 +970,13 @@ fn main() {
                     o.copy_stream,
                     o.checkpoint_every,
                     prefill,
+                    (o.prioritized, apply),
                     &plan,
                 );
                 println!(
-                    "{} b{b} actors {label}: ceiling {a:.1}/s ({a_busy:.1}/s with the actors' CPUs busy), end-to-end {:.1}/s in {:.1} s, actors {:.0} env steps/s, {:.1} inserts/s, burst {}, duty {:.1}%, wait {:.1}%",
+                    "{} b{b} actors {label}, TD errors applied {}: ceiling {a:.1}/s ({a_busy:.1}/s with the actors' CPUs busy), end-to-end {:.1}/s in {:.1} s, actors {:.0} env steps/s, {:.1} inserts/s, burst {}, duty {:.1}%, wait {:.1}%, priorities {:.2}%",
                     net.name(),
+                    apply.name(),
                     e.updates_per_s,
                     e.window_s,
                     e.steps_per_s,
@@ -891,10 +984,12 @@ fn main() {
                     e.burst,
                     100.0 * e.duty,
                     100.0 * e.wait,
+                    100.0 * e.priorities,
                 );
                 scaled.push(Scaled {
                     label,
                     threads,
+                    apply,
                     cycle_s,
                     e,
                 });
@@ -911,6 +1006,7 @@ fn main() {
                     o.copy_stream,
                     None,
                     true,
+                    (o.prioritized, scaled[0].apply),
                     &plan,
                 )
                 .updates_per_s
@@ -950,10 +1046,12 @@ fn main() {
     }
     println!();
     println!(
-        "| network | batch | actor threads | window s (admission cycles) | (b) end-to-end upd/s | b/a | actors' env steps/s | × one actor alone | transitions inserted/s | most admitted between two samples | duty | wait data | h2d | publish | metrics | CPU cores: {} |",
+        "| network | batch | actor threads | TD errors applied | window s (admission cycles) | (b) end-to-end upd/s | b/a | actors' env steps/s | × one actor alone | transitions inserted/s | most admitted between two samples | duty | wait data | h2d | publish | priorities | metrics | CPU cores: {} |",
         CPU_KINDS.join(" / ")
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!(
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
     for r in &rows {
         for s in &r.scaled {
             let e = &s.e;
@@ -962,10 +1060,11 @@ fn main() {
                 .map(|k| format!("{:.2}", e.cpu.get(*k).copied().unwrap_or(0.0)))
                 .collect();
             println!(
-                "| {} | {} | {} | {:.1} ({:.1}) | {:.1} | **{:.2}** | {:.0} | {:.2} | {:.1} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {} |",
+                "| {} | {} | {} | {} | {:.1} ({:.1}) | {:.1} | **{:.2}** | {:.0} | {:.2} | {:.1} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2}% | {:.1}% | {} |",
                 r.net.name(),
                 r.b,
                 s.label,
+                s.apply.name(),
                 e.window_s,
                 e.window_s / s.cycle_s,
                 e.updates_per_s,
@@ -978,6 +1077,7 @@ fn main() {
                 100.0 * e.wait,
                 100.0 * e.h2d,
                 100.0 * e.publish,
+                100.0 * e.priorities,
                 100.0 * e.metrics,
                 cpu.join(" / "),
             );

@@ -203,6 +203,7 @@ impl Metrics {
             ("stall/wait_data", frac(s.wait_data)),
             ("stall/host_to_device", frac(s.host_to_device)),
             ("stall/publish", frac(s.publish)),
+            ("stall/priorities", frac(s.priorities)),
             ("stall/metrics", frac(s.metrics)),
             ("stall/checkpoint", frac(s.checkpoint)),
             ("stall/checkpoint_max_s", report.checkpoint_stall_max),
@@ -287,13 +288,15 @@ impl Metrics {
             tracing::info!("{steps} env steps, {} updates: {line}", report.updates);
             tracing::info!(
                 "learner time: {:.1}% compute, {:.1}% waiting for data, {:.1}% host-to-device, \
-                 {:.1}% publishing, {:.1}% metrics, {:.1}% checkpointing; {samples_s:.0} samples/s, \
+                 {:.1}% publishing, {:.1}% priorities, {:.1}% metrics, {:.1}% checkpointing; \
+                 {samples_s:.0} samples/s, \
                  {inserts_s:.0} inserts/s; blocked by the rate limiter since the start: actors \
                  {:.1} s, sampler {:.1} s",
                 100.0 * s.duty_cycle(),
                 100.0 * frac(s.wait_data),
                 100.0 * frac(s.host_to_device),
                 100.0 * frac(s.publish),
+                100.0 * frac(s.priorities),
                 100.0 * frac(s.metrics),
                 100.0 * frac(s.checkpoint),
                 replay.insert_blocked_s,

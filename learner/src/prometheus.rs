@@ -29,6 +29,7 @@ fn help(tag: &str) -> &'static str {
         "stall/wait_data" => "Fraction of the learner's time waiting for batches.",
         "stall/host_to_device" => "Fraction of the learner's time copying batches to the device.",
         "stall/publish" => "Fraction of the learner's time publishing parameters.",
+        "stall/priorities" => "Fraction of the learner's time handing TD errors to replay.",
         "stall/metrics" => "Fraction of the learner's time reading statistics.",
         "stall/checkpoint" => "Fraction of the learner's time handing over checkpoints.",
         "stall/checkpoint_max_s" => "Longest checkpoint hand-over so far, seconds.",

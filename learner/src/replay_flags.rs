@@ -44,7 +44,8 @@ pub struct ReplayFlags {
     pub priority_beta_steps: Option<u64>,
 
     /// Prioritized replay: updates whose TD errors are read back and applied as
-    /// priorities at once (on a GPU the read-back is asynchronous, a round late).
+    /// priorities at once (by a thread of their own; lock-step runs apply them inline,
+    /// on a GPU a round late).
     #[arg(long, default_value_t = 8)]
     pub priority_feedback_every: usize,
 

@@ -165,11 +165,12 @@ impl std::fmt::Display for RunSummary {
         let s = &self.stalls;
         writeln!(
             f,
-            "  learner time:    {:.1}% update compute (duty cycle), {:.1}% waiting for data, {:.1}% host-to-device, {:.1}% publishing, {:.1}% metrics, {:.1}% checkpointing (longest hand-over {:.1} ms)",
+            "  learner time:    {:.1}% update compute (duty cycle), {:.1}% waiting for data, {:.1}% host-to-device, {:.1}% publishing, {:.1}% priorities, {:.1}% metrics, {:.1}% checkpointing (longest hand-over {:.1} ms)",
             100.0 * s.duty_cycle(),
             100.0 * s.frac(s.wait_data),
             100.0 * s.frac(s.host_to_device),
             100.0 * s.frac(s.publish),
+            100.0 * s.frac(s.priorities),
             100.0 * s.frac(s.metrics),
             100.0 * s.frac(s.checkpoint),
             1e3 * self.checkpoint_stall_max,

@@ -134,6 +134,7 @@ fn learner_and_actor_pages_parse_as_prometheus_and_health_follows_the_run() {
         "wait_data",
         "host_to_device",
         "publish",
+        "priorities",
         "metrics",
         "checkpoint",
     ] {

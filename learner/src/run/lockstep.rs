@@ -189,7 +189,9 @@ pub fn run(
                 }
             }
         }
-        stalls.compute += c0.elapsed().as_secs_f64();
+        let priorities_s = step.take_priority_seconds();
+        stalls.priorities += priorities_s;
+        stalls.compute += (c0.elapsed().as_secs_f64() - priorities_s).max(0.0);
         let steps = setup.steps.get();
         if steps < cfg.max_steps && progress.eval_due(steps, cfg.eval.every) {
             let snapshot = setup.params.latest();

@@ -140,13 +140,18 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         publisher,
         steps: Arc::clone(&setup.steps),
         footprint: setup.footprint,
-        feedback: Some(crate::replay_flags::feedback(
-            cfg.replay.priority.as_ref(),
-            &setup.table,
-            device,
-            setup.steps.get(),
-            cfg.poison_td(),
-        )),
+        // Applied by a thread of its own (started here, on the service CPUs): the
+        // learner thread never takes replay's shard locks for them.
+        feedback: Some(
+            crate::replay_flags::feedback(
+                cfg.replay.priority.as_ref(),
+                &setup.table,
+                device,
+                setup.steps.get(),
+                cfg.poison_td(),
+            )
+            .on_own_thread()?,
+        ),
         panic_after: cfg.faults.learner_panic.then_some(50),
         oom: cfg.faults.oom.map(|f| (f, 50)),
         alive: Arc::clone(&alive),
