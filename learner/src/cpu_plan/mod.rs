@@ -270,7 +270,7 @@ impl fmt::Display for CpuPlan {
         if self.pins() {
             write!(
                 f,
-                "; learner on {}{}; sampler, publisher, writer, server on {}; actors on {}",
+                "; learner on {}{}; sampler, publisher, priorities, writer, server on {}; actors on {}",
                 list(&self.learner),
                 if self.idle.is_empty() {
                     String::new()
