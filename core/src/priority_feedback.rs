@@ -133,8 +133,8 @@ impl PriorityFeedback {
         Ok(Self { apply, ..self })
     }
 
-    /// Takes one update's TD errors (`[B]` or `[1, B]`, on the device) and the keys of
-    /// the items it was computed on; every `every` calls, hands the priorities to
+    /// Takes one update's TD errors (`[1, B]`, on the device: every update of a round
+    /// the same shape) and the keys of the items it was computed on; every `every` calls, hands the priorities to
     /// replay. `env_steps` moves β along its schedule.
     pub fn push(&mut self, td: &Tensor, keys: &[ItemKey], env_steps: u64) {
         // One call into libtorch per update (detached: no update's autograd graph is

@@ -119,7 +119,9 @@ impl LearnerStep {
         if self.feedback.iter().any(Option::is_some) {
             let p0 = std::time::Instant::now();
             let b = keys.len() / self.feedback.len().max(1);
-            // One agent's TD errors are the whole `[1, B]` output: no view to make.
+            // Each agent's TD errors as `[1, B]`, whatever the population (it shrinks
+            // mid-round when agents end): one agent's are the whole output, no view
+            // to make.
             let one = self.feedback.len() == 1;
             for (row, fb) in self.feedback.iter_mut().enumerate() {
                 let Some(fb) = fb else { continue };
@@ -129,7 +131,7 @@ impl LearnerStep {
                 let td = if one {
                     &out.td_errors
                 } else {
-                    agent = out.agent(row);
+                    agent = out.td_errors.narrow(0, row as i64, 1);
                     &agent
                 };
                 fb.push(td, &keys[row * b..(row + 1) * b], steps.unwrap_or(0));
@@ -215,5 +217,91 @@ impl LearnerStep {
             self.dqn.spec().population,
             "feedback per agent"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dqn::DqnConfig;
+    use millrace_proto::{DType, NetworkSpec, ObsSpec, TransitionBatch};
+    use millrace_replay::{RateLimiterConfig, ReplayConfig, SampleScratch, Table};
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+    use std::sync::Arc;
+    use tch::{Device, Kind, Tensor};
+
+    fn batch(k: i64, b: i64) -> Batch {
+        Batch {
+            obs2: Tensor::ones([k, 2 * b, 3], (Kind::Float, Device::Cpu)),
+            actions: Tensor::zeros([k, b, 1], (Kind::Int64, Device::Cpu)),
+            rewards: Tensor::ones([k, b, 1], (Kind::Float, Device::Cpu)),
+            discounts: Tensor::zeros([k, b, 1], (Kind::Float, Device::Cpu)),
+            weights: None,
+        }
+    }
+
+    #[test]
+    fn a_population_that_shrinks_mid_round_hands_its_td_errors_over() {
+        // Regression: when an agent ended mid-round, the survivor's round held TD
+        // errors of two shapes (`[B]` as one of two agents, `[1, B]` alone) and joining
+        // them panicked.
+        let table = Arc::new(
+            Table::new(&ReplayConfig {
+                capacity: 64,
+                shards: 1,
+                obs_row_bytes: 12,
+                stack: 1,
+                obs_rows_per_item: 2.0,
+                limiter: RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 1e9, 1).unwrap(),
+                priority: None,
+            })
+            .unwrap(),
+        );
+        let mut b = TransitionBatch::with_capacity(12, 16, 32);
+        for v in 0..16i64 {
+            b.push_f32(&[v as f32; 3], v % 2, 1.0, 0.0, &[v as f32; 3]);
+        }
+        table.insert(&b).unwrap();
+        let mut out = SampleScratch::new(8, 12);
+        table
+            .sample(&mut SmallRng::seed_from_u64(0), &mut out.buffers())
+            .unwrap();
+        let obs = ObsSpec {
+            shape: vec![3],
+            dtype: DType::F32,
+        };
+        let dqn = Dqn::new(
+            NetworkSpec::mlp(&obs, &[8, 8], 2, 2).unwrap(),
+            DqnConfig::default(),
+            Device::Cpu,
+            0,
+        );
+        let feedback = || {
+            let t = Arc::clone(&table);
+            Some(PriorityFeedback::new(
+                t,
+                None,
+                4,
+                Device::Cpu,
+                0,
+                f32::INFINITY,
+            ))
+        };
+        let cfg = StepConfig {
+            publish_every: 1000,
+            max_nonfinite: 1000,
+        };
+        let mut step = LearnerStep::new(dqn, 0, cfg, vec![feedback(), feedback()], None);
+        for _ in 0..2 {
+            step.update(&batch(2, 4), &out.keys, &[0, 0], &mut |_, _| {});
+        }
+        step.keep_agents(&[1]);
+        // The survivor's round completes alone: two updates as one of two, two alone.
+        for _ in 0..2 {
+            step.update(&batch(1, 4), &out.keys[4..], &[0], &mut |_, _| {});
+        }
+        step.finish_priorities();
+        assert_eq!(step.updates(), 4);
     }
 }
