@@ -131,7 +131,7 @@ impl LearnerStep {
                 let td = if one {
                     &out.td_errors
                 } else {
-                    agent = out.td_errors.narrow(0, row as i64, 1);
+                    agent = out.agent(row);
                     &agent
                 };
                 fb.push(td, &keys[row * b..(row + 1) * b], steps.unwrap_or(0));

@@ -179,9 +179,9 @@ pub struct UpdateOutput {
 }
 
 impl UpdateOutput {
-    /// Agent `row`'s TD errors, `[B]`.
+    /// Agent `row`'s TD errors, `[1, B]`: the shape a population of one's output has.
     pub fn agent(&self, row: usize) -> Tensor {
-        self.td_errors.get(row as i64)
+        self.td_errors.narrow(0, row as i64, 1)
     }
 }
 
