@@ -93,7 +93,7 @@ fn infer_only(net: &NetworkSpec, params: &Params, n: usize, stop: &AtomicBool, d
 struct Drop_;
 
 impl ActorSink for Drop_ {
-    fn transitions(&mut self, _: TransitionBatch) -> Result<(), SinkClosed> {
+    fn transitions(&mut self, _: &mut TransitionBatch) -> Result<(), SinkClosed> {
         Ok(())
     }
     fn episode(&mut self, _: EpisodeStats) {}

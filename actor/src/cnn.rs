@@ -1,11 +1,13 @@
 //! Batched CPU inference for convolutional Q-networks (the Nature, MinAtar and IMPALA
 //! networks) over `u8` image observations. The torso is the spec's plan of steps
 //! ([`NetworkSpec::torso_plan`], as the learner runs it); each convolution is an im2col
-//! followed by one SGEMM, in `C, H, W` layout as PyTorch's `conv2d`, and max-pools pad
+//! followed by one SGEMM with its filters packed once per parameter version
+//! ([`crate::gemm`]), in `C, H, W` layout as PyTorch's `conv2d`, and max-pools pad
 //! with −∞ as PyTorch's do, so the flattened features match the learner's.
 
 use millrace_proto::{NetworkSpec, ParamLayout, Params, TorsoStep};
 
+use crate::gemm::PackedRows;
 use crate::policy::{MlpPolicy, Policy, PolicyError};
 
 /// A [`NetworkSpec`] with a convolutional torso, evaluated on the CPU; the MLP head is
@@ -17,6 +19,9 @@ pub struct CnnPolicy {
     /// `(channels, height, width)` of the input and after each step.
     shapes: Vec<(usize, usize, usize)>,
     head: MlpPolicy,
+    /// Each convolution's filters `[out, in·k·k]`, packed, and its biases.
+    filters: Vec<PackedRows>,
+    conv_biases: Vec<Vec<f32>>,
     /// im2col matrix `[in·k·k, out_h·out_w]` and two activation buffers.
     cols: Vec<f32>,
     act: [Vec<f32>; 2],
@@ -37,7 +42,10 @@ impl CnnPolicy {
         }
         let mut shapes = vec![(c, h, w)];
         shapes.extend(spec.torso_shapes().into_iter().flatten());
+        let convs = spec.layout().conv.len() / 2;
         Ok(Self {
+            filters: vec![PackedRows::default(); convs],
+            conv_biases: vec![Vec::new(); convs],
             layout: spec.layout(),
             plan: spec.torso_plan(),
             shapes,
@@ -80,13 +88,7 @@ impl CnnPolicy {
                     padding,
                     ..
                 } => {
-                    let (we, be) = (
-                        &self.layout.conv[2 * index],
-                        &self.layout.conv[2 * index + 1],
-                    );
-                    let params = self.head.params();
-                    let weight = &params[we.offset..we.offset + we.len];
-                    let bias = &params[be.offset..be.offset + be.len];
+                    let (filters, bias) = (&self.filters[index], &self.conv_biases[index]);
                     let window = Window {
                         input,
                         output,
@@ -94,7 +96,7 @@ impl CnnPolicy {
                         stride,
                         padding,
                     };
-                    conv(&cur, &mut next, &mut self.cols, m, window, weight, bias);
+                    conv(&cur, &mut next, &mut self.cols, m, window, filters, bias);
                     std::mem::swap(&mut cur, &mut next);
                 }
                 TorsoStep::Relu => {
@@ -165,7 +167,7 @@ fn conv(
     cols: &mut Vec<f32>,
     m: usize,
     g: Window,
-    weight: &[f32],
+    filters: &PackedRows,
     bias: &[f32],
 ) {
     let ((ic, ih, iw), (oc, oh, ow)) = (g.input, g.output);
@@ -212,27 +214,8 @@ fn conv(
     for b in bias {
         out.extend(std::iter::repeat_n(*b, cols_n));
     }
-    assert!(weight.len() == oc * kk && cols.len() == kk * cols_n && out.len() == oc * cols_n);
-    // SAFETY: `weight` is [oc, kk], `cols` is [kk, cols_n] and `out` is [oc, cols_n],
-    // all row-major with the strides given; lengths checked above.
-    unsafe {
-        matrixmultiply::sgemm(
-            oc,
-            kk,
-            cols_n,
-            1.0,
-            weight.as_ptr(),
-            kk as isize,
-            1,
-            cols.as_ptr(),
-            cols_n as isize,
-            1,
-            1.0,
-            out.as_mut_ptr(),
-            cols_n as isize,
-            1,
-        );
-    }
+    assert_eq!(filters.shape(), (oc, kk), "filters are not [out, in·k·k]");
+    filters.mul_add_to(cols, cols_n, out);
 }
 
 /// A max-pool of `m` images `[C, m, H·W]` into `out`: output cell `o` of an axis of
@@ -278,13 +261,35 @@ impl Policy<u8> for CnnPolicy {
     }
 
     fn load(&mut self, params: &Params) -> Result<(), PolicyError> {
-        self.head.load(params)
+        self.head.load(params)?;
+        let p = params.agent(0);
+        for (index, (filters, bias)) in self
+            .filters
+            .iter_mut()
+            .zip(&mut self.conv_biases)
+            .enumerate()
+        {
+            let (we, be) = (
+                &self.layout.conv[2 * index],
+                &self.layout.conv[2 * index + 1],
+            );
+            let (out, kk) = (we.shape[0], we.len / we.shape[0]);
+            filters.pack(&p[we.offset..we.offset + we.len], out, kk);
+            bias.clear();
+            bias.extend_from_slice(&p[be.offset..be.offset + be.len]);
+        }
+        Ok(())
     }
 
     fn q_values(&mut self, obs: &[u8], q: &mut [f32]) {
         let (c, h, w) = self.shapes[0];
         let pixels = c * h * w;
         assert_eq!(obs.len() % pixels, 0, "obs is not [batch, C, H, W]");
+        if self.head.version().is_none() {
+            // No parameters yet: all of them zero.
+            q.fill(0.0);
+            return;
+        }
         self.features.clear();
         for images in obs.chunks(pixels * TORSO_CHUNK) {
             self.torso(images, images.len() / pixels);

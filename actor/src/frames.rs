@@ -51,16 +51,31 @@ impl FrameWriter {
     }
 
     fn empty(stack: usize, frame_bytes: usize, items: usize, frames: usize) -> TransitionBatch {
-        let mut batch = TransitionBatch::with_capacity(frame_bytes, items, frames);
-        let mut links = FrameLinks::new(stack as u32);
+        let mut batch = TransitionBatch::default();
+        Self::reuse(&mut batch, stack, frame_bytes, (items, frames));
+        batch
+    }
+
+    /// Empties `batch` as a frame-mode batch with room for `items` transitions and
+    /// `frames` frames, keeping its allocations.
+    fn reuse(
+        batch: &mut TransitionBatch,
+        stack: usize,
+        frame_bytes: usize,
+        (items, frames): (usize, usize),
+    ) {
+        batch.reuse(frame_bytes, items, frames);
+        let links = batch
+            .frames
+            .get_or_insert_with(|| Box::new(FrameLinks::new(stack as u32)));
+        links.clear();
+        links.stack = stack as u32;
         links.number.reserve(frames);
         links.env.reserve(frames);
         links.prev.reserve(frames);
         links.item_env.reserve(items);
         links.obs.reserve(items);
         links.next.reserve(items);
-        batch.frames = Some(Box::new(links));
-        batch
     }
 
     /// The batch being built.
@@ -68,11 +83,11 @@ impl FrameWriter {
         &self.batch
     }
 
-    /// Hands on the batch built so far and starts the next; the streams go on.
-    pub fn take(&mut self) -> TransitionBatch {
-        let (items, frames) = self.capacity;
-        let next = Self::empty(self.stack, self.frame_bytes, items, frames);
-        std::mem::replace(&mut self.batch, next)
+    /// Hands on the batch built so far through `spare`, which becomes the next one
+    /// (emptied, its allocations kept): the streams go on.
+    pub fn swap_out(&mut self, spare: &mut TransitionBatch) {
+        Self::reuse(spare, self.stack, self.frame_bytes, self.capacity);
+        std::mem::swap(&mut self.batch, spare);
     }
 
     fn links(&mut self) -> &mut FrameLinks {
@@ -160,6 +175,12 @@ mod tests {
         frames.concat()
     }
 
+    fn take(w: &mut FrameWriter) -> TransitionBatch {
+        let mut out = TransitionBatch::default();
+        w.swap_out(&mut out);
+        out
+    }
+
     #[test]
     fn shifted_stacks_add_one_frame_and_rebuild_exactly() {
         let mut w = FrameWriter::new(3, 6, 2, 8, 8);
@@ -171,11 +192,11 @@ mod tests {
         let c = w.store(1, &[9, 9, 9, 9, 9, 9]);
         assert_eq!(w.store(1, &[9, 9, 9, 9, 9, 9]), c, "the same stack again");
         w.transition(0, a, 1, 0.5, 0.9, b);
-        sent.push(w.take());
+        sent.push(take(&mut w));
         // Across the hand-over: links into the batch already sent.
         let d = w.store(0, &[3, 3, 4, 4, 5, 5]);
         let e = w.store(0, &[0, 0, 0, 0, 7, 7]);
-        sent.push(w.take());
+        sent.push(take(&mut w));
         assert_eq!(
             sent[1].obs_rows(),
             4,

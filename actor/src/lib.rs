@@ -2,8 +2,8 @@
 //! building and the actor loop that streams [`TransitionBatch`]es to replay.
 //!
 //! Nothing here links libtorch: actors run the Q-network's forward pass in plain Rust over
-//! the flat parameters the learner publishes ([`policy::MlpPolicy`]), so an actor is a
-//! small CPU-only process and its tests build in seconds.
+//! the flat parameters the learner publishes ([`policy::MlpPolicy`], its products in
+//! [`gemm`]), so an actor is a small CPU-only process and its tests build in seconds.
 //!
 //! [`TransitionBatch`]: millrace_proto::TransitionBatch
 
@@ -13,6 +13,7 @@ pub mod doctor;
 pub mod env;
 pub mod eval;
 pub mod frames;
+pub mod gemm;
 pub mod nstep;
 pub mod policy;
 pub mod remote;

@@ -2,6 +2,8 @@
 
 use millrace_proto::{NetworkSpec, ParamLayout, Params, LAYER_NORM_EPS};
 
+use crate::gemm::PackedCols;
+
 /// Batched action-value inference, run by actor and evaluation threads.
 ///
 /// Contract: `q_values` computes `Q(obs)` for a batch in one call (one forward pass for all
@@ -31,8 +33,9 @@ pub enum PolicyError {
     NotConvolutional,
 }
 
-/// The MLP Q-network of [`NetworkSpec`] evaluated with a cache-blocked SGEMM
-/// (`matrixmultiply`), reading the flat layout of one agent out of a [`Params`] snapshot.
+/// The MLP Q-network of [`NetworkSpec`] for one agent of a [`Params`] snapshot, each
+/// layer's weights packed for the SGEMM ([`crate::gemm`]) once per parameter version:
+/// a step's forward pass neither allocates nor repacks.
 #[derive(Debug)]
 pub struct MlpPolicy {
     spec: NetworkSpec,
@@ -40,17 +43,23 @@ pub struct MlpPolicy {
     /// `spec.widths()`, computed once: `q_values` runs every actor step.
     widths: Vec<usize>,
     agent: usize,
-    params: Vec<f32>,
     version: Option<u64>,
+    /// Each layer's weights `[fan_in, fan_out]`, packed.
+    weights: Vec<PackedCols>,
+    /// Each layer's biases, then with LayerNorm each hidden layer's gain and bias.
+    biases: Vec<Vec<f32>>,
+    norms: Vec<Vec<f32>>,
     /// Two activation buffers, ping-ponged between layers.
     scratch: [Vec<f32>; 2],
     /// With an IQN head: its embedding of each acting fraction, `[m, H₀]`
-    /// (`ReLU(cos(π·i·τ_j) · W + b)`, remade on each `load`).
-    iqn_phi: Option<Vec<f32>>,
+    /// (`ReLU(cos(π·i·τ_j) · W + b)`, remade on each `load`); empty without one.
+    iqn_phi: Vec<f32>,
+    cosines: Vec<f32>,
 }
 
 impl MlpPolicy {
-    /// A policy for agent `agent` of a population; it has no parameters until `load`.
+    /// A policy for agent `agent` of a population; it has no parameters until `load`
+    /// (and gives Q = 0 until then).
     pub fn new(spec: NetworkSpec, agent: usize) -> Result<Self, PolicyError> {
         if agent >= spec.population {
             return Err(PolicyError::NoSuchAgent {
@@ -59,34 +68,48 @@ impl MlpPolicy {
             });
         }
         let layout = spec.layout();
+        let layers = layout.num_layers();
         Ok(Self {
-            params: vec![0.0; layout.len],
+            weights: vec![PackedCols::default(); layers],
+            biases: vec![Vec::new(); layers],
+            norms: vec![Vec::new(); layout.norm.len()],
             layout,
             widths: spec.widths(),
             spec,
             agent,
             version: None,
             scratch: [Vec::new(), Vec::new()],
-            iqn_phi: None,
+            iqn_phi: Vec::new(),
+            cosines: Vec::new(),
         })
     }
 
-    /// The IQN head's embedding of each acting fraction, `[m, H₀]`, from the loaded
-    /// parameters.
-    fn iqn_embedding(&self) -> Option<Vec<f32>> {
-        let head = self.spec.iqn?;
-        let (w, b) = (self.layout.iqn.first()?, self.layout.iqn.get(1)?);
-        let (n, width) = (head.embedding, b.len);
-        let weight = &self.params[w.offset..w.offset + w.len];
-        let bias = &self.params[b.offset..b.offset + b.len];
-        let mut cos = vec![0.0f32; n];
-        let mut phi = Vec::with_capacity(head.quantiles * width);
+    /// Packs one agent's flat parameters `p` (reusing every buffer).
+    fn unpack(&mut self, p: &[f32]) {
+        let slice = |e: &millrace_proto::ParamEntry| &p[e.offset..e.offset + e.len];
+        for (l, (packed, bias)) in self.weights.iter_mut().zip(&mut self.biases).enumerate() {
+            let (w, b) = (&self.layout.entries[2 * l], &self.layout.entries[2 * l + 1]);
+            packed.pack(slice(w), self.widths[l], self.widths[l + 1]);
+            bias.clear();
+            bias.extend_from_slice(slice(b));
+        }
+        for (norm, e) in self.norms.iter_mut().zip(&self.layout.norm) {
+            norm.clear();
+            norm.extend_from_slice(slice(e));
+        }
+        self.iqn_phi.clear();
+        let (Some(head), [w, b, ..]) = (self.spec.iqn, &self.layout.iqn[..]) else {
+            return;
+        };
+        let (weight, bias) = (slice(w), slice(b));
+        let width = b.len;
+        self.cosines.resize(head.embedding, 0.0);
         for tau in head.act_fractions() {
-            millrace_proto::IqnHead::cosines(tau, &mut cos);
-            let start = phi.len();
-            phi.extend_from_slice(bias);
-            let row = &mut phi[start..];
-            for (c, wrow) in cos.iter().zip(weight.chunks_exact(width)) {
+            millrace_proto::IqnHead::cosines(tau, &mut self.cosines);
+            let start = self.iqn_phi.len();
+            self.iqn_phi.extend_from_slice(bias);
+            let row = &mut self.iqn_phi[start..];
+            for (c, wrow) in self.cosines.iter().zip(weight.chunks_exact(width)) {
                 for (v, w) in row.iter_mut().zip(wrow) {
                     *v += c * w;
                 }
@@ -95,12 +118,6 @@ impl MlpPolicy {
                 *v = v.max(0.0);
             }
         }
-        Some(phi)
-    }
-
-    /// Agent `agent`'s flat parameters (zeros before the first `load`).
-    pub(crate) fn params(&self) -> &[f32] {
-        &self.params
     }
 }
 
@@ -150,9 +167,8 @@ impl Policy for MlpPolicy {
                 got: params.data.len(),
             });
         }
-        self.params.copy_from_slice(params.agent(self.agent));
+        self.unpack(params.agent(self.agent));
         self.version = Some(params.version);
-        self.iqn_phi = self.iqn_embedding();
         Ok(())
     }
 
@@ -165,7 +181,12 @@ impl Policy for MlpPolicy {
             batch * self.spec.num_actions,
             "q is not [batch, actions]"
         );
-        let layers = self.layout.num_layers();
+        if self.version.is_none() {
+            // No parameters yet: all of them zero.
+            q.fill(0.0);
+            return;
+        }
+        let layers = self.weights.len();
         let [mut cur, mut next] = std::mem::take(&mut self.scratch);
         cur.clear();
         cur.extend_from_slice(obs);
@@ -173,40 +194,15 @@ impl Policy for MlpPolicy {
         // observation and acting fraction after the first layer.
         let mut rows = batch;
         for l in 0..layers {
-            let (fan_in, fan_out) = (widths[l], widths[l + 1]);
-            let w = &self.layout.entries[2 * l];
-            let b = &self.layout.entries[2 * l + 1];
-            let weight = &self.params[w.offset..w.offset + w.len];
-            let bias = &self.params[b.offset..b.offset + b.len];
+            let fan_out = widths[l + 1];
+            let bias = &self.biases[l];
             next.clear();
             for _ in 0..rows {
                 next.extend_from_slice(bias);
             }
-            assert!(cur.len() >= rows * fan_in && weight.len() == fan_in * fan_out);
-            // SAFETY: `cur` is [batch, fan_in], `weight` is [fan_in, fan_out] and `next` is
-            // [batch, fan_out], all row-major with the strides given, lengths checked above.
-            unsafe {
-                matrixmultiply::sgemm(
-                    rows,
-                    fan_in,
-                    fan_out,
-                    1.0,
-                    cur.as_ptr(),
-                    fan_in as isize,
-                    1,
-                    weight.as_ptr(),
-                    fan_out as isize,
-                    1,
-                    1.0,
-                    next.as_mut_ptr(),
-                    fan_out as isize,
-                    1,
-                );
-            }
+            self.weights[l].mul_add_to(&cur, rows, &mut next);
             if l + 1 < layers {
-                if let [g, b] = self.layout.norm.get(2 * l..2 * l + 2).unwrap_or_default() {
-                    let gain = &self.params[g.offset..g.offset + g.len];
-                    let bias = &self.params[b.offset..b.offset + b.len];
+                if let [gain, bias] = self.norms.get(2 * l..2 * l + 2).unwrap_or_default() {
                     for row in next.chunks_exact_mut(fan_out) {
                         layer_norm(row, gain, bias);
                     }
@@ -216,7 +212,8 @@ impl Policy for MlpPolicy {
                 }
             }
             std::mem::swap(&mut cur, &mut next);
-            if let (0, Some(phi)) = (l, &self.iqn_phi) {
+            if l == 0 && !self.iqn_phi.is_empty() {
+                let phi = &self.iqn_phi;
                 // ψ(s) times each fraction's embedding: [batch, H₀] -> [batch·m, H₀].
                 next.clear();
                 for psi in cur.chunks_exact(fan_out).take(batch) {

@@ -191,6 +191,8 @@ impl End {
 /// queue is full, which is how the learner's backpressure reaches the actor loop.
 struct ChannelSink {
     tx: mpsc::Sender<ActorMsg>,
+    /// Batches the writer has sent, back for the actor to fill again.
+    spares: std::sync::mpsc::Receiver<TransitionBatch>,
     stats: ActorStats,
     last_stats: Instant,
     every: Duration,
@@ -198,10 +200,12 @@ struct ChannelSink {
 }
 
 impl ActorSink for ChannelSink {
-    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
+    fn transitions(&mut self, batch: &mut TransitionBatch) -> Result<(), SinkClosed> {
         self.stats.env_steps += batch.len() as u64;
         self.stats.params_version = batch.version;
         self.status.stepped(batch.len() as u64, batch.version);
+        // An empty one until the writer has sent a batch and handed it back.
+        let batch = std::mem::replace(batch, self.spares.try_recv().unwrap_or_default());
         self.tx
             .blocking_send(ActorMsg::Transitions(batch))
             .map_err(|_| SinkClosed)?;
@@ -392,6 +396,8 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = mpsc::channel::<ActorMsg>(2);
+    // Sent batches go back to the actor: as many as can be in flight, and one more.
+    let (spare_tx, spares) = std::sync::mpsc::sync_channel::<TransitionBatch>(4);
     let mut actor = {
         let (mut latest, stop, network) = (
             Arc::clone(&latest),
@@ -400,6 +406,7 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         );
         let mut sink = ChannelSink {
             tx: tx.clone(),
+            spares,
             stats: ActorStats::default(),
             last_stats: Instant::now(),
             every: cfg.stats_every,
@@ -430,6 +437,10 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         while let Some(msg) = rx.recv().await {
             if let Err(e) = write_msg(&mut wr, &msg, max_frame).await {
                 return format!("sending to the learner failed: {e}");
+            }
+            if let ActorMsg::Transitions(batch) = msg {
+                // Never waits: with the actor's spares full, this one is dropped.
+                let _ = spare_tx.try_send(batch);
             }
         }
         // Everything is sent (a goodbye last): the learner sees the end of the stream.

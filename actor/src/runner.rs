@@ -70,8 +70,13 @@ pub struct EpisodeStats {
 ///
 /// `transitions` may block: that is how replay's rate limiter throttles actors. An `Err`
 /// means the receiver is gone and the actor should stop.
+///
+/// The batch stays the actor's, so that its allocations are used again: a sink that
+/// copies it out (replay) leaves it as it is; one that must keep it (a connection's
+/// writer) swaps in a spare, a batch it was handed earlier and is done with (or an
+/// empty one). Whatever `batch` holds afterwards, the actor empties and refills.
 pub trait ActorSink {
-    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed>;
+    fn transitions(&mut self, batch: &mut TransitionBatch) -> Result<(), SinkClosed>;
     fn episode(&mut self, stats: EpisodeStats);
 }
 
@@ -156,6 +161,11 @@ pub struct ActorLoop<O> {
     row_bytes: usize,
     obs_dtype: DType,
     out: Output,
+    /// The batch handed on last (and the next one's spare).
+    ready: TransitionBatch,
+    /// Scratch for Ape-X's initial priorities: the batch's rows as `O`, their Q-values.
+    priority_obs: Vec<O>,
+    priority_q: Vec<f32>,
     batch_version: Option<u64>,
     seq: u64,
     steps: u64,
@@ -221,6 +231,9 @@ impl<O: Pod + Default> ActorLoop<O> {
             row_bytes,
             obs_dtype: spec.obs.dtype,
             out,
+            ready: TransitionBatch::default(),
+            priority_obs: Vec::new(),
+            priority_q: Vec::new(),
             batch_version: None,
             seq: 0,
             steps: 0,
@@ -232,11 +245,18 @@ impl<O: Pod + Default> ActorLoop<O> {
     /// Each step adds one row per environment; a handed-on batch carries up to n_step
     /// rows per environment into the next.
     fn new_batch(cfg: &ActorConfig, row_bytes: usize, n: usize) -> TransitionBatch {
-        TransitionBatch::with_capacity(
+        let mut batch = TransitionBatch::default();
+        Self::reuse_batch(&mut batch, cfg, row_bytes, n);
+        batch
+    }
+
+    fn reuse_batch(batch: &mut TransitionBatch, cfg: &ActorConfig, row_bytes: usize, n: usize) {
+        batch.frames = None;
+        batch.reuse(
             row_bytes,
             cfg.batch_rows + n * cfg.n_step,
             cfg.batch_rows + 2 * n * (cfg.n_step + 1),
-        )
+        );
     }
 
     /// Environment steps this actor has taken.
@@ -247,14 +267,15 @@ impl<O: Pod + Default> ActorLoop<O> {
     /// One step of every environment with one batched forward pass: loads newer
     /// parameters first, counts the steps in `steps` (whose total drives ε), reports
     /// finished episodes to `on_episode`, and returns a batch once `batch_rows`
-    /// transitions are complete.
+    /// transitions are complete. The batch stays the actor's (see [`ActorSink`]): it
+    /// is emptied and refilled a batch later, so a steady actor step allocates nothing.
     pub fn step(
         &mut self,
         policy: &mut dyn Policy<O>,
         params: &mut dyn ParamsSource,
         steps: &StepCounter,
         on_episode: &mut dyn FnMut(EpisodeStats),
-    ) -> Result<Option<TransitionBatch>, ActorError> {
+    ) -> Result<Option<&mut TransitionBatch>, ActorError> {
         let (n, obs_dim, num_actions) = (self.envs.num_envs(), self.obs_dim, self.num_actions);
         if let Some(p) = params.newer_than(policy.version()) {
             policy.load(&p)?;
@@ -332,17 +353,17 @@ impl<O: Pod + Default> ActorLoop<O> {
         if self.out.len() < self.cfg.batch_rows {
             return Ok(None);
         }
-        let mut full = match &mut self.out {
+        let full = &mut self.ready;
+        match &mut self.out {
             Output::Rows(batch) => {
-                let mut full = Self::new_batch(&self.cfg, self.row_bytes, n);
-                std::mem::swap(&mut full, batch);
+                Self::reuse_batch(full, &self.cfg, self.row_bytes, n);
+                std::mem::swap(full, batch);
                 for w in &mut self.windows {
-                    w.carry(&full, batch);
+                    w.carry(full, batch);
                 }
-                full
             }
-            Output::Frames(writer) => writer.take(),
-        };
+            Output::Frames(writer) => writer.swap_out(full),
+        }
         // What the environment gave, checked before anything downstream sees it (replay,
         // the wire): a NaN observation or reward would poison every update sampling it.
         if let Err(e) = full.check_values(self.num_actions, self.obs_dtype, &self.cfg.value_bounds)
@@ -370,7 +391,8 @@ impl<O: Pod + Default> ActorLoop<O> {
         }
         self.bad_in_a_row = 0;
         if self.cfg.initial_priorities && policy.version().is_some() && full.frames.is_none() {
-            initial_priorities(policy, &mut full, self.num_actions);
+            let scratch = (&mut self.priority_obs, &mut self.priority_q);
+            initial_priorities(policy, full, self.num_actions, scratch);
         }
         full.actor_id = self.cfg.actor_id;
         full.seq = self.seq;
@@ -389,29 +411,31 @@ fn initial_priorities<O: Pod + Default>(
     policy: &mut dyn Policy<O>,
     batch: &mut TransitionBatch,
     num_actions: usize,
+    (obs, q): (&mut Vec<O>, &mut Vec<f32>),
 ) {
     // A copy: a byte vector is not aligned for `O` (once per batch, not per step).
     let size = std::mem::size_of::<O>();
     if size == 0 || !batch.obs.len().is_multiple_of(size) {
         return;
     }
-    let mut obs = vec![O::default(); batch.obs.len() / size];
-    bytemuck::cast_slice_mut::<O, u8>(&mut obs).copy_from_slice(&batch.obs);
+    obs.clear();
+    obs.resize(batch.obs.len() / size, O::default());
+    bytemuck::cast_slice_mut::<O, u8>(obs).copy_from_slice(&batch.obs);
     let rows = batch.obs_rows();
-    let mut q = vec![0f32; rows * num_actions];
-    policy.q_values(&obs, &mut q);
+    q.clear();
+    q.resize(rows * num_actions, 0.0);
+    policy.q_values(obs, q);
     let row = |i: u32| &q[i as usize * num_actions..(i as usize + 1) * num_actions];
-    batch.priorities = (0..batch.len())
-        .map(|i| {
-            let taken = row(batch.obs_index[i])[batch.actions[i] as usize];
-            let next = row(batch.next_index[i])
-                .iter()
-                .copied()
-                .fold(f32::NEG_INFINITY, f32::max);
-            let target = batch.rewards[i] + batch.discounts[i] * next;
-            (target - taken).abs()
-        })
-        .collect();
+    batch.priorities.clear();
+    batch.priorities.extend((0..batch.len()).map(|i| {
+        let taken = row(batch.obs_index[i])[batch.actions[i] as usize];
+        let next = row(batch.next_index[i])
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        let target = batch.rewards[i] + batch.discounts[i] * next;
+        (target - taken).abs()
+    }));
 }
 
 /// What the n-step windows write into: whole observation rows (carried from batch to
@@ -468,8 +492,7 @@ pub fn run_actor(
 ) -> Result<u64, ActorError> {
     let mut actor = AnyActor::new(cfg, network)?;
     while !stop.load(Ordering::Relaxed) {
-        let batch = actor.step(params, steps, &mut |e| sink.episode(e))?;
-        if let Some(batch) = batch {
+        if let Some(batch) = actor.step(params, steps, &mut |e| sink.episode(e))? {
             if sink.transitions(batch).is_err() {
                 break;
             }
@@ -491,8 +514,7 @@ pub fn run_actor_with<O: Pod + Default>(
 ) -> Result<u64, ActorError> {
     let mut actor = ActorLoop::new(cfg, envs)?;
     while !stop.load(Ordering::Relaxed) {
-        let batch = actor.step(policy, params, steps, &mut |e| sink.episode(e))?;
-        if let Some(batch) = batch {
+        if let Some(batch) = actor.step(policy, params, steps, &mut |e| sink.episode(e))? {
             if sink.transitions(batch).is_err() {
                 break;
             }
@@ -539,7 +561,7 @@ impl AnyActor {
         params: &mut dyn ParamsSource,
         steps: &StepCounter,
         on_episode: &mut dyn FnMut(EpisodeStats),
-    ) -> Result<Option<TransitionBatch>, ActorError> {
+    ) -> Result<Option<&mut TransitionBatch>, ActorError> {
         match self {
             Self::Vector(actor, policy) => actor.step(&mut **policy, params, steps, on_episode),
             Self::Pixels(actor, policy) => actor.step(&mut **policy, params, steps, on_episode),
@@ -567,8 +589,8 @@ mod tests {
     }
 
     impl ActorSink for Collect {
-        fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
-            self.batches.push(batch);
+        fn transitions(&mut self, batch: &mut TransitionBatch) -> Result<(), SinkClosed> {
+            self.batches.push(std::mem::take(batch));
             if self.batches.len() >= self.limit {
                 Err(SinkClosed)
             } else {
@@ -672,7 +694,7 @@ mod tests {
         b.push_transition(0, 1, 2.5, 0.97, 3);
         b.push_transition(1, 0, 1.0, 0.0, 1);
         b.push_transition(2, 1, -0.5, 0.9, 3);
-        initial_priorities::<f32>(&mut policy, &mut b, 2);
+        initial_priorities::<f32>(&mut policy, &mut b, 2, (&mut Vec::new(), &mut Vec::new()));
         let q: Vec<[f32; 2]> = rows
             .iter()
             .map(|r| {
@@ -915,7 +937,7 @@ mod bad_value_tests {
         let mut batches = Vec::new();
         for _ in 0..40 {
             if let Some(b) = a.step(&mut p, &mut NoParams, &steps, &mut |_| {}).unwrap() {
-                batches.push(b);
+                batches.push(std::mem::take(b));
             }
         }
         assert_eq!(a.rejected, 1, "one batch dropped");

@@ -66,7 +66,7 @@ fn batches(cfg: &ActorConfig, envs: Box<dyn VecEnv<u8>>, count: usize) -> Vec<Tr
             .step(&mut policy, &mut NoParams, &steps, &mut |_| {})
             .unwrap()
         {
-            out.push(b);
+            out.push(std::mem::take(b));
         }
     }
     out

@@ -332,8 +332,8 @@ fn ceiling_loop(net: Net, b: usize, device: Device, seconds: f64, copy_stream: b
 struct ReplaySink(Arc<Table>);
 
 impl ActorSink for ReplaySink {
-    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
-        self.0.insert(&batch).map_err(|_| SinkClosed)
+    fn transitions(&mut self, batch: &mut TransitionBatch) -> Result<(), SinkClosed> {
+        self.0.insert(batch).map_err(|_| SinkClosed)
     }
     fn episode(&mut self, _: EpisodeStats) {}
 }
@@ -349,10 +349,10 @@ struct RestoreSink {
 }
 
 impl ActorSink for RestoreSink {
-    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
+    fn transitions(&mut self, batch: &mut TransitionBatch) -> Result<(), SinkClosed> {
         let before = self.table.len();
         self.table
-            .restore(self.batches, &batch)
+            .restore(self.batches, batch)
             .map_err(|_| SinkClosed)?;
         self.batches += 1;
         // Full once batches start being evicted (shards hold whole batches, so this
@@ -369,7 +369,7 @@ impl ActorSink for RestoreSink {
 struct Discard(Arc<AtomicU64>);
 
 impl ActorSink for Discard {
-    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
+    fn transitions(&mut self, batch: &mut TransitionBatch) -> Result<(), SinkClosed> {
         self.0.fetch_add(batch.len() as u64, Ordering::Relaxed);
         Ok(())
     }

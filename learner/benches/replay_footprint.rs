@@ -36,11 +36,11 @@ struct Sink<'a> {
 }
 
 impl ActorSink for Sink<'_> {
-    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
+    fn transitions(&mut self, batch: &mut TransitionBatch) -> Result<(), SinkClosed> {
         self.obs_bytes += batch.obs.len();
         self.transitions += batch.len();
         if let Some(table) = self.table {
-            table.insert_unlimited(&batch).expect("a valid batch");
+            table.insert_unlimited(batch).expect("a valid batch");
         }
         if self.transitions >= self.limit {
             Err(SinkClosed)

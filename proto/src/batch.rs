@@ -132,6 +132,26 @@ impl TransitionBatch {
         self.push_transition(o, action, reward, discount, n);
     }
 
+    /// Empties the batch to be filled again with rows of `obs_row_bytes`, with room for
+    /// `rows` transitions and `obs_rows` observation rows: its allocations are kept
+    /// (grown where smaller), so a batch that comes back from where it was handed costs
+    /// nothing to refill. Frame links, if any, are emptied and kept too.
+    pub fn reuse(&mut self, obs_row_bytes: usize, rows: usize, obs_rows: usize) {
+        self.clear();
+        self.actor_id = 0;
+        self.agent = 0;
+        self.seq = 0;
+        self.version = 0;
+        self.obs_row_bytes = obs_row_bytes;
+        // On an empty vector, `reserve(n)` makes the capacity at least `n`.
+        self.obs.reserve(obs_rows * obs_row_bytes);
+        self.obs_index.reserve(rows);
+        self.next_index.reserve(rows);
+        self.actions.reserve(rows);
+        self.rewards.reserve(rows);
+        self.discounts.reserve(rows);
+    }
+
     /// Removes all rows, keeping the allocations.
     pub fn clear(&mut self) {
         self.obs.clear();

@@ -56,8 +56,8 @@ impl TableSink {
 }
 
 impl ActorSink for TableSink {
-    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
-        self.table.insert(&batch).map_err(|_| SinkClosed)?;
+    fn transitions(&mut self, batch: &mut TransitionBatch) -> Result<(), SinkClosed> {
+        self.table.insert(batch).map_err(|_| SinkClosed)?;
         self.batches += 1;
         if self.batches >= self.max_batches {
             Err(SinkClosed)

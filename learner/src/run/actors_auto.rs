@@ -101,7 +101,7 @@ fn learner_probe(cfg: &RunConfig) -> Result<(f64, Arc<ParamsCell>), RunError> {
 struct Discard;
 
 impl ActorSink for Discard {
-    fn transitions(&mut self, _: TransitionBatch) -> Result<(), SinkClosed> {
+    fn transitions(&mut self, _: &mut TransitionBatch) -> Result<(), SinkClosed> {
         Ok(())
     }
     fn episode(&mut self, _: EpisodeStats) {}

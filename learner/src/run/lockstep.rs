@@ -148,7 +148,7 @@ pub fn run(
                 }
             };
             if let Some(batch) = batch {
-                if let Err(e) = setup.table.insert_unlimited(&batch) {
+                if let Err(e) = setup.table.insert_unlimited(batch) {
                     failure = Some(Failure::new(Component::Replay, e.to_string()));
                     break 'run StopReason::Interrupted;
                 }

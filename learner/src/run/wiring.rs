@@ -45,13 +45,13 @@ struct ReplaySink {
 }
 
 impl ActorSink for ReplaySink {
-    fn transitions(&mut self, batch: TransitionBatch) -> Result<(), SinkClosed> {
+    fn transitions(&mut self, batch: &mut TransitionBatch) -> Result<(), SinkClosed> {
         self.batches += 1;
         if self.fail_after.is_some_and(|n| self.batches > n) {
             self.failed = true;
             return Err(SinkClosed);
         }
-        match self.table.insert(&batch) {
+        match self.table.insert(batch) {
             Ok(()) => Ok(()),
             Err(ReplayError::Closed) => Err(SinkClosed),
             Err(e) => {

@@ -310,7 +310,7 @@ pub(super) fn train_group(
                         returns.push(e.actor_id, e.episode_return);
                     })?;
                     if let Some(batch) = batch {
-                        table.insert_unlimited(&batch)?;
+                        table.insert_unlimited(batch)?;
                     }
                 }
             }
