@@ -197,20 +197,30 @@ impl MulAdd for Separate {
 
 type Tile = [[f32; NR]; MR];
 
-/// `acc += A · B` over `kc` steps: `A`'s row `r` at `a[r][p · a_step]`, `B`'s `NR`
-/// columns contiguous at `b[p · NR]`.
+/// `A · B` over `kc` steps: `A`'s row `r` at `a[r][p · a_step]`, `B`'s `NR` columns
+/// contiguous at `b[p · NR]`. The sums start from zero and add in order of `p`.
+///
+/// The operands are checked once here; the loop reads them unchecked, so that the
+/// compiler keeps the tile in registers and vectorises over its columns.
 #[inline(always)]
-fn tile<F: MulAdd>(kc: usize, a: [&[f32]; MR], a_step: usize, b: &[f32], acc: &mut Tile) {
-    let b = &b[..kc * NR];
-    for (p, bv) in b.chunks_exact(NR).enumerate() {
-        let bv: &[f32; NR] = bv.try_into().expect("NR columns");
+fn tile<F: MulAdd>(kc: usize, a: [&[f32]; MR], a_step: usize, b: &[f32]) -> Tile {
+    assert!(b.len() >= kc * NR);
+    assert!(kc == 0 || a.iter().all(|row| row.len() > (kc - 1) * a_step));
+    let a = a.map(<[f32]>::as_ptr);
+    let b = b.as_ptr();
+    let mut acc = [[0.0f32; NR]; MR];
+    for p in 0..kc {
+        // SAFETY: `p · NR + NR ≤ kc · NR ≤ b.len()`, checked above.
+        let bv: [f32; NR] = unsafe { std::ptr::read_unaligned(b.add(p * NR).cast()) };
         for (row, acc) in a.iter().zip(acc.iter_mut()) {
-            let av = row[p * a_step];
+            // SAFETY: `p · a_step ≤ (kc − 1) · a_step < row.len()`, checked above.
+            let av = unsafe { *row.add(p * a_step) };
             for (c, bj) in acc.iter_mut().zip(bv) {
-                *c = F::mul_add(av, *bj, *c);
+                *c = F::mul_add(av, bj, *c);
             }
         }
     }
+    acc
 }
 
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
@@ -237,8 +247,7 @@ fn dense<F: MulAdd>(w: &PackedCols, x: &[f32], m: usize, out: &mut [f32]) {
                 let rows = MR.min(m - i0);
                 // Rows past the end repeat the last one; their sums are not kept.
                 let a = std::array::from_fn(|r| &x[(i0 + r.min(rows - 1)) * k + k0..][..kc]);
-                let mut acc = [[0.0; NR]; MR];
-                tile::<F>(kc, a, 1, b, &mut acc);
+                let acc = tile::<F>(kc, a, 1, b);
                 for (r, acc) in acc.iter().enumerate().take(rows) {
                     let dst = &mut out[(i0 + r) * n + j0..][..width];
                     for (o, s) in dst.iter_mut().zip(acc) {
@@ -268,8 +277,7 @@ fn conv<F: MulAdd>(w: &PackedRows, cols: &[f32], n: usize, out: &mut [f32]) {
                 let rows = MR.min(m - ip * MR);
                 let a_all = &panel[k0 * MR..][..kc * MR];
                 let a = std::array::from_fn(|r| &a_all[r..]);
-                let mut acc = [[0.0; NR]; MR];
-                tile::<F>(kc, a, MR, &b, &mut acc);
+                let acc = tile::<F>(kc, a, MR, &b);
                 for (r, acc) in acc.iter().enumerate().take(rows) {
                     let dst = &mut out[(ip * MR + r) * n + j0..][..width];
                     for (o, s) in dst.iter_mut().zip(acc) {
