@@ -5,23 +5,21 @@
 //! ([`crate::gemm`]), in `C, H, W` layout as PyTorch's `conv2d`, and max-pools pad
 //! with −∞ as PyTorch's do, so the flattened features match the learner's.
 
-use millrace_proto::{NetworkSpec, ParamLayout, Params, TorsoStep};
+use millrace_proto::{NetworkSpec, Params, TorsoStep};
 
 use crate::gemm::PackedRows;
+use crate::packed::{PackShelf, PackedNet};
 use crate::policy::{MlpPolicy, Policy, PolicyError};
 
 /// A [`NetworkSpec`] with a convolutional torso, evaluated on the CPU; the MLP head is
 /// an [`MlpPolicy`] over the flattened features.
 #[derive(Debug)]
 pub struct CnnPolicy {
-    layout: ParamLayout,
     plan: Vec<TorsoStep>,
     /// `(channels, height, width)` of the input and after each step.
     shapes: Vec<(usize, usize, usize)>,
+    /// The head, which also holds the packed filters ([`PackedNet`]).
     head: MlpPolicy,
-    /// Each convolution's filters `[out, in·k·k]`, packed, and its biases.
-    filters: Vec<PackedRows>,
-    conv_biases: Vec<Vec<f32>>,
     /// im2col matrix `[in·k·k, out_h·out_w]` and two activation buffers.
     cols: Vec<f32>,
     act: [Vec<f32>; 2],
@@ -42,11 +40,7 @@ impl CnnPolicy {
         }
         let mut shapes = vec![(c, h, w)];
         shapes.extend(spec.torso_shapes().into_iter().flatten());
-        let convs = spec.layout().conv.len() / 2;
         Ok(Self {
-            filters: vec![PackedRows::default(); convs],
-            conv_biases: vec![Vec::new(); convs],
-            layout: spec.layout(),
             plan: spec.torso_plan(),
             shapes,
             head: MlpPolicy::new(spec, 0)?,
@@ -62,7 +56,7 @@ impl CnnPolicy {
     /// channel-major across the batch (`[C, m, H·W]`), so a step's output is the next
     /// one's input as it stands; the flattened features of each image (`C, H, W`
     /// order, as PyTorch flattens) are appended to `self.features`.
-    fn torso(&mut self, images: &[u8], m: usize) {
+    fn torso(&mut self, net: &PackedNet, images: &[u8], m: usize) {
         let [mut cur, mut next] = std::mem::take(&mut self.act);
         let (c0, h0, w0) = self.shapes[0];
         let plane = h0 * w0;
@@ -88,7 +82,7 @@ impl CnnPolicy {
                     padding,
                     ..
                 } => {
-                    let (filters, bias) = (&self.filters[index], &self.conv_biases[index]);
+                    let (filters, bias) = (&net.filters[index], &net.conv_biases[index]);
                     let window = Window {
                         input,
                         output,
@@ -261,38 +255,26 @@ impl Policy<u8> for CnnPolicy {
     }
 
     fn load(&mut self, params: &Params) -> Result<(), PolicyError> {
-        self.head.load(params)?;
-        let p = params.agent(0);
-        for (index, (filters, bias)) in self
-            .filters
-            .iter_mut()
-            .zip(&mut self.conv_biases)
-            .enumerate()
-        {
-            let (we, be) = (
-                &self.layout.conv[2 * index],
-                &self.layout.conv[2 * index + 1],
-            );
-            let (out, kk) = (we.shape[0], we.len / we.shape[0]);
-            filters.pack(&p[we.offset..we.offset + we.len], out, kk);
-            bias.clear();
-            bias.extend_from_slice(&p[be.offset..be.offset + be.len]);
-        }
-        Ok(())
+        self.head.load(params)
+    }
+
+    fn load_shared(&mut self, params: &Params, shelf: &PackShelf) -> Result<(), PolicyError> {
+        self.head.load_shared(params, shelf)
     }
 
     fn q_values(&mut self, obs: &[u8], q: &mut [f32]) {
         let (c, h, w) = self.shapes[0];
         let pixels = c * h * w;
         assert_eq!(obs.len() % pixels, 0, "obs is not [batch, C, H, W]");
-        if self.head.version().is_none() {
+        // A count, not a copy: the head keeps its packing while the torso reads it.
+        let Some(net) = self.head.packed().cloned() else {
             // No parameters yet: all of them zero.
             q.fill(0.0);
             return;
-        }
+        };
         self.features.clear();
         for images in obs.chunks(pixels * TORSO_CHUNK) {
-            self.torso(images, images.len() / pixels);
+            self.torso(&net, images, images.len() / pixels);
         }
         let features = std::mem::take(&mut self.features);
         self.head.q_values(&features, q);

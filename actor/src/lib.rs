@@ -15,6 +15,7 @@ pub mod eval;
 pub mod frames;
 pub mod gemm;
 pub mod nstep;
+pub mod packed;
 pub mod policy;
 pub mod remote;
 pub mod runner;
@@ -25,6 +26,7 @@ pub use cnn::CnnPolicy;
 pub use env::{make, make_pixels, make_vec, AnyVecEnv, Env, EnvError, Step, VecEnv};
 pub use eval::{evaluate, EvalResult};
 pub use nstep::NStep;
+pub use packed::{PackShelf, SharedParams};
 pub use policy::{MlpPolicy, Policy, PolicyError};
 pub use runner::{
     make_envs, run_actor, run_actor_with, ActorConfig, ActorError, ActorLoop, ActorSink, AnyActor,

@@ -2,7 +2,9 @@
 
 use millrace_proto::{NetworkSpec, ParamLayout, Params, LAYER_NORM_EPS};
 
-use crate::gemm::PackedCols;
+use std::sync::Arc;
+
+use crate::packed::{PackShelf, PackedNet};
 
 /// Batched action-value inference, run by actor and evaluation threads.
 ///
@@ -19,6 +21,13 @@ pub trait Policy<O = f32>: Send {
     /// Loads a snapshot published by the learner.
     fn load(&mut self, params: &Params) -> Result<(), PolicyError>;
 
+    /// Loads a snapshot as `load` does, sharing its packed form with the other actors
+    /// of this process that read the same parameters (see [`PackShelf`]).
+    fn load_shared(&mut self, params: &Params, shelf: &PackShelf) -> Result<(), PolicyError> {
+        let _ = shelf;
+        self.load(params)
+    }
+
     /// Writes `Q[batch, num_actions]` into `q` for `obs[batch, ...]`.
     fn q_values(&mut self, obs: &[O], q: &mut [f32]);
 }
@@ -33,9 +42,10 @@ pub enum PolicyError {
     NotConvolutional,
 }
 
-/// The MLP Q-network of [`NetworkSpec`] for one agent of a [`Params`] snapshot, each
-/// layer's weights packed for the SGEMM ([`crate::gemm`]) once per parameter version:
-/// a step's forward pass neither allocates nor repacks.
+/// The MLP Q-network of [`NetworkSpec`] for one agent of a [`Params`] snapshot, its
+/// weights packed for the SGEMM ([`crate::gemm`]) once per parameter version
+/// ([`PackedNet`], shared with the process's other actors through a [`PackShelf`]): a
+/// step's forward pass neither allocates nor repacks.
 #[derive(Debug)]
 pub struct MlpPolicy {
     spec: NetworkSpec,
@@ -43,18 +53,10 @@ pub struct MlpPolicy {
     /// `spec.widths()`, computed once: `q_values` runs every actor step.
     widths: Vec<usize>,
     agent: usize,
-    version: Option<u64>,
-    /// Each layer's weights `[fan_in, fan_out]`, packed.
-    weights: Vec<PackedCols>,
-    /// Each layer's biases, then with LayerNorm each hidden layer's gain and bias.
-    biases: Vec<Vec<f32>>,
-    norms: Vec<Vec<f32>>,
+    /// The loaded version, packed: this policy's own, or shared through a shelf.
+    net: Option<Arc<PackedNet>>,
     /// Two activation buffers, ping-ponged between layers.
     scratch: [Vec<f32>; 2],
-    /// With an IQN head: its embedding of each acting fraction, `[m, H₀]`
-    /// (`ReLU(cos(π·i·τ_j) · W + b)`, remade on each `load`); empty without one.
-    iqn_phi: Vec<f32>,
-    cosines: Vec<f32>,
 }
 
 impl MlpPolicy {
@@ -67,57 +69,30 @@ impl MlpPolicy {
                 population: spec.population,
             });
         }
-        let layout = spec.layout();
-        let layers = layout.num_layers();
         Ok(Self {
-            weights: vec![PackedCols::default(); layers],
-            biases: vec![Vec::new(); layers],
-            norms: vec![Vec::new(); layout.norm.len()],
-            layout,
+            layout: spec.layout(),
             widths: spec.widths(),
             spec,
             agent,
-            version: None,
+            net: None,
             scratch: [Vec::new(), Vec::new()],
-            iqn_phi: Vec::new(),
-            cosines: Vec::new(),
         })
     }
 
-    /// Packs one agent's flat parameters `p` (reusing every buffer).
-    fn unpack(&mut self, p: &[f32]) {
-        let slice = |e: &millrace_proto::ParamEntry| &p[e.offset..e.offset + e.len];
-        for (l, (packed, bias)) in self.weights.iter_mut().zip(&mut self.biases).enumerate() {
-            let (w, b) = (&self.layout.entries[2 * l], &self.layout.entries[2 * l + 1]);
-            packed.pack(slice(w), self.widths[l], self.widths[l + 1]);
-            bias.clear();
-            bias.extend_from_slice(slice(b));
+    fn check(&self, params: &Params) -> Result<(), PolicyError> {
+        let expected = self.layout.len * self.spec.population;
+        if params.data.len() != expected || params.population != self.spec.population {
+            return Err(PolicyError::WrongSize {
+                expected,
+                got: params.data.len(),
+            });
         }
-        for (norm, e) in self.norms.iter_mut().zip(&self.layout.norm) {
-            norm.clear();
-            norm.extend_from_slice(slice(e));
-        }
-        self.iqn_phi.clear();
-        let (Some(head), [w, b, ..]) = (self.spec.iqn, &self.layout.iqn[..]) else {
-            return;
-        };
-        let (weight, bias) = (slice(w), slice(b));
-        let width = b.len;
-        self.cosines.resize(head.embedding, 0.0);
-        for tau in head.act_fractions() {
-            millrace_proto::IqnHead::cosines(tau, &mut self.cosines);
-            let start = self.iqn_phi.len();
-            self.iqn_phi.extend_from_slice(bias);
-            let row = &mut self.iqn_phi[start..];
-            for (c, wrow) in self.cosines.iter().zip(weight.chunks_exact(width)) {
-                for (v, w) in row.iter_mut().zip(wrow) {
-                    *v += c * w;
-                }
-            }
-            for v in row {
-                *v = v.max(0.0);
-            }
-        }
+        Ok(())
+    }
+
+    /// The loaded parameters, packed.
+    pub(crate) fn packed(&self) -> Option<&Arc<PackedNet>> {
+        self.net.as_ref()
     }
 }
 
@@ -156,19 +131,34 @@ impl Policy for MlpPolicy {
     }
 
     fn version(&self) -> Option<u64> {
-        self.version
+        self.net.as_ref().and_then(|net| net.version())
     }
 
     fn load(&mut self, params: &Params) -> Result<(), PolicyError> {
-        let expected = self.layout.len * self.spec.population;
-        if params.data.len() != expected || params.population != self.spec.population {
-            return Err(PolicyError::WrongSize {
-                expected,
-                got: params.data.len(),
-            });
+        self.check(params)?;
+        // Packed in place when this policy alone holds its packing.
+        if self
+            .net
+            .as_mut()
+            .is_none_or(|net| Arc::get_mut(net).is_none())
+        {
+            self.net = Some(Arc::default());
         }
-        self.unpack(params.agent(self.agent));
-        self.version = Some(params.version);
+        let net = self
+            .net
+            .as_mut()
+            .and_then(Arc::get_mut)
+            .expect("a packing of its own");
+        net.pack(&self.spec, &self.layout, &self.widths, params, self.agent);
+        Ok(())
+    }
+
+    fn load_shared(&mut self, params: &Params, shelf: &PackShelf) -> Result<(), PolicyError> {
+        self.check(params)?;
+        // Let go of the old version first: the shelf may pack the new one over it.
+        self.net = None;
+        let shape = (&self.spec, &self.layout, &self.widths[..]);
+        self.net = Some(shelf.get(shape, params, self.agent));
         Ok(())
     }
 
@@ -181,12 +171,12 @@ impl Policy for MlpPolicy {
             batch * self.spec.num_actions,
             "q is not [batch, actions]"
         );
-        if self.version.is_none() {
+        let Some(net) = &self.net else {
             // No parameters yet: all of them zero.
             q.fill(0.0);
             return;
-        }
-        let layers = self.weights.len();
+        };
+        let layers = net.dense.len();
         let [mut cur, mut next] = std::mem::take(&mut self.scratch);
         cur.clear();
         cur.extend_from_slice(obs);
@@ -195,14 +185,14 @@ impl Policy for MlpPolicy {
         let mut rows = batch;
         for l in 0..layers {
             let fan_out = widths[l + 1];
-            let bias = &self.biases[l];
+            let bias = &net.biases[l];
             next.clear();
             for _ in 0..rows {
                 next.extend_from_slice(bias);
             }
-            self.weights[l].mul_add_to(&cur, rows, &mut next);
+            net.dense[l].mul_add_to(&cur, rows, &mut next);
             if l + 1 < layers {
-                if let [gain, bias] = self.norms.get(2 * l..2 * l + 2).unwrap_or_default() {
+                if let [gain, bias] = net.norms.get(2 * l..2 * l + 2).unwrap_or_default() {
                     for row in next.chunks_exact_mut(fan_out) {
                         layer_norm(row, gain, bias);
                     }
@@ -212,8 +202,8 @@ impl Policy for MlpPolicy {
                 }
             }
             std::mem::swap(&mut cur, &mut next);
-            if l == 0 && !self.iqn_phi.is_empty() {
-                let phi = &self.iqn_phi;
+            if l == 0 && !net.iqn_phi.is_empty() {
+                let phi = &net.iqn_phi;
                 // ψ(s) times each fraction's embedding: [batch, H₀] -> [batch·m, H₀].
                 next.clear();
                 for psi in cur.chunks_exact(fan_out).take(batch) {

@@ -89,6 +89,12 @@ pub struct SinkClosed;
 pub trait ParamsSource {
     /// The newest snapshot if it is newer than `have`.
     fn newer_than(&mut self, have: Option<u64>) -> Option<Arc<Params>>;
+
+    /// Where the actors reading this source share each version's packing, if they do
+    /// ([`crate::SharedParams`]); otherwise each actor packs its own.
+    fn shelf(&self) -> Option<&crate::PackShelf> {
+        None
+    }
 }
 
 /// No parameters ever: the actor explores uniformly at random (warm-up data, tests and
@@ -278,7 +284,10 @@ impl<O: Pod + Default> ActorLoop<O> {
     ) -> Result<Option<&mut TransitionBatch>, ActorError> {
         let (n, obs_dim, num_actions) = (self.envs.num_envs(), self.obs_dim, self.num_actions);
         if let Some(p) = params.newer_than(policy.version()) {
-            policy.load(&p)?;
+            match params.shelf() {
+                Some(shelf) => policy.load_shared(&p, shelf)?,
+                None => policy.load(&p)?,
+            }
             // A remote actor's schedule follows the learner's global step count.
             steps.raise_to(p.env_steps);
         }

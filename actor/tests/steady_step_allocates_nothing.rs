@@ -4,7 +4,8 @@
 //! refilled). A counting global allocator counts the allocations the actor's thread
 //! makes over a window of steps that includes a parameter load and batch hand-offs,
 //! for the MLP (CartPole), the MinAtar CNN (a Rust environment of MinAtar's shape:
-//! the real MinAtar steps in Python) and the Nature CNN (CatchPixels, frame mode).
+//! the real MinAtar steps in Python) and the Nature CNN (CatchPixels, frame mode); the
+//! CNNs read their parameters as embedded actors do, through a shared packing.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -13,7 +14,8 @@ use std::sync::Arc;
 
 use millrace_actor::env::{make_vec, AnyVecEnv, Env, NativeVec, Step, VecEnv};
 use millrace_actor::{
-    ActorConfig, ActorLoop, ActorSink, CnnPolicy, EpisodeStats, EpsilonSchedule, MlpPolicy, Policy,
+    ActorConfig, ActorLoop, ActorSink, CnnPolicy, EpisodeStats, EpsilonSchedule, MlpPolicy,
+    ParamsSource, Policy, SharedParams,
 };
 use millrace_proto::{
     DType, EnvConfig, EnvSpec, NetworkSpec, ObsSpec, Params, ParamsCell, StepCounter,
@@ -134,21 +136,28 @@ fn snapshot(net: &NetworkSpec, version: u64) -> Params {
 /// Runs an actor to steady state (two parameter versions, several batches), then counts
 /// the allocations of a window of steps that loads a third version and hands on at
 /// least two batches.
+/// With `shared`, the actor reads its parameters as embedded actors do, sharing each
+/// version's packing through a shelf ([`SharedParams`]); otherwise it packs its own.
 fn steady_allocations<O: bytemuck::Pod + Default>(
     cfg: &ActorConfig,
     envs: Box<dyn VecEnv<O>>,
     policy: &mut dyn Policy<O>,
     net: &NetworkSpec,
+    shared: bool,
 ) -> u64 {
     let cell = Arc::new(ParamsCell::new(snapshot(net, 1)));
-    let mut source = Arc::clone(&cell);
+    let mut source: Box<dyn ParamsSource> = if shared {
+        Box::new(SharedParams::new(Arc::clone(&cell)))
+    } else {
+        Box::new(Arc::clone(&cell))
+    };
     let mut actor = ActorLoop::new(cfg, envs).unwrap();
     let mut sink = KeepTwo::default();
     let steps = StepCounter::default();
     let mut episodes = 0u64;
     let mut step = |actor: &mut ActorLoop<O>, policy: &mut dyn Policy<O>, sink: &mut KeepTwo| {
         let batch = actor
-            .step(policy, &mut source, &steps, &mut |_| episodes += 1)
+            .step(policy, &mut *source, &steps, &mut |_| episodes += 1)
             .unwrap();
         if let Some(batch) = batch {
             sink.transitions(batch).unwrap();
@@ -198,7 +207,7 @@ fn the_mlp_actor_step_allocates_nothing() {
     };
     let net = NetworkSpec::mlp(&envs.spec().obs, &[64, 64], 2, 1).unwrap();
     let mut policy = MlpPolicy::new(net.clone(), 0).unwrap();
-    assert_eq!(steady_allocations(&cfg, envs, &mut policy, &net), 0);
+    assert_eq!(steady_allocations(&cfg, envs, &mut policy, &net, false), 0);
 }
 
 #[test]
@@ -210,7 +219,7 @@ fn the_nature_cnn_actor_step_allocates_nothing() {
     assert!(envs.spec().frame_stack > 1, "frame mode is exercised");
     let net = NetworkSpec::nature_cnn(&envs.spec().obs, envs.spec().num_actions).unwrap();
     let mut policy = CnnPolicy::new(net.clone()).unwrap();
-    assert_eq!(steady_allocations(&cfg, envs, &mut policy, &net), 0);
+    assert_eq!(steady_allocations(&cfg, envs, &mut policy, &net, true), 0);
 }
 
 #[test]
@@ -222,7 +231,7 @@ fn the_minatar_cnn_actor_step_allocates_nothing() {
     let envs = Box::new(NativeVec::new(envs));
     let net = NetworkSpec::minatar_cnn(&envs.spec().obs, envs.spec().num_actions).unwrap();
     let mut policy = CnnPolicy::new(net.clone()).unwrap();
-    assert_eq!(steady_allocations(&cfg, envs, &mut policy, &net), 0);
+    assert_eq!(steady_allocations(&cfg, envs, &mut policy, &net, true), 0);
 }
 
 /// MinAtar Breakout's observation shape, `[4, 10, 10]` `u8` planes (paddle, ball, trail,

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use millrace_actor::AnyActor;
+use millrace_actor::{AnyActor, SharedParams};
 use millrace_proto::Params;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -124,7 +124,8 @@ pub fn run(
         vec![feedback],
         None,
     );
-    let mut source = Arc::clone(&setup.params);
+    // The actors pack each parameter version once between them.
+    let mut source = SharedParams::new(Arc::clone(&setup.params));
     let mut stalls = StallTimes::default();
     let mut report = LearnerReport::default();
     // One thread steps, learns and ticks: its ticks are `/livez`'s signs of life.

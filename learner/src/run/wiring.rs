@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Sender, TrySendError};
 use millrace_actor::runner::SinkClosed;
-use millrace_actor::{run_actor, ActorSink, EpisodeStats};
+use millrace_actor::{run_actor, ActorSink, EpisodeStats, SharedParams};
 use millrace_proto::TransitionBatch;
 use millrace_replay::{ReplayError, Table};
 
@@ -193,10 +193,12 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
             cfg.faults.evaluator,
         )?);
         let seed_offset = setup.start_steps;
+        // The actors pack each parameter version once between them.
+        let shared = SharedParams::new(Arc::clone(&setup.params));
         for id in 0..cfg.actors.count {
             let acfg = cfg.actor(id as u32, seed_offset);
             let network = setup.network.clone();
-            let mut params = Arc::clone(&setup.params);
+            let mut params = shared.clone();
             let mut sink = ReplaySink {
                 table: Arc::clone(&setup.table),
                 episodes: episode_tx.clone(),
