@@ -132,14 +132,24 @@ impl PackedRows {
         if m == 0 || n == 0 || k == 0 {
             return;
         }
-        match arithmetic() {
-            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            // SAFETY: `arithmetic` saw AVX2 and FMA on this CPU; lengths checked above.
-            Arithmetic::Fused => unsafe { conv_avx2_fma(self, cols, n, out) },
-            #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
-            Arithmetic::Fused => conv::<Fused>(self, cols, n, out),
-            Arithmetic::Separate => conv::<Separate>(self, cols, n, out),
-        }
+        BLOCK.with_borrow_mut(|b| {
+            b.resize(KC * 4 * NR, 0.0);
+            match arithmetic() {
+                #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+                // SAFETY: `arithmetic` saw AVX2 and FMA on this CPU (and here AVX-512);
+                // lengths checked above.
+                Arithmetic::Fused => unsafe {
+                    if std::arch::is_x86_feature_detected!("avx512f") {
+                        conv_avx512(self, cols, n, out, b)
+                    } else {
+                        conv_avx2_fma(self, cols, n, out, b)
+                    }
+                },
+                #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+                Arithmetic::Fused => conv::<Fused, NR>(self, cols, n, out, b),
+                Arithmetic::Separate => conv::<Separate, NR>(self, cols, n, out, b),
+            }
+        });
     }
 }
 
@@ -195,7 +205,7 @@ impl MulAdd for Separate {
     }
 }
 
-type Tile = [[f32; NR]; MR];
+type Tile<const W: usize> = [[f32; W]; MR];
 
 /// `A · B` over `kc` steps: `A`'s row `r` at `a[r][p · a_step]`, `B`'s `NR` columns
 /// contiguous at `b[p · NR]`. The sums start from zero and add in order of `p`.
@@ -203,15 +213,20 @@ type Tile = [[f32; NR]; MR];
 /// The operands are checked once here; the loop reads them unchecked, so that the
 /// compiler keeps the tile in registers and vectorises over its columns.
 #[inline(always)]
-fn tile<F: MulAdd>(kc: usize, a: [&[f32]; MR], a_step: usize, b: &[f32]) -> Tile {
-    assert!(b.len() >= kc * NR);
+fn tile<F: MulAdd, const W: usize>(
+    kc: usize,
+    a: [&[f32]; MR],
+    a_step: usize,
+    b: &[f32],
+) -> Tile<W> {
+    assert!(b.len() >= kc * W);
     assert!(kc == 0 || a.iter().all(|row| row.len() > (kc - 1) * a_step));
     let a = a.map(<[f32]>::as_ptr);
     let b = b.as_ptr();
-    let mut acc = [[0.0f32; NR]; MR];
+    let mut acc = [[0.0f32; W]; MR];
     for p in 0..kc {
-        // SAFETY: `p · NR + NR ≤ kc · NR ≤ b.len()`, checked above.
-        let bv: [f32; NR] = unsafe { std::ptr::read_unaligned(b.add(p * NR).cast()) };
+        // SAFETY: `p · W + W ≤ kc · W ≤ b.len()`, checked above.
+        let bv: [f32; W] = unsafe { std::ptr::read_unaligned(b.add(p * W).cast()) };
         for (row, acc) in a.iter().zip(acc.iter_mut()) {
             // SAFETY: `p · a_step ≤ (kc − 1) · a_step < row.len()`, checked above.
             let av = unsafe { *row.add(p * a_step) };
@@ -231,8 +246,14 @@ unsafe fn dense_avx2_fma(w: &PackedCols, x: &[f32], m: usize, out: &mut [f32]) {
 
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn conv_avx2_fma(w: &PackedRows, cols: &[f32], n: usize, out: &mut [f32]) {
-    conv::<Fused>(w, cols, n, out);
+unsafe fn conv_avx2_fma(w: &PackedRows, cols: &[f32], n: usize, out: &mut [f32], b: &mut [f32]) {
+    conv::<Fused, NR>(w, cols, n, out, b);
+}
+
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn conv_avx512(w: &PackedRows, cols: &[f32], n: usize, out: &mut [f32], b: &mut [f32]) {
+    conv::<Fused, { 4 * NR }>(w, cols, n, out, b);
 }
 
 #[inline(always)]
@@ -247,7 +268,7 @@ fn dense<F: MulAdd>(w: &PackedCols, x: &[f32], m: usize, out: &mut [f32]) {
                 let rows = MR.min(m - i0);
                 // Rows past the end repeat the last one; their sums are not kept.
                 let a = std::array::from_fn(|r| &x[(i0 + r.min(rows - 1)) * k + k0..][..kc]);
-                let acc = tile::<F>(kc, a, 1, b);
+                let acc = tile::<F, NR>(kc, a, 1, b);
                 for (r, acc) in acc.iter().enumerate().take(rows) {
                     let dst = &mut out[(i0 + r) * n + j0..][..width];
                     for (o, s) in dst.iter_mut().zip(acc) {
@@ -259,17 +280,30 @@ fn dense<F: MulAdd>(w: &PackedCols, x: &[f32], m: usize, out: &mut [f32]) {
     }
 }
 
+thread_local! {
+    /// Each thread's copy of one block of a convolution's im2col matrix, reused from
+    /// call to call (allocated on a thread's first convolution).
+    static BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `out += W · cols`, `W` columns at a time ([`NR`], or four times that with AVX-512's
+/// wider registers), each block of `cols` copied into `b` (at least `KC · W` long).
 #[inline(always)]
-fn conv<F: MulAdd>(w: &PackedRows, cols: &[f32], n: usize, out: &mut [f32]) {
+fn conv<F: MulAdd, const W: usize>(
+    w: &PackedRows,
+    cols: &[f32],
+    n: usize,
+    out: &mut [f32],
+    b: &mut [f32],
+) {
     let (m, k) = (w.m, w.k);
-    // One block of `cols`, `[kc, NR]`, copied contiguous (rows of a wide im2col matrix
+    // One block of `cols`, `[kc, W]`, copied contiguous (rows of a wide im2col matrix
     // are far apart) and zero-padded past its last column.
-    let mut b = [0.0f32; KC * NR];
     for k0 in (0..k).step_by(KC) {
         let kc = KC.min(k - k0);
-        for j0 in (0..n).step_by(NR) {
-            let width = NR.min(n - j0);
-            for (p, dst) in b.chunks_exact_mut(NR).take(kc).enumerate() {
+        for j0 in (0..n).step_by(W) {
+            let width = W.min(n - j0);
+            for (p, dst) in b.chunks_exact_mut(W).take(kc).enumerate() {
                 dst[..width].copy_from_slice(&cols[(k0 + p) * n + j0..][..width]);
                 dst[width..].fill(0.0);
             }
@@ -277,7 +311,7 @@ fn conv<F: MulAdd>(w: &PackedRows, cols: &[f32], n: usize, out: &mut [f32]) {
                 let rows = MR.min(m - ip * MR);
                 let a_all = &panel[k0 * MR..][..kc * MR];
                 let a = std::array::from_fn(|r| &a_all[r..]);
-                let acc = tile::<F>(kc, a, MR, &b);
+                let acc = tile::<F, W>(kc, a, MR, b);
                 for (r, acc) in acc.iter().enumerate().take(rows) {
                     let dst = &mut out[(ip * MR + r) * n + j0..][..width];
                     for (o, s) in dst.iter_mut().zip(acc) {
@@ -371,6 +405,57 @@ mod tests {
             packed.mul_add_to(&cols, n, &mut ours);
             reference(m, k, n, &w, &cols, &mut theirs);
             assert_eq!(bits(&ours), bits(&theirs), "[{m}, {k}] · [{k}, {n}]");
+        }
+    }
+
+    /// What `matrixmultiply` computes without FMA: per block of `KC`, products rounded
+    /// and added in order from zero, each block's sum then added to `c`.
+    fn reference_separate(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
+        for i in 0..m {
+            for j in 0..n {
+                for k0 in (0..k).step_by(KC) {
+                    let mut sum = 0.0f32;
+                    for p in k0..(k0 + KC).min(k) {
+                        sum += a[i * k + p] * b[p * n + j];
+                    }
+                    c[i * n + j] += sum;
+                }
+            }
+        }
+    }
+
+    /// Each kernel this CPU can run, not only the one `arithmetic` picks.
+    #[test]
+    fn every_kernel_gives_the_same_bits() {
+        let (mut rows, mut cols) = (PackedRows::default(), PackedCols::default());
+        let mut block = vec![0.0f32; KC * 4 * NR];
+        for (m, k, n) in SHAPES {
+            let (a, b, c0) = (values(m * k, 10), values(k * n, 11), values(m * n, 12));
+            rows.pack(&a, m, k);
+            cols.pack(&b, k, n);
+            let mut want = c0.clone();
+            reference_separate(m, k, n, &a, &b, &mut want);
+            let mut got = c0.clone();
+            conv::<Separate, NR>(&rows, &b, n, &mut got, &mut block);
+            assert_eq!(bits(&got), bits(&want), "separate, conv [{m}, {k}, {n}]");
+            let mut got = c0.clone();
+            dense::<Separate>(&cols, &a, m, &mut got);
+            assert_eq!(bits(&got), bits(&want), "separate, dense [{m}, {k}, {n}]");
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            if arithmetic() == Arithmetic::Fused {
+                let mut want = c0.clone();
+                reference(m, k, n, &a, &b, &mut want);
+                let mut got = c0.clone();
+                // SAFETY: `arithmetic` saw AVX2 and FMA.
+                unsafe { conv_avx2_fma(&rows, &b, n, &mut got, &mut block) };
+                assert_eq!(bits(&got), bits(&want), "AVX2, conv [{m}, {k}, {n}]");
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    let mut got = c0.clone();
+                    // SAFETY: AVX-512 seen.
+                    unsafe { conv_avx512(&rows, &b, n, &mut got, &mut block) };
+                    assert_eq!(bits(&got), bits(&want), "AVX-512, conv [{m}, {k}, {n}]");
+                }
+            }
         }
     }
 
