@@ -11,7 +11,7 @@
 # Usage: bench/actor_before_after.sh [BASE rev, default 794abb8] [seconds per row, 5]
 #   [envs per actor, 8]. BASE is built in a worktree with its own target directory
 #   ($MILLRACE_CACHE/target-base), so the working tree's builds are left alone.
-# Output: a table on stdout, JSON lines in docs/results/data/actor-before-after.jsonl.
+# Output: a table on stdout, JSON lines in docs/results/data/actor-before-after-DATE.jsonl.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$here/../scripts/setup.sh"
@@ -36,7 +36,7 @@ before="$(newest_bench "$base_target")"
 cargo bench -p millrace-actor --bench throughput --no-run --locked 2>/dev/null
 after="$(newest_bench "$CARGO_TARGET_DIR")"
 
-out=docs/results/data/actor-before-after.jsonl
+out=docs/results/data/actor-before-after-$(date -u +%Y-%m-%d).jsonl
 : > "$out"
 stamp="$(date -u +"%Y-%m-%d %H:%M UTC"), $(nproc) CPUs, base $(git rev-parse --short "$base"), head $(git rev-parse --short HEAD)$(git diff --quiet || echo ' + uncommitted')"
 echo "# $stamp" | tee -a "$out"
