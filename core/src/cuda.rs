@@ -1,6 +1,7 @@
-//! The CUDA runtime that libtorch loaded, for what `tch` does not expose: a side
-//! stream and events for host-to-device copies that overlap compute, timing events for
-//! the learner's stall accounting, and device memory figures for errors.
+//! The CUDA runtime that libtorch loaded, for what `tch` does not expose: side streams
+//! and events for copies that overlap compute (staging buffers to the device, published
+//! parameters off it), timing events for the learner's stall accounting, and device
+//! memory figures for errors. [`compute_stream`] names the stream the updates run on.
 //!
 //! The runtime is found among the libraries already loaded (`RTLD_NOLOAD`: the same
 //! runtime, the same contexts as libtorch), whatever its soname's version. Every call
@@ -13,13 +14,17 @@
 //!   refilling its pinned memory; make the copy stream wait for the learner's last use
 //!   of the buffer's device twin (`used`, device side); queue the copies on the copy
 //!   stream and record `copied` there;
-//! - learner thread: make the compute stream (PyTorch's default, the legacy stream
-//!   handle 0) wait for `copied` (device side, no host sync), run the update, record
-//!   `used` on the compute stream.
+//! - learner thread: make the compute stream ([`compute_stream`]) wait for `copied`
+//!   (device side, no host sync), run the update, record `used` on the compute stream.
 //!
-//! Nothing here blocks the learner thread. Side-stream copies are off unless asked for
-//! (`--copy-stream`) and **not yet run on a GPU**: the tests that exercise them are
-//! ignored without CUDA and run by the GPU script.
+//! Published parameters leave the device the other way (`crate::publisher`): the
+//! learner thread snapshots them on the compute stream and records an event after the
+//! snapshot; the publisher thread makes its own stream wait for that event, copies the
+//! snapshot to pinned memory there and waits for the copy, on its own thread.
+//!
+//! Nothing here blocks the learner thread. Staging copies on a side stream are off
+//! unless asked for (`--copy-stream`); the tests that exercise the streams are ignored
+//! without CUDA and run by the GPU script.
 
 use std::ffi::{c_void, CStr};
 use std::sync::{Arc, OnceLock};
@@ -34,8 +39,17 @@ const EVENT_BLOCKING_SYNC_NO_TIMING: u32 = 0x1 | 0x2;
 /// Host waits sleep; with timing (for elapsed-time queries).
 const EVENT_BLOCKING_SYNC: u32 = 0x1;
 const MEMCPY_HOST_TO_DEVICE: i32 = 1;
+const MEMCPY_DEVICE_TO_HOST: i32 = 2;
 /// PyTorch's default stream: the legacy default stream.
 const LEGACY_STREAM: Stream = std::ptr::null_mut();
+
+/// The stream the learner's updates run on, and the one place that says which:
+/// PyTorch's default stream (the legacy stream) today. Capturing the update as a CUDA
+/// graph moves compute to a stream of its own; every event recorded on, and every
+/// wait of, the compute stream here goes through this.
+fn compute_stream() -> Stream {
+    LEGACY_STREAM
+}
 
 type SetDevice = unsafe extern "C" fn(i32) -> Status;
 type GetDevice = unsafe extern "C" fn(*mut i32) -> Status;
@@ -281,9 +295,9 @@ impl Stopwatch {
     fn record(&self, e: &TimingEvent) -> Result<(), CopyStreamError> {
         let rt = Runtime::get()?;
         rt.on(self.start.device, || {
-            // SAFETY: live event; the legacy stream always exists.
+            // SAFETY: live event; the compute stream always exists.
             check("cudaEventRecord", unsafe {
-                (rt.event_record)(e.event, LEGACY_STREAM)
+                (rt.event_record)(e.event, compute_stream())
             })
         })
     }
@@ -339,9 +353,9 @@ impl Marker {
         let rt = Runtime::get()?;
         let event = self.0.event;
         rt.on(self.0.device, || {
-            // SAFETY: live event; the legacy stream always exists.
+            // SAFETY: live event; the compute stream always exists.
             check("cudaEventRecord", unsafe {
-                (rt.event_record)(event, LEGACY_STREAM)
+                (rt.event_record)(event, compute_stream())
             })
         })
     }
@@ -359,7 +373,9 @@ impl Marker {
     }
 }
 
-/// A non-blocking CUDA stream for copies to one device.
+/// A non-blocking CUDA stream for copies to and from one device: it never waits for
+/// the compute stream unless told to ([`CudaEvent::copy_stream_waits`]), and the
+/// compute stream never waits for it unless told to.
 pub struct CopyStream {
     rt: &'static Runtime,
     stream: Stream,
@@ -432,11 +448,44 @@ impl CopyStream {
         src: *const c_void,
         bytes: usize,
     ) -> Result<(), CopyStreamError> {
+        // SAFETY: per the function contract.
+        unsafe { self.queue_copy(dst, src, bytes, MEMCPY_HOST_TO_DEVICE) }
+    }
+
+    /// Queues a copy of `bytes` bytes from device memory to pinned host memory.
+    ///
+    /// # Safety
+    /// `src` must be device memory of this stream's device and `dst` page-locked host
+    /// memory, both at least `bytes` long; `src` must hold its final values by the time
+    /// the stream reaches the copy (make the stream wait for the event recorded after
+    /// the work that writes it), and both must stay valid, `dst` untouched, until the
+    /// copy has completed.
+    pub unsafe fn copy_to_host(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+    ) -> Result<(), CopyStreamError> {
+        // SAFETY: per the function contract.
+        unsafe { self.queue_copy(dst, src, bytes, MEMCPY_DEVICE_TO_HOST) }
+    }
+
+    /// `cudaMemcpyAsync` of `kind` on this stream.
+    ///
+    /// # Safety
+    /// As [`Self::copy`] or [`Self::copy_to_host`] for that direction.
+    unsafe fn queue_copy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        kind: i32,
+    ) -> Result<(), CopyStreamError> {
         let (rt, stream) = (self.rt, self.stream);
         self.on_device(|| {
-            // SAFETY: per the function contract.
+            // SAFETY: per the caller's contract.
             check("cudaMemcpyAsync", unsafe {
-                (rt.memcpy_async)(dst, src, bytes, MEMCPY_HOST_TO_DEVICE, stream)
+                (rt.memcpy_async)(dst, src, bytes, kind, stream)
             })
         })
     }
@@ -509,21 +558,21 @@ impl CudaEvent {
         })
     }
 
-    /// Records the event after the work queued so far on PyTorch's compute stream.
+    /// Records the event after the work queued so far on the compute stream.
     pub fn record_on_compute_stream(&self) -> Result<(), CopyStreamError> {
         let event = self.event;
-        // SAFETY: live event; the legacy stream always exists.
+        // SAFETY: live event; the compute stream always exists.
         self.call("cudaEventRecord", |rt| unsafe {
-            (rt.event_record)(event, LEGACY_STREAM)
+            (rt.event_record)(event, compute_stream())
         })
     }
 
-    /// Makes PyTorch's compute stream wait (on the device) for this event.
+    /// Makes the compute stream wait (on the device) for this event.
     pub fn compute_stream_waits(&self) -> Result<(), CopyStreamError> {
         let event = self.event;
-        // SAFETY: live event; the legacy stream always exists.
+        // SAFETY: live event; the compute stream always exists.
         self.call("cudaStreamWaitEvent", |rt| unsafe {
-            (rt.stream_wait_event)(LEGACY_STREAM, event, 0)
+            (rt.stream_wait_event)(compute_stream(), event, 0)
         })
     }
 

@@ -36,7 +36,12 @@
 //! inline,thread` gives a row each, side by side, and the "priorities" column is the
 //! learner thread's time handing TD errors to replay.
 //!
-//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--max-window S] [--only mlp|cnn] [--batch 32,512] [--actors 1,2,auto] [--replay uniform|prioritized] [--priorities inline,thread] [--cpu-plan on|off] [--copy-stream] [--cpu | --gpu N] [--tf32 off|conv|all] [--checkpoint-every S]`
+//! Parameters are published every 20 updates, the learner's default; `--publish-every
+//! 1,20,200` gives a row each, and the "publish" column is the learner thread's time
+//! publishing (on a GPU: the snapshot on the compute stream and an event after it; the
+//! copy off the device is the publisher thread's, on a stream of its own).
+//!
+//! `cargo bench -p millrace-learner --bench overlap -- [--seconds S] [--max-window S] [--only mlp|cnn] [--batch 32,512] [--actors 1,2,auto] [--replay uniform|prioritized] [--priorities inline,thread] [--publish-every 1,20,200] [--cpu-plan on|off] [--copy-stream] [--cpu | --gpu N] [--tf32 off|conv|all] [--checkpoint-every S]`
 
 mod common;
 
@@ -166,6 +171,8 @@ struct Opts {
     prioritized: bool,
     /// Where TD errors are applied in (b), one row each.
     priorities: Vec<Apply>,
+    /// Updates between two parameter publications in (b), one row each.
+    publish_every: Vec<u64>,
     nets: Vec<Net>,
     batches: Vec<usize>,
     device: Device,
@@ -182,6 +189,7 @@ fn parse() -> Opts {
         copy_stream: false,
         prioritized: false,
         priorities: vec![Apply::Thread],
+        publish_every: vec![20],
         nets: vec![Net::Mlp, Net::Cnn],
         batches: vec![32, 512],
         device: Device::cuda_if_available(),
@@ -226,6 +234,12 @@ fn parse() -> Opts {
                         "thread" => Apply::Thread,
                         other => panic!("--priorities inline,thread, got {other}"),
                     })
+                    .collect()
+            }
+            "--publish-every" => {
+                o.publish_every = next
+                    .split(',')
+                    .map(|x| x.parse().expect("--publish-every 1,20,200"))
                     .collect()
             }
             "--only" => {
@@ -559,7 +573,7 @@ fn end_to_end(
     copy_stream: bool,
     checkpoint_every: Option<f64>,
     prefill: bool,
-    (prioritized, apply): (bool, Apply),
+    (prioritized, apply, publish_every): (bool, Apply, u64),
     plan: &CpuPlan,
 ) -> EndToEnd {
     let env = net.env();
@@ -627,7 +641,7 @@ fn end_to_end(
     }
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded(1);
     let (rep_tx, rep_rx) = crossbeam_channel::bounded(64);
-    let publisher = Publisher::spawn(Arc::clone(&params)).unwrap();
+    let publisher = Publisher::spawn(Arc::clone(&params), device).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Arc::new(CheckpointContext {
         layout: Layout::new(dir.path()),
@@ -691,7 +705,7 @@ fn end_to_end(
                 host::enter(&plan, Role::Learner(0));
                 tch::set_num_threads(1);
                 let cfg = LoopConfig {
-                    publish_every: 20,
+                    publish_every,
                     report_every: Duration::from_millis(100),
                     checkpoint_every: checkpoint_every.map(Duration::from_secs_f64),
                     max_nonfinite: u64::MAX,
@@ -881,6 +895,7 @@ struct Scaled {
     label: String,
     threads: usize,
     apply: Apply,
+    publish_every: u64,
     cycle_s: f64,
     e: EndToEnd,
 }
@@ -950,9 +965,13 @@ fn main() {
             let window = (4.0 * cycle_s).max(o.seconds).min(o.max_window);
             let prefill = o.checkpoint_every.is_some();
             let mut scaled = Vec::new();
-            for (&count, &apply) in counts
+            let settings = o
+                .priorities
                 .iter()
-                .flat_map(|c| o.priorities.iter().map(move |p| (c, p)))
+                .flat_map(|&p| o.publish_every.iter().map(move |&every| (p, every)));
+            for (&count, (apply, publish_every)) in counts
+                .iter()
+                .flat_map(|c| settings.clone().map(move |s| (c, s)))
             {
                 let (label, threads) = match count {
                     ActorCount::Count(n) => (n.to_string(), n),
@@ -970,11 +989,11 @@ fn main() {
                     o.copy_stream,
                     o.checkpoint_every,
                     prefill,
-                    (o.prioritized, apply),
+                    (o.prioritized, apply, publish_every),
                     &plan,
                 );
                 println!(
-                    "{} b{b} actors {label}, TD errors applied {}: ceiling {a:.1}/s ({a_busy:.1}/s with the actors' CPUs busy), end-to-end {:.1}/s in {:.1} s, actors {:.0} env steps/s, {:.1} inserts/s, burst {}, duty {:.1}%, wait {:.1}%, priorities {:.2}%",
+                    "{} b{b} actors {label}, TD errors applied {}, publish every {publish_every}: ceiling {a:.1}/s ({a_busy:.1}/s with the actors' CPUs busy), end-to-end {:.1}/s in {:.1} s, actors {:.0} env steps/s, {:.1} inserts/s, burst {}, duty {:.1}%, wait {:.1}%, priorities {:.2}%",
                     net.name(),
                     apply.name(),
                     e.updates_per_s,
@@ -990,6 +1009,7 @@ fn main() {
                     label,
                     threads,
                     apply,
+                    publish_every,
                     cycle_s,
                     e,
                 });
@@ -1006,7 +1026,7 @@ fn main() {
                     o.copy_stream,
                     None,
                     true,
-                    (o.prioritized, scaled[0].apply),
+                    (o.prioritized, scaled[0].apply, scaled[0].publish_every),
                     &plan,
                 )
                 .updates_per_s
@@ -1046,11 +1066,11 @@ fn main() {
     }
     println!();
     println!(
-        "| network | batch | actor threads | TD errors applied | window s (admission cycles) | (b) end-to-end upd/s | b/a | actors' env steps/s | × one actor alone | transitions inserted/s | most admitted between two samples | duty | wait data | h2d | publish | priorities | metrics | CPU cores: {} |",
+        "| network | batch | actor threads | TD errors applied | publish every | window s (admission cycles) | (b) end-to-end upd/s | b/a | actors' env steps/s | × one actor alone | transitions inserted/s | most admitted between two samples | duty | wait data | h2d | publish | priorities | metrics | CPU cores: {} |",
         CPU_KINDS.join(" / ")
     );
     println!(
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for r in &rows {
         for s in &r.scaled {
@@ -1060,11 +1080,12 @@ fn main() {
                 .map(|k| format!("{:.2}", e.cpu.get(*k).copied().unwrap_or(0.0)))
                 .collect();
             println!(
-                "| {} | {} | {} | {} | {:.1} ({:.1}) | {:.1} | **{:.2}** | {:.0} | {:.2} | {:.1} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2}% | {:.1}% | {} |",
+                "| {} | {} | {} | {} | {} | {:.1} ({:.1}) | {:.1} | **{:.2}** | {:.0} | {:.2} | {:.1} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2}% | {:.1}% | {} |",
                 r.net.name(),
                 r.b,
                 s.label,
                 s.apply.name(),
+                s.publish_every,
                 e.window_s,
                 e.window_s / s.cycle_s,
                 e.updates_per_s,

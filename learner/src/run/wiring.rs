@@ -102,7 +102,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         last_eval: Mutex::new(None),
     });
     let writer = Arc::new(CheckpointWriter::spawn(Arc::clone(&ckpt))?);
-    let publisher = Publisher::spawn(Arc::clone(&setup.params))?;
+    let publisher = Publisher::spawn(Arc::clone(&setup.params), device)?;
     let sampler = SamplerConfig {
         depth: setup.staging_depth,
         seed: cfg.seed ^ 0x5eed,
