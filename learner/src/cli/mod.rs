@@ -175,7 +175,8 @@ pub struct TrainArgs {
 
     /// The CPU plan (printed at start, kept in config.json): `on` gives the learner
     /// thread a physical core of its own (its SMT siblings idle, not CPU 0), the
-    /// sampler, publisher, writer and server a second, and actor threads the rest, from
+    /// sampler, publisher, priority thread, writer and server a second, and actor
+    /// threads the rest, from
     /// the CPUs this process may use (its affinity mask and cgroup quota); `off` pins
     /// nothing.
     #[arg(long, value_enum, default_value_t = crate::cpu_plan::PlanChoice::On)]
