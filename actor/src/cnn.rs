@@ -266,6 +266,11 @@ impl Policy<u8> for CnnPolicy {
         let (c, h, w) = self.shapes[0];
         let pixels = c * h * w;
         assert_eq!(obs.len() % pixels, 0, "obs is not [batch, C, H, W]");
+        assert_eq!(
+            q.len(),
+            obs.len() / pixels * Policy::<u8>::num_actions(self),
+            "q is not [batch, actions]"
+        );
         // A count, not a copy: the head keeps its packing while the torso reads it.
         let Some(net) = self.head.packed().cloned() else {
             // No parameters yet: all of them zero.

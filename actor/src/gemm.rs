@@ -48,6 +48,9 @@ impl PackedCols {
         self.n = n;
         self.data.clear();
         self.data.resize(panels * k * NR, 0.0);
+        if k == 0 {
+            return;
+        }
         for (jp, panel) in self.data.chunks_exact_mut(k * NR).enumerate() {
             let j0 = jp * NR;
             let width = NR.min(n - j0);
@@ -104,6 +107,9 @@ impl PackedRows {
         self.k = k;
         self.data.clear();
         self.data.resize(panels * k * MR, 0.0);
+        if k == 0 {
+            return;
+        }
         for (ip, panel) in self.data.chunks_exact_mut(k * MR).enumerate() {
             for r in 0..MR.min(m - ip * MR) {
                 let row = &w[(ip * MR + r) * k..][..k];
@@ -457,6 +463,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_empty_inner_dimension_adds_nothing() {
+        let (mut cols, mut rows) = (PackedCols::default(), PackedRows::default());
+        cols.pack(&[], 0, 3);
+        rows.pack(&[], 2, 0);
+        let mut out = [1.0f32; 6];
+        cols.mul_add_to(&[], 2, &mut out);
+        rows.mul_add_to(&[], 3, &mut out);
+        assert_eq!(out, [1.0; 6]);
     }
 
     #[test]

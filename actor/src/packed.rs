@@ -19,8 +19,10 @@ use crate::runner::ParamsSource;
 /// One agent's parameters, packed (see the module docs).
 #[derive(Debug, Default)]
 pub struct PackedNet {
-    /// `(version, agent)` of the snapshot packed here.
+    /// `(version, agent)` of the snapshot packed here, and the network's widths (a
+    /// shelf shared by mistake between two networks never mixes them up).
     key: Option<(u64, usize)>,
+    widths: Vec<usize>,
     /// Each dense layer's weights `[fan_in, fan_out]`, and its biases.
     pub(crate) dense: Vec<PackedCols>,
     pub(crate) biases: Vec<Vec<f32>>,
@@ -54,6 +56,9 @@ impl PackedNet {
         params: &Params,
         agent: usize,
     ) {
+        // Claims no version until packed whole (a panic midway leaves it unclaimed).
+        self.key = None;
+        copy_into_usize(&mut self.widths, widths);
         let p = params.agent(agent);
         let slice = |e: &ParamEntry| &p[e.offset..e.offset + e.len];
         let layers = layout.num_layers();
@@ -109,6 +114,11 @@ fn copy_into(dst: &mut Vec<f32>, src: &[f32]) {
     dst.extend_from_slice(src);
 }
 
+fn copy_into_usize(dst: &mut Vec<usize>, src: &[usize]) {
+    dst.clear();
+    dst.extend_from_slice(src);
+}
+
 /// Packed versions shared by the actors of one process that read one parameter
 /// stream (one network): see the module docs.
 #[derive(Debug, Default)]
@@ -128,7 +138,7 @@ impl PackShelf {
     ) -> Arc<PackedNet> {
         let key = Some((params.version, agent));
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(packed) = slots.iter().find(|s| s.key == key) {
+        if let Some(packed) = slots.iter().find(|s| s.key == key && s.widths == widths) {
             return Arc::clone(packed);
         }
         // Handed out only under this lock: a count of one means no actor reads it.

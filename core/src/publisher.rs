@@ -19,6 +19,7 @@
 //! before it queues the next copy, so a second buffer would only overlap that host copy
 //! with the next device copy.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -45,13 +46,12 @@ impl<T> LatestOnly<T> {
         (Self { tx, stale }, rx)
     }
 
-    /// Offers `value`, replacing one that is still waiting; returns whether one was
-    /// replaced.
-    pub fn offer(&self, value: T) -> bool {
+    /// Offers `value`, replacing one that is still waiting; returns the one replaced.
+    pub fn offer(&self, value: T) -> Option<T> {
         match self.tx.try_send(value) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => false,
+            Ok(()) | Err(TrySendError::Disconnected(_)) => None,
             Err(TrySendError::Full(value)) => {
-                let replaced = self.stale.try_recv().is_ok();
+                let replaced = self.stale.try_recv().ok();
                 // The consumer may have taken the old one meanwhile: either way there
                 // is room now, and only this side sends.
                 let _ = self.tx.try_send(value);
@@ -74,17 +74,24 @@ struct Snapshot {
 }
 
 /// The learner's side of the side stream: events to record after each snapshot, made
-/// once and handed back by the publisher thread after use.
+/// once and handed back after use (by the publisher thread, or by `offer` for a
+/// snapshot a newer one replaced).
 #[derive(Debug)]
 struct SideEvents {
     stream: Arc<CopyStream>,
     spare: Receiver<CudaEvent>,
+    give_back: Sender<CudaEvent>,
+    /// Cleared by the thread if the side stream fails: it copies without it from then.
+    working: Arc<AtomicBool>,
 }
 
 impl SideEvents {
     /// An event recorded after the work queued so far on the compute stream (the
     /// snapshot), or `None` if none can be: the thread then copies without one.
     fn after_snapshot(&self) -> Option<CudaEvent> {
+        if !self.working.load(Ordering::Relaxed) {
+            return None;
+        }
         let event = match self.spare.try_recv() {
             Ok(event) => event,
             Err(_) => self.stream.event().ok()?,
@@ -102,44 +109,72 @@ struct OffDevice {
     device: Device,
     pinned: Option<Tensor>,
     spent: Sender<CudaEvent>,
+    working: Arc<AtomicBool>,
+}
+
+/// The side stream failed for a snapshot (before its copy, or not knowing whether the
+/// copy ran).
+struct SideFailure {
+    error: String,
+    /// The copy may still be reading the snapshot: it must never be freed.
+    copy_may_run: bool,
+}
+
+impl SideFailure {
+    fn before_the_copy(error: impl ToString) -> Self {
+        Self {
+            error: error.to_string(),
+            copy_may_run: false,
+        }
+    }
 }
 
 impl OffDevice {
     /// The snapshot's values, copied on the side stream once the compute stream has
     /// passed `taken`.
-    fn copy(&mut self, online: &Tensor, taken: &CudaEvent) -> Result<Vec<f32>, String> {
+    fn copy(&mut self, online: &Tensor, taken: &CudaEvent) -> Result<Vec<f32>, SideFailure> {
         let numel = online.numel();
         if online.kind() != Kind::Float || !online.is_contiguous() {
-            return through_default_stream(online);
+            return through_default_stream(online).map_err(SideFailure::before_the_copy);
         }
         let pinned = match self.pinned.take() {
             Some(p) if p.numel() == numel => p,
             _ => crate::prefetch::host_zeros(&[numel as i64], Kind::Float, Some(self.device)),
         };
-        let e = |e: crate::cuda::CopyStreamError| e.to_string();
-        taken.copy_stream_waits().map_err(e)?;
-        // SAFETY: `online` is a contiguous float tensor on this stream's device, written
-        // by work the stream now waits for (`taken`); `pinned` is page-locked host memory
-        // of the same size; both live, and nothing else touches `pinned`, until the
-        // copy is waited for below.
-        unsafe {
-            self.stream
-                .copy_to_host(pinned.data_ptr(), online.data_ptr(), numel * 4)
-                .map_err(e)?;
+        let queued = taken.copy_stream_waits().and_then(|()| {
+            // SAFETY: `online` is a contiguous float tensor on this stream's device,
+            // written by work the stream now waits for (`taken`); `pinned` is page-locked
+            // host memory of the same size; both live, and nothing else touches
+            // `pinned`, until the copy is waited for below (or, if that fails, forever).
+            unsafe {
+                self.stream
+                    .copy_to_host(pinned.data_ptr(), online.data_ptr(), numel * 4)
+            }
+        });
+        if let Err(e) = queued {
+            self.pinned = Some(pinned);
+            return Err(SideFailure::before_the_copy(e));
         }
         let landed = self
             .copied
             .record_on_copy_stream()
             .and_then(|()| self.copied.synchronize());
-        if let Err(err) = landed {
-            // Neither the snapshot nor the buffer may go while the copy may still run.
-            let _ = self.stream.synchronize();
-            self.pinned = Some(pinned);
-            return Err(e(err));
+        if let Err(e) = landed {
+            if self.stream.synchronize().is_ok() {
+                // Landed after all (the stream is drained): nothing reads either now.
+                self.pinned = Some(pinned);
+                return Err(SideFailure::before_the_copy(e));
+            }
+            // Not known to have landed: the buffer is never freed or reused.
+            std::mem::forget(pinned);
+            return Err(SideFailure {
+                error: e.to_string(),
+                copy_may_run: true,
+            });
         }
-        let data = Vec::<f32>::try_from(&pinned).map_err(|e| e.to_string());
+        let data = Vec::<f32>::try_from(&pinned);
         self.pinned = Some(pinned);
-        data
+        data.map_err(SideFailure::before_the_copy)
     }
 }
 
@@ -176,6 +211,7 @@ impl Publisher {
     ) -> std::io::Result<Self> {
         let (snapshots, pending) = LatestOnly::<Snapshot>::new();
         let (spent, spare) = crossbeam_channel::bounded(4);
+        let working = Arc::new(AtomicBool::new(true));
         let off_device = match device {
             Device::Cuda(i) => match CopyStream::new(i).and_then(|s| Ok((s.event()?, s))) {
                 Ok((copied, stream)) => Some(OffDevice {
@@ -183,7 +219,8 @@ impl Publisher {
                     copied,
                     device,
                     pinned: None,
-                    spent,
+                    spent: spent.clone(),
+                    working: Arc::clone(&working),
                 }),
                 Err(e) => {
                     tracing::warn!(
@@ -197,6 +234,8 @@ impl Publisher {
         let side = off_device.as_ref().map(|o| SideEvents {
             stream: Arc::clone(&o.stream),
             spare,
+            give_back: spent,
+            working,
         });
         let cell = Arc::clone(&params);
         let handle = std::thread::Builder::new()
@@ -239,7 +278,7 @@ impl Publisher {
         } else if let Some(tx) = &self.snapshots {
             let online = dqn.online_snapshot();
             let taken = self.side.as_ref().and_then(SideEvents::after_snapshot);
-            tx.offer(Snapshot {
+            let replaced = tx.offer(Snapshot {
                 version,
                 env_steps,
                 updates: dqn.updates(),
@@ -247,6 +286,10 @@ impl Publisher {
                 online,
                 taken,
             });
+            // A snapshot replaced before the thread took it: its event is used again.
+            if let (Some(side), Some(taken)) = (&self.side, replaced.and_then(|r| r.taken)) {
+                let _ = side.give_back.try_send(taken);
+            }
         }
     }
 }
@@ -259,20 +302,48 @@ fn publish_loop(
     cell: &ParamsCell,
 ) {
     for s in pending {
-        let data = match (&mut off_device, &s.taken) {
-            (Some(off), Some(taken)) => off.copy(&s.online, taken),
-            _ => through_default_stream(&s.online),
+        let Snapshot {
+            version,
+            env_steps,
+            updates,
+            population,
+            online,
+            taken,
+        } = s;
+        let side = match (&mut off_device, &taken) {
+            (Some(off), Some(event)) => Some(off.copy(&online, event)),
+            _ => None,
         };
-        if let (Some(off), Some(taken)) = (&off_device, s.taken) {
+        let data = match side {
+            None => through_default_stream(&online),
+            Some(Ok(data)) => Ok(data),
+            Some(Err(failure)) => {
+                tracing::warn!(
+                    "the publisher's side stream failed ({}): parameters go through PyTorch's default stream from now on",
+                    failure.error
+                );
+                if let Some(off) = off_device.take() {
+                    off.working.store(false, Ordering::Relaxed);
+                    if failure.copy_may_run {
+                        // A copy that may still read the snapshot, on a stream that may
+                        // still run it: neither is ever freed.
+                        std::mem::forget(off);
+                        std::mem::forget(online.shallow_clone());
+                    }
+                }
+                through_default_stream(&online)
+            }
+        };
+        if let (Some(off), Some(event)) = (&off_device, taken) {
             // Back to the learner's side for a later snapshot (dropped if it has four).
-            let _ = off.spent.try_send(taken);
+            let _ = off.spent.try_send(event);
         }
         match data {
             Ok(data) => cell.publish(Params {
-                version: s.version,
-                env_steps: s.env_steps,
-                updates: s.updates,
-                population: s.population,
+                version,
+                env_steps,
+                updates,
+                population,
                 data,
             }),
             Err(e) => tracing::error!("cannot publish parameters: {e}"),
@@ -299,12 +370,12 @@ mod tests {
     #[test]
     fn a_newer_value_replaces_the_one_waiting() {
         let (tx, rx) = LatestOnly::new();
-        assert!(!tx.offer(1));
-        assert!(tx.offer(2), "1 was still waiting");
-        assert!(tx.offer(3));
+        assert_eq!(tx.offer(1), None);
+        assert_eq!(tx.offer(2), Some(1), "1 was still waiting");
+        assert_eq!(tx.offer(3), Some(2));
         assert_eq!(rx.try_recv(), Ok(3));
         assert!(rx.try_recv().is_err(), "nothing queued behind it");
-        assert!(!tx.offer(4));
+        assert_eq!(tx.offer(4), None);
         assert_eq!(rx.try_recv(), Ok(4));
     }
 

@@ -135,7 +135,8 @@ impl TransitionBatch {
     /// Empties the batch to be filled again with rows of `obs_row_bytes`, with room for
     /// `rows` transitions and `obs_rows` observation rows: its allocations are kept
     /// (grown where smaller), so a batch that comes back from where it was handed costs
-    /// nothing to refill. Frame links, if any, are emptied and kept too.
+    /// nothing to refill. Frame links, if any, are emptied and kept too: a caller
+    /// building whole-observation batches sets `frames` to `None` itself.
     pub fn reuse(&mut self, obs_row_bytes: usize, rows: usize, obs_rows: usize) {
         self.clear();
         self.actor_id = 0;
