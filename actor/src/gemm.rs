@@ -16,9 +16,12 @@
 //!
 //! Why our own rather than a crate: `matrixmultiply` packs both operands into a freshly
 //! allocated buffer on every call (6.4 MB of the Nature CNN's first dense layer on every
-//! forward), and the maintained alternatives (`gemm`, `faer`) pack per call as well and
-//! add in another order. The kernel is portable Rust that the compiler vectorises; on
-//! x86 it is compiled a second time with AVX2 and FMA enabled and chosen at run time.
+//! forward); `gemm` and `faer` pack per call as well; the crates with prepacked
+//! operands (`gemmkit`, at 0.1; oneMKL's packed GEMM through `onemkl`) are new or
+//! bring a native library; and none adds in `matrixmultiply`'s order, which is what
+//! keeps every action the same. The kernel is portable Rust that the compiler
+//! vectorises; on x86 it is compiled again with AVX2 and FMA (and, for convolutions,
+//! AVX-512) enabled and chosen at run time.
 
 /// Rows of one register tile (and of a [`PackedRows`] panel).
 pub const MR: usize = 4;
