@@ -58,7 +58,7 @@ impl PackedNet {
     ) {
         // Claims no version until packed whole (a panic midway leaves it unclaimed).
         self.key = None;
-        copy_into_usize(&mut self.widths, widths);
+        copy_into(&mut self.widths, widths);
         let p = params.agent(agent);
         let slice = |e: &ParamEntry| &p[e.offset..e.offset + e.len];
         let layers = layout.num_layers();
@@ -109,12 +109,8 @@ impl PackedNet {
     }
 }
 
-fn copy_into(dst: &mut Vec<f32>, src: &[f32]) {
-    dst.clear();
-    dst.extend_from_slice(src);
-}
-
-fn copy_into_usize(dst: &mut Vec<usize>, src: &[usize]) {
+/// `dst` becomes a copy of `src`, in the allocation it has.
+fn copy_into<T: Copy>(dst: &mut Vec<T>, src: &[T]) {
     dst.clear();
     dst.extend_from_slice(src);
 }
