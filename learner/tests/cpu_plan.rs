@@ -52,20 +52,41 @@ fn wait_for_threads(pid: u32, logdir: &Path, actors: usize) -> BTreeMap<String, 
     }
 }
 
-/// Each named thread of process `pid` and its `Cpus_allowed_list`.
+/// Each named thread of process `pid` and its affinity mask (`sched_getaffinity`), as
+/// `taskset` writes it. The main thread goes in as `main`: its name is the binary's,
+/// `learner`, which the learner thread has too. Two other threads of one name go in as
+/// one entry, their masks joined by `|` where they differ (the assertions then fail
+/// and show both).
 fn threads(pid: u32) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return out;
     };
     for task in tasks.flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        if let Some(list) = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        {
-            out.insert(comm.trim().to_string(), list.trim().to_string());
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let name = if tid as u32 == pid {
+            "main".to_string()
+        } else {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            comm.trim().to_string()
+        };
+        // A thread that ended since the listing has no mask: left out.
+        let Some(mask) = millrace_learner::cpu_plan::host::affinity_of(tid) else {
+            continue;
+        };
+        let mask = millrace_learner::cpu_plan::list(&mask);
+        match out.get_mut(&name) {
+            Some(seen) if !seen.split('|').any(|m| m == mask) => *seen = format!("{seen}|{mask}"),
+            Some(_) => {}
+            None => {
+                out.insert(name, mask);
+            }
         }
     }
     out
@@ -116,7 +137,7 @@ fn threads_run_where_the_plan_says_and_auto_starts_what_it_decided() {
             "{threads:?}"
         );
     }
-    for service in ["prefetch", "publish", "checkpoint", "eval"] {
+    for service in ["main", "prefetch", "publish", "checkpoint", "eval"] {
         assert_eq!(
             threads[service],
             list(&plan["service"]),
@@ -149,7 +170,7 @@ fn a_narrower_mask_is_honoured_and_off_pins_nothing() {
     assert_eq!(config["cpu_plan"]["allowed"], serde_json::json!([first]));
     assert!(
         threads.values().all(|l| *l == first.to_string()),
-        "{threads:?}"
+        "all on CPU {first}: {threads:?}"
     );
     drop(child);
 
@@ -158,7 +179,10 @@ fn a_narrower_mask_is_honoured_and_off_pins_nothing() {
     let child = KillOnDrop::spawn(&mut learner(dir.path(), &["--cpu-plan", "off"]));
     let threads = wait_for_threads(child.id(), dir.path(), 1);
     let whole = millrace_learner::cpu_plan::list(&mine);
-    assert!(threads.values().all(|l| *l == whole), "{threads:?}");
+    assert!(
+        threads.values().all(|l| *l == whole),
+        "all on {whole}: {threads:?}"
+    );
     let config = read_json(&dir.path().join("checkpoint/config.json"));
     assert_eq!(config["cpu_plan"]["learner"], serde_json::json!([]));
 }

@@ -43,13 +43,18 @@ fn core_of(sys: &Path, id: usize) -> (usize, usize) {
 }
 
 /// The CPUs in this thread's affinity mask.
-#[cfg(target_os = "linux")]
 pub fn affinity() -> Option<Vec<usize>> {
+    affinity_of(0)
+}
+
+/// The CPUs in thread `tid`'s affinity mask (0: the calling thread).
+#[cfg(target_os = "linux")]
+pub fn affinity_of(tid: i32) -> Option<Vec<usize>> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set that sched_getaffinity fills;
     // CPU_ISSET reads inside it for indices below CPU_SETSIZE.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+        if libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return None;
         }
         let ids: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
@@ -60,7 +65,7 @@ pub fn affinity() -> Option<Vec<usize>> {
 }
 
 #[cfg(not(target_os = "linux"))]
-pub fn affinity() -> Option<Vec<usize>> {
+pub fn affinity_of(_tid: i32) -> Option<Vec<usize>> {
     None
 }
 
