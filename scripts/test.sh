@@ -20,6 +20,12 @@ cargo test --workspace --locked "$@"
 no_gym=(env CARGO_TARGET_DIR="$CARGO_TARGET_DIR/no-gym")
 "${no_gym[@]}" cargo clippy -p millrace-actor --all-targets --no-default-features --locked -- -D warnings
 "${no_gym[@]}" cargo test -p millrace-actor --no-default-features --locked "$@"
+# The server takes its shared names from proto, not from the actor crate.
+if cargo tree -p millrace-server -e normal --locked | grep -q 'millrace-actor'; then
+    echo "millrace-server depends on millrace-actor:" >&2
+    cargo tree -p millrace-server -e normal -i millrace-actor >&2
+    exit 1
+fi
 # The network service without libtorch: no tch or torch-sys in its graph (tests and
 # benches included), and its tests built and run in the no-gym target dir, where
 # nothing else links libtorch.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use millrace_proto::auth::{actor_proof, fresh_nonce, AuthError, Seal};
 use millrace_proto::codec::DEFAULT_MAX_FRAME;
 use millrace_proto::env::{supported, Family};
-use millrace_proto::io::{write_msg, FrameReader, MinRate, ReadError};
+use millrace_proto::io::{write_msg, FrameReader, MinRate, ReadError, SOCKET_BUFFER_BYTES};
 use millrace_proto::peer_text::{peer_text, MAX_REASON_CHARS};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, Capabilities, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal,
@@ -596,12 +596,6 @@ fn receive(
         ))),
     }
 }
-
-/// Bytes of socket send buffer. Kept small on purpose: the kernel's autotuned buffers
-/// hold megabytes, i.e. tens of thousands of transitions generated with old parameters
-/// that the learner would take seconds to drain; backpressure should reach the actor
-/// loop instead.
-pub const SOCKET_BUFFER_BYTES: u32 = 16 << 10;
 
 async fn connect(learner: &str) -> std::io::Result<TcpStream> {
     let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");

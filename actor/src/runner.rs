@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 use millrace_proto::{
-    DType, EnvConfig, NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch,
+    batch::Overshoot, DType, EnvConfig, NetworkSpec, Params, ParamsCell, StepCounter,
+    TransitionBatch,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -56,15 +57,7 @@ pub struct ActorConfig {
     pub value_bounds: millrace_proto::ValueBounds,
 }
 
-/// A finished episode, as seen by an actor.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EpisodeStats {
-    pub actor_id: u32,
-    pub episode_return: f32,
-    pub length: u32,
-    /// Global env steps when it ended.
-    pub env_steps: u64,
-}
+pub use millrace_proto::EpisodeStats;
 
 /// Where an actor's output goes: replay (in-process) or a connection to the learner.
 ///
@@ -258,10 +251,11 @@ impl<O: Pod + Default> ActorLoop<O> {
 
     fn reuse_batch(batch: &mut TransitionBatch, cfg: &ActorConfig, row_bytes: usize, n: usize) {
         batch.frames = None;
+        let past = Overshoot::of(n, cfg.n_step);
         batch.reuse(
             row_bytes,
-            cfg.batch_rows + n * cfg.n_step,
-            cfg.batch_rows + 2 * n * (cfg.n_step + 1),
+            cfg.batch_rows + past.transitions,
+            cfg.batch_rows + past.obs_rows,
         );
     }
 

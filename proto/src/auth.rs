@@ -35,12 +35,7 @@ use crate::wire::{Hello, LearnerMsg, Sealed};
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// Bytes of a nonce.
-pub const NONCE_BYTES: usize = 32;
-/// A fresh random challenge, one per side and session.
-pub type Nonce = [u8; NONCE_BYTES];
-/// An HMAC-SHA256 tag, or a SHA-256 digest.
-pub type Tag = [u8; 32];
+pub use crate::wire::{Nonce, Tag, NONCE_BYTES};
 
 // Domain separation: a tag made for one purpose is never valid for another.
 const ACTOR_PROOF: &[u8] = b"millrace/7/actor-proof";

@@ -53,6 +53,34 @@ pub struct TransitionBatch {
     pub frames: Option<Box<FrameLinks>>,
 }
 
+/// How far past its target an actor's batch may grow, for an actor of `envs`
+/// environments building `n_step` returns: the one place the actor (sizing its
+/// batches), the learner's server (choosing a remote actor's target) and replay
+/// (sizing its observation store) read the bound from.
+///
+/// A batch is handed over once it holds its target of transitions, but the step that
+/// reaches the target may complete one n-step flush per environment, and with whole
+/// observations each environment carries its current and pending observations over,
+/// plus an episode start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overshoot {
+    /// Transitions past the target: `envs · n_step`.
+    pub transitions: usize,
+    /// Observation rows past the target: `envs · 2 · (n_step + 1)`.
+    pub obs_rows: usize,
+}
+
+impl Overshoot {
+    pub fn of(envs: usize, n_step: usize) -> Self {
+        Self {
+            transitions: envs.saturating_mul(n_step),
+            obs_rows: envs
+                .saturating_mul(2)
+                .saturating_mul(n_step.saturating_add(1)),
+        }
+    }
+}
+
 impl TransitionBatch {
     /// Room for `rows` transitions and `obs_rows` observation rows.
     pub fn with_capacity(obs_row_bytes: usize, rows: usize, obs_rows: usize) -> Self {

@@ -17,6 +17,13 @@ pub use crate::budget::{BudgetPermit, Contended, Lease, MemoryBudget};
 pub use crate::codec::ReadError;
 use crate::codec::{self, CodecError, Framer};
 
+/// Bytes of socket buffer on each end of an actor's connection: the actor's send buffer
+/// and the learner's receive buffer. Kept small on purpose: the kernel's autotuned
+/// buffers hold megabytes, i.e. tens of thousands of transitions generated with old
+/// parameters that the learner would take seconds to drain; backpressure should reach
+/// the actor loop instead.
+pub const SOCKET_BUFFER_BYTES: u32 = 16 << 10;
+
 /// Reads whole messages from an async stream, reusing one buffer.
 ///
 /// Cancel-safe: a read interrupted at an `.await` (a `select!` taking another branch)

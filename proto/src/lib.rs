@@ -15,6 +15,8 @@ pub mod budget;
 pub mod codec;
 pub mod durations;
 pub mod env;
+pub mod episode;
+pub mod exploration;
 pub mod frames;
 #[cfg(feature = "tokio")]
 pub mod io;
@@ -30,11 +32,11 @@ pub mod wire;
 pub use batch::TransitionBatch;
 pub use bounds::ValueBounds;
 pub use env::EnvConfig;
+pub use episode::EpisodeStats;
 pub use frames::{FrameLinks, NO_FRAME};
 pub use iqn::IqnHead;
 pub use params::{Params, ParamsCell, StepCounter};
 pub use spec::{
-    ConvLayer, DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError,
-    LAYER_NORM_EPS, MINATAR_CONV, NATURE_CONV,
+    DType, EnvSpec, NetworkSpec, ObsSpec, ParamEntry, ParamLayout, SpecError, LAYER_NORM_EPS,
 };
-pub use torso::{ImpalaTorso, TorsoStep};
+pub use torso::{ConvLayer, ImpalaTorso, Torso, TorsoStep, MINATAR_CONV, NATURE_CONV};

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::iqn::IqnHead;
-use crate::torso::{ImpalaTorso, TorsoStep};
+use crate::torso::{ConvLayer, ImpalaTorso, Torso, TorsoStep, MINATAR_CONV, NATURE_CONV};
 
 /// Element type of an observation column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,42 +122,6 @@ pub const MAX_ACTIONS: usize = 1 << 16;
 /// Most parameters a network may hold, all agents together ([`NetworkSpec::validate`]):
 /// 64 GiB of `f32`, far past any device.
 pub const MAX_PARAMS: usize = 1 << 34;
-
-/// One convolution of a pixel torso: `out_channels` filters of `kernel × kernel`,
-/// stride `stride`, no padding, ReLU after.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConvLayer {
-    pub out_channels: usize,
-    pub kernel: usize,
-    pub stride: usize,
-}
-
-/// The convolutional torso of the Nature DQN (Mnih et al. 2015).
-pub const NATURE_CONV: [ConvLayer; 3] = [
-    ConvLayer {
-        out_channels: 32,
-        kernel: 8,
-        stride: 4,
-    },
-    ConvLayer {
-        out_channels: 64,
-        kernel: 4,
-        stride: 2,
-    },
-    ConvLayer {
-        out_channels: 64,
-        kernel: 3,
-        stride: 1,
-    },
-];
-
-/// The MinAtar DQN's torso (Young & Tian 2019): 16 filters of 3×3, stride 1, for
-/// 10×10 observations.
-pub const MINATAR_CONV: [ConvLayer; 1] = [ConvLayer {
-    out_channels: 16,
-    kernel: 3,
-    stride: 1,
-}];
 
 /// A Q-network for a population of `population` independent agents (stacked
 /// parameters, see design.md): an optional convolutional torso (plain convolutions or
@@ -301,6 +265,36 @@ impl NetworkSpec {
         Ok(spec)
     }
 
+    /// The torso this network reads its image with ([`crate::torso`]).
+    pub fn torso(&self) -> Torso<'_> {
+        Torso {
+            image: &self.image,
+            conv: &self.conv,
+            impala: self.impala.as_ref(),
+        }
+    }
+
+    /// The torso's steps in order (empty for an MLP on flat observations).
+    pub fn torso_plan(&self) -> Vec<TorsoStep> {
+        self.torso().plan()
+    }
+
+    /// The activations' shape after each step of [`NetworkSpec::torso_plan`] (`None`
+    /// from the first step that does not fit on).
+    pub fn torso_shapes(&self) -> Vec<Option<(usize, usize, usize)>> {
+        self.torso().shapes()
+    }
+
+    /// The torso's flattened output size, if it fits the image.
+    pub fn torso_features(&self) -> Option<usize> {
+        self.torso().features()
+    }
+
+    /// Whether the network has a convolutional torso.
+    pub fn has_torso(&self) -> bool {
+        self.torso().exists()
+    }
+
     /// Checks a spec read from a file or a peer before anything is sized from it: at
     /// least one action and at most [`MAX_ACTIONS`], positive layer widths, kernels and
     /// strides, convolutions that fit the image and give the head's input, and at most
@@ -328,7 +322,9 @@ impl NetworkSpec {
                 "a convolution needs a positive kernel, stride and channel count, got {l:?}"
             ));
         }
-        self.validate_torso()?;
+        self.torso()
+            .check(self.obs_dim)
+            .map_err(SpecError::BadValue)?;
         if let Some(head) = &self.iqn {
             head.check().map_err(SpecError::BadValue)?;
             if self.hidden.is_empty() {

@@ -11,7 +11,41 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{NetworkSpec, SpecError};
+/// One convolution of a pixel torso: `out_channels` filters of `kernel × kernel`,
+/// stride `stride`, no padding, ReLU after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConvLayer {
+    pub out_channels: usize,
+    pub kernel: usize,
+    pub stride: usize,
+}
+
+/// The convolutional torso of the Nature DQN (Mnih et al. 2015).
+pub const NATURE_CONV: [ConvLayer; 3] = [
+    ConvLayer {
+        out_channels: 32,
+        kernel: 8,
+        stride: 4,
+    },
+    ConvLayer {
+        out_channels: 64,
+        kernel: 4,
+        stride: 2,
+    },
+    ConvLayer {
+        out_channels: 64,
+        kernel: 3,
+        stride: 1,
+    },
+];
+
+/// The MinAtar DQN's torso (Young & Tian 2019): 16 filters of 3×3, stride 1, for
+/// 10×10 observations.
+pub const MINATAR_CONV: [ConvLayer; 1] = [ConvLayer {
+    out_channels: 16,
+    kernel: 3,
+    stride: 1,
+}];
 
 /// The IMPALA network's channels per stage (Espeholt et al. 2018), before any width
 /// multiplier.
@@ -142,9 +176,20 @@ impl TorsoStep {
     }
 }
 
-impl NetworkSpec {
+/// A network's torso, as a [`NetworkSpec`](crate::NetworkSpec) holds it
+/// ([`NetworkSpec::torso`](crate::NetworkSpec::torso)): the image it reads and either
+/// plain convolutions or the IMPALA torso (or neither: an MLP on flat observations).
+#[derive(Clone, Copy, Debug)]
+pub struct Torso<'a> {
+    /// The observation's shape `[C, H, W]` (empty for flat observations).
+    pub image: &'a [usize],
+    pub conv: &'a [ConvLayer],
+    pub impala: Option<&'a ImpalaTorso>,
+}
+
+impl Torso<'_> {
     /// The torso's steps in order (empty for an MLP on flat observations).
-    pub fn torso_plan(&self) -> Vec<TorsoStep> {
+    pub fn plan(&self) -> Vec<TorsoStep> {
         let mut plan = Vec::new();
         let mut in_channels = self.image.first().copied().unwrap_or(0);
         let mut conv = |plan: &mut Vec<TorsoStep>, out: usize, kernel, stride, padding| {
@@ -162,11 +207,11 @@ impl NetworkSpec {
             });
             in_channels = out;
         };
-        for l in &self.conv {
+        for l in self.conv {
             conv(&mut plan, l.out_channels, l.kernel, l.stride, 0);
             plan.push(TorsoStep::Relu);
         }
-        if let Some(t) = &self.impala {
+        if let Some(t) = self.impala {
             // A crafted spec cannot make the plan long: validate refuses it first, and
             // the plan stops growing past the bound.
             for &channels in &t.channels {
@@ -190,11 +235,7 @@ impl NetworkSpec {
             }
             plan.push(TorsoStep::Relu);
             if t.pool > 0 {
-                if let Some((_, h, w)) = Self::shapes_of(&self.image, &plan)
-                    .last()
-                    .copied()
-                    .flatten()
-                {
+                if let Some((_, h, w)) = shapes_of(self.image, &plan).last().copied().flatten() {
                     if h > t.pool || w > t.pool {
                         plan.push(TorsoStep::AdaptiveMaxPool { size: t.pool });
                     }
@@ -204,92 +245,92 @@ impl NetworkSpec {
         plan
     }
 
-    /// The activations' shape after each step of [`NetworkSpec::torso_plan`] (`None`
-    /// from the first step that does not fit on).
-    pub fn torso_shapes(&self) -> Vec<Option<(usize, usize, usize)>> {
-        Self::shapes_of(&self.image, &self.torso_plan())
-    }
-
-    fn shapes_of(image: &[usize], plan: &[TorsoStep]) -> Vec<Option<(usize, usize, usize)>> {
-        let mut cur = match image {
-            &[c, h, w] => Some((c, h, w)),
-            _ => None,
-        };
-        let mut saved = Vec::new();
-        plan.iter()
-            .map(|step| {
-                let before = cur?;
-                match step {
-                    TorsoStep::Save => saved.push(before),
-                    TorsoStep::AddSaved => {
-                        let s = saved.pop();
-                        cur = step.output(before, s);
-                        return cur;
-                    }
-                    _ => {}
-                }
-                cur = step.output(before, None);
-                cur
-            })
-            .collect()
+    /// The activations' shape after each step of [`Torso::plan`] (`None` from the
+    /// first step that does not fit on).
+    pub fn shapes(&self) -> Vec<Option<(usize, usize, usize)>> {
+        shapes_of(self.image, &self.plan())
     }
 
     /// The torso's flattened output size, if it fits the image.
-    pub fn torso_features(&self) -> Option<usize> {
-        let (c, h, w) = (*self.torso_shapes().last()?)?;
+    pub fn features(&self) -> Option<usize> {
+        let (c, h, w) = (*self.shapes().last()?)?;
         c.checked_mul(h)?.checked_mul(w)
     }
 
-    /// Whether the network has a convolutional torso.
-    pub fn has_torso(&self) -> bool {
+    /// Whether there is a convolutional torso at all.
+    pub fn exists(&self) -> bool {
         !self.conv.is_empty() || self.impala.is_some()
     }
 
-    /// Checks the torso of a spec read from a file or a peer (see
-    /// [`NetworkSpec::validate`]).
-    pub(crate) fn validate_torso(&self) -> Result<(), SpecError> {
-        let bad = |what: String| Err(SpecError::BadValue(what));
-        if let Some(t) = &self.impala {
+    /// Checks a torso read from a file or a peer, which feeds a head of `head_inputs`
+    /// inputs (see [`NetworkSpec::validate`](crate::NetworkSpec::validate)); the error
+    /// says what is wrong.
+    pub fn check(&self, head_inputs: usize) -> Result<(), String> {
+        if let Some(t) = self.impala {
             if !self.conv.is_empty() {
-                return bad(
+                return Err(
                     "a network has plain convolutions or the IMPALA torso, not both".into(),
                 );
             }
             if t.channels.is_empty() || t.channels.contains(&0) || t.blocks > MAX_BLOCKS {
-                return bad(format!(
+                return Err(format!(
                     "the IMPALA torso needs at least one stage of positive channels and at most {MAX_BLOCKS} blocks a stage, got {t:?}"
                 ));
             }
             let steps = t.channels.len().saturating_mul(2 + 6 * t.blocks);
             if steps > MAX_TORSO_STEPS {
-                return bad(format!(
+                return Err(format!(
                     "the IMPALA torso {t:?} has over {MAX_TORSO_STEPS} steps"
                 ));
             }
         }
-        if !self.has_torso() {
+        if !self.exists() {
             return Ok(());
         }
         if self.image.len() != 3 || self.image.contains(&0) {
-            return bad(format!(
+            return Err(format!(
                 "a convolutional network needs [C, H, W] observations, got {:?}",
                 self.image
             ));
         }
-        if self.torso_features() != Some(self.obs_dim) {
-            return bad(format!(
-                "the torso over {:?} does not give the head's {} inputs",
-                self.image, self.obs_dim
+        if self.features() != Some(head_inputs) {
+            return Err(format!(
+                "the torso over {:?} does not give the head's {head_inputs} inputs",
+                self.image
             ));
         }
         Ok(())
     }
 }
 
+fn shapes_of(image: &[usize], plan: &[TorsoStep]) -> Vec<Option<(usize, usize, usize)>> {
+    let mut cur = match image {
+        &[c, h, w] => Some((c, h, w)),
+        _ => None,
+    };
+    let mut saved = Vec::new();
+    plan.iter()
+        .map(|step| {
+            let before = cur?;
+            match step {
+                TorsoStep::Save => saved.push(before),
+                TorsoStep::AddSaved => {
+                    let s = saved.pop();
+                    cur = step.output(before, s);
+                    return cur;
+                }
+                _ => {}
+            }
+            cur = step.output(before, None);
+            cur
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DType, ObsSpec};
+    use crate::{DType, NetworkSpec, ObsSpec};
 
     fn image(shape: &[usize]) -> ObsSpec {
         ObsSpec {

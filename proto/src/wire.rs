@@ -24,11 +24,18 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{Nonce, Tag};
 use crate::batch::TransitionBatch;
 use crate::env::EnvConfig;
 use crate::params::Params;
 use crate::spec::{EnvSpec, NetworkSpec};
+
+/// Bytes of a nonce.
+pub const NONCE_BYTES: usize = 32;
+/// A fresh random challenge, one per side and session ([`crate::auth::fresh_nonce`]).
+pub type Nonce = [u8; NONCE_BYTES];
+/// An HMAC-SHA256 tag, or a SHA-256 digest, as the messages carry them (made and
+/// checked in [`crate::auth`]).
+pub type Tag = [u8; 32];
 
 /// Bumped on any incompatible change to these messages or the framing.
 pub const PROTOCOL_VERSION: u32 = 8;

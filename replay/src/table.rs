@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
+use millrace_proto::batch::Overshoot;
 use millrace_proto::{SpecError, TransitionBatch};
 use rand::Rng;
 
@@ -52,10 +53,10 @@ pub struct PriorityConfig {
 impl ReplayConfig {
     /// Observation rows per item for batches of at least `batch_rows` transitions from
     /// `envs` environments with `n_step` returns: each batch carries at most `n_step`
-    /// rows per environment over from the one before, plus 5% for truncated episodes
-    /// (which store their final observation as well).
+    /// rows per environment over from the one before ([`Overshoot`]'s transitions),
+    /// plus 5% for truncated episodes (which store their final observation as well).
     pub fn obs_rows_for(envs: usize, n_step: usize, batch_rows: usize) -> f64 {
-        1.05 + (envs * n_step) as f64 / batch_rows.max(1) as f64
+        1.05 + Overshoot::of(envs, n_step).transitions as f64 / batch_rows.max(1) as f64
     }
 
     /// Frames per item in frame mode: one per step, plus a chain of `stack` at each

@@ -6,14 +6,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use millrace_actor::{apex_epsilon, EpisodeStats};
 use millrace_proto::auth::Seal;
+use millrace_proto::batch::Overshoot;
+use millrace_proto::exploration::apex_epsilon;
 use millrace_proto::io::{write_frame, write_msg, FrameReader, MinRate, ReadError};
 use millrace_proto::peer_text::{peer_text, MAX_NAME_CHARS, MAX_REASON_CHARS};
 use millrace_proto::wire::{
     ActorMsg, Goodbye, GoodbyeReason, Hello, LearnerMsg, Refusal, RefusalCode, Welcome,
     MAX_RETURNS_PER_STATS,
 };
+use millrace_proto::EpisodeStats;
 use millrace_replay::ReplayError;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -512,12 +514,11 @@ impl Connection {
             u64::from(cfg.batch_envs.max(1)),
         );
         let wanted = rows.max((envs * rows).div_ceil(ref_envs)).max(envs);
-        // A batch may exceed its target by one n-step flush per env; two must fit a
-        // shard, or replay would hold little else.
+        // A batch may exceed its target (Overshoot); two must fit a shard, or replay
+        // would hold little else.
+        let past = Overshoot::of(envs as usize, n_step.max(1) as usize);
         let shard = table.shard_capacity() as u64;
-        let n_step = u64::from(n_step.max(1));
-        let flush = envs * n_step;
-        let fits = (shard / 2).saturating_sub(flush);
+        let fits = (shard / 2).saturating_sub(past.transitions as u64);
         if fits < envs {
             return Err(Refusal::new(
                 RefusalCode::BatchTooLarge,
@@ -527,14 +528,14 @@ impl Connection {
                 ),
             ));
         }
-        // And one batch must fit a frame: its transitions, their flush, the rows each
-        // environment carries over (current and pending observations) and an episode
-        // start each, at the observation's size plus the columns.
+        // And one batch must fit a frame, with its observation rows past the target, at
+        // the observation's size plus the columns.
         let row_bytes = self.shared.ctx.env.obs.row_bytes() as u64;
         let frame_rows = (cfg.max_frame as u64).saturating_sub(FRAME_HEADROOM) / (row_bytes + 40);
-        let in_frame = frame_rows.saturating_sub(envs * (2 * n_step + 2));
+        let in_frame = frame_rows.saturating_sub(past.obs_rows as u64);
         if in_frame < envs {
-            let most = frame_rows / (2 * n_step + 3);
+            // Each environment's rows past the target, and one of its own.
+            let most = frame_rows / (Overshoot::of(1, n_step.max(1) as usize).obs_rows as u64 + 1);
             return Err(Refusal::new(
                 RefusalCode::BatchTooLarge,
                 format!(

@@ -26,12 +26,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
-use millrace_actor::remote::SOCKET_BUFFER_BYTES;
-use millrace_actor::EpisodeStats;
 use millrace_proto::auth::params_digest;
 use millrace_proto::codec;
+use millrace_proto::io::SOCKET_BUFFER_BYTES;
 use millrace_proto::io::{write_msg, Contended, MemoryBudget};
 use millrace_proto::wire::{Goodbye, GoodbyeReason, LearnerMsg};
+use millrace_proto::EpisodeStats;
 use millrace_proto::{EnvSpec, NetworkSpec, ParamsCell};
 use serde::Serialize;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -247,7 +247,7 @@ pub fn spawn(cfg: ServerConfig, ctx: ServerContext) -> std::io::Result<ServerHan
             };
             socket.set_reuseaddr(true)?;
             // Accepted connections inherit this: a small receive buffer keeps
-            // backpressure prompt (see `millrace_actor::remote::SOCKET_BUFFER_BYTES`).
+            // backpressure prompt (see `millrace_proto::io::SOCKET_BUFFER_BYTES`).
             socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES)?;
             socket.bind(listen)?;
             socket.listen(1024)

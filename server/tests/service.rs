@@ -8,11 +8,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use millrace_actor::EpisodeStats;
 use millrace_proto::codec::{self, DEFAULT_MAX_FRAME};
 use millrace_proto::wire::{
     ActorMsg, ActorStats, GoodbyeReason, Hello, LearnerMsg, RefusalCode, PROTOCOL_VERSION,
 };
+use millrace_proto::EpisodeStats;
 use millrace_proto::{NetworkSpec, Params, ParamsCell, StepCounter, TransitionBatch};
 use millrace_replay::{RateLimiterConfig, ReplayConfig, Table};
 use millrace_server::{
