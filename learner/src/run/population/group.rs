@@ -71,10 +71,10 @@ pub(super) struct Group {
     pub(super) split: [f64; 3],
 }
 
-/// What every group of a run shares.
 /// Stacked updates before an injected out-of-memory strikes (tests of that path).
 const OOM_AFTER: u64 = 50;
 
+/// What every group of a run shares.
 #[derive(Clone, Copy)]
 pub(super) struct RunShared<'a> {
     pub(super) cfg: &'a RunConfig,
