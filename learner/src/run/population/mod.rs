@@ -33,21 +33,25 @@ mod group;
 mod metrics;
 mod oom;
 mod resume;
+mod round;
 
 pub(super) use agent::{agents, Member};
-use group::{train_group, Group, RunShared};
+use group::{Group, GroupOutcome, RunShared};
 pub(super) use metrics::PopulationMetrics;
 
 use super::RunError;
-use crate::config::RunConfig;
+use crate::config::{PopulationMode, RunConfig};
 use crate::cpu_plan::host::{self, Role};
 use crate::population_board;
-use crate::population_results::{AgentEnd, AgentSetup, PopulationSummary};
+use crate::population_results::{AgentEnd, AgentResult, AgentSetup, PopulationSummary};
 use crate::shard::Shard;
 use crate::sweep::{GroupKey, Settings};
-use millrace_server::{AgentPorts, Routes, ServerContext};
+use millrace_proto::EnvSpec;
+use millrace_server::{AgentPorts, Routes, ServerContext, ServerHandle};
 use resume::Saved;
 
+/// Trains the population `cfg` describes (this shard's share of it, with `--shard`),
+/// resuming it with `--resume`, until every agent has ended or `interrupt` is raised.
 pub fn run(
     cfg: &RunConfig,
     interrupt: &AtomicBool,
@@ -61,99 +65,209 @@ pub fn run(
     let env = cfg.env_spec.clone();
     let (members, budget) = agents(cfg)?;
     let total = members.len();
-    // A shard trains thread I's plan of the whole population on N threads, and that
-    // thread's places: nothing else of the one-process run's plan changes.
-    let places = mode.max_concurrent.unwrap_or(total).min(total);
-    let plan = mode.shard.map(|shard| {
-        let identities: Vec<String> = members
-            .iter()
-            .map(|m| serde_json::to_string(&m.identity()).unwrap_or_default())
-            .collect();
-        shard.fingerprint(identities.iter().map(String::as_str), places)
-    });
-    let members = match mode.shard {
-        Some(shard) => {
-            let mut plans = plans(groups(members), shard.count);
-            let mine: Vec<Member> = plans
-                .swap_remove(shard.index)
-                .into_iter()
-                .flatten()
-                .collect();
-            tracing::info!(
-                "shard {shard}: {} of the {total} agents, {} of the {places} places (thread {} of the same run with --population-threads {})",
-                mine.len(),
-                shard.slots(places),
-                shard.index,
-                shard.count
-            );
-            mine
-        }
-        None => members,
-    };
-    let places = mode.shard.map_or(places, |shard| shard.slots(places));
+    let (members, places, plan) = this_shard(mode, members);
     let mine = members.len();
-    // A resumed sweep: agents that ended keep their results, stopped ones go on from
-    // their state, the rest start.
-    let mut ended = Vec::new();
-    let members: Vec<Member> = if cfg.resume.is_some() {
-        let mut left = Vec::with_capacity(members.len());
-        for mut m in members {
-            match resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
-                Saved::Ended(result) => ended.push(*result),
-                Saved::Stopped => {
-                    let network = m.cfg.network_spec()?;
-                    resume::check_stopped(&m.dir(&cfg.logdir), &env, &network)?;
-                    m.resumed = true;
-                    left.push(m);
-                }
-                Saved::Fresh => left.push(m),
-            }
-        }
-        tracing::info!(
-            "resuming the population in {}: {} agent(s) ended before, {} go on from their state, {} start",
-            cfg.logdir.display(),
-            ended.len(),
-            left.iter().filter(|m| m.resumed).count(),
-            left.iter().filter(|m| !m.resumed).count()
-        );
-        left
-    } else {
-        members
-    };
+    let (members, ended) = resumed(cfg, &env, members)?;
     let k = members.len();
+    let mut summary = PopulationSummary {
+        env: env.id.clone(),
+        agents: ended,
+        wall_s: 0.0,
+        updates: 0,
+        target: cfg.eval.target_return,
+        split: [0.0; 3],
+        groups: 0,
+        threads: 0,
+        concurrent: 0,
+        total_agents: total,
+        shard: mode.shard,
+        plan,
+    };
     if k == 0 {
         tracing::info!("every agent of this population has ended: nothing to train");
         // A resubmitted task whose shard had ended keeps the run's own figures.
-        let before = PopulationSummary::read(&cfg.logdir.join("population.json"))
+        if let Some(before) = PopulationSummary::read(&cfg.logdir.join("population.json"))
             .ok()
-            .filter(|s| s.shard == mode.shard && s.plan == plan);
-        let summary = PopulationSummary {
-            env: env.id.clone(),
-            agents: ended,
-            wall_s: before.as_ref().map_or(0.0, |b| b.wall_s) + started.elapsed().as_secs_f64(),
-            updates: before.as_ref().map_or(0, |b| b.updates),
-            target: cfg.eval.target_return,
-            split: before.as_ref().map_or([0.0; 3], |b| b.split),
-            groups: before.as_ref().map_or(0, |b| b.groups),
-            threads: before.as_ref().map_or(0, |b| b.threads),
-            concurrent: before.as_ref().map_or(0, |b| b.concurrent),
-            total_agents: total,
-            shard: mode.shard,
-            plan,
-        };
+            .filter(|s| s.shard == summary.shard && s.plan == summary.plan)
+        {
+            summary.wall_s = before.wall_s;
+            summary.updates = before.updates;
+            summary.split = before.split;
+            summary.groups = before.groups;
+            summary.threads = before.threads;
+            summary.concurrent = before.concurrent;
+        }
+        summary.wall_s += started.elapsed().as_secs_f64();
         write_results(&summary, &cfg.logdir)?;
         return Ok(summary);
     }
-    // What one agent costs (its replay; online, target, gradient and Adam's two
-    // moments in f32), said up front; as many agents train at once as memory holds
-    // (or --max-concurrent-agents says), the rest queue.
+    let concurrent = at_once(cfg, &env, &members, places)?;
+    // Threads, each a stacked update of its own: one per core on the CPU unless
+    // `--population-threads` says (more intra-op threads on one update cost more in
+    // synchronisation than they save at these sizes), one per GPU (`--gpu 0,1`).
+    let devices: Vec<tch::Device> = mode.devices.iter().map(|d| d.device()).collect();
+    let threads = mode.group_threads(cfg.device).clamp(1, concurrent);
+    // The CPU plan was made for `group_threads`; memory may allow fewer at once.
+    let cpu_plan = if cfg.cpu_plan.pins() && cfg.cpu_plan.learner.len() != threads {
+        crate::cpu_plan::plan(&host::machine(), threads)
+    } else {
+        cfg.cpu_plan.clone()
+    };
+    tracing::info!("{cpu_plan}");
+    // This thread and what it starts (the server) run on the service CPUs.
+    let _on_service_cpus = host::enter_for_now(&cpu_plan, Role::Service);
+    tch::set_num_threads(1);
+    // Groups: agents that share the update's shapes and pace, in the order the sweep
+    // first names them. Each thread takes its share of every group, group after group,
+    // so the plan (and with it every result) depends only on the sweep and the thread
+    // count.
+    let groups = groups(members);
+    hparams_experiment(cfg, &env, &groups);
+    for (key, group) in &groups {
+        tracing::info!("group: {} agents, {key}", group.len());
+    }
+    summary.groups = groups.len();
+    let plans = plans(groups, threads);
+    tracing::info!(
+        "population of {k} on {}: {} actor(s) x {} envs each; {} group(s) on {threads} thread(s), up to {concurrent} agents at once",
+        env.id,
+        cfg.actors.count,
+        cfg.actors.envs_per_actor,
+        summary.groups
+    );
+    // Remote actors (`--listen`): each serves an agent that trains, assigned at its
+    // handshake.
+    let ports = Arc::new(AgentPorts::new(k, total));
+    let server = start_server(cfg, &env, &plans, &ports)?;
+    if let Some(m) = metrics {
+        m.record([], true);
+        m.ready();
+    }
+    let threads_of = Threads {
+        cfg,
+        budget,
+        started,
+        interrupt,
+        ports: server.as_ref().map(|_| &*ports),
+        server: server.as_ref(),
+        metrics,
+        slots: concurrent,
+        devices: &devices,
+        cpu_plan: &cpu_plan,
+    };
+    let outcomes = threads_of.train(plans);
+    if let Some(server) = server {
+        say_goodbye(server, &outcomes);
+    }
+    for outcome in outcomes {
+        for g in outcome? {
+            summary.agents.extend(g.results);
+            summary.updates += g.updates;
+            for (total, part) in summary.split.iter_mut().zip(g.split) {
+                *total += part;
+            }
+        }
+    }
+    summary.agents.sort_by_key(|r| r.agent);
+    debug_assert_eq!(summary.agents.len(), mine);
+    if summary
+        .agents
+        .iter()
+        .any(|r| r.end == AgentEnd::Interrupted)
+    {
+        tracing::warn!(
+            "stopped: each training agent's state is saved; continue the sweep with --resume {} and the same flags",
+            cfg.logdir.display()
+        );
+    }
+    summary.wall_s = started.elapsed().as_secs_f64();
+    summary.threads = threads;
+    summary.concurrent = concurrent;
+    write_results(&summary, &cfg.logdir)?;
+    Ok(summary)
+}
+
+/// This process's agents, places and plan fingerprint: every agent and every place of
+/// the run, or with `--shard I/N` thread I's plan of the whole population on N threads
+/// and that thread's places (nothing else of the one-process run's plan changes).
+fn this_shard(mode: &PopulationMode, members: Vec<Member>) -> (Vec<Member>, usize, Option<String>) {
+    let total = members.len();
+    let places = mode.max_concurrent.unwrap_or(total).min(total);
+    let Some(shard) = mode.shard else {
+        return (members, places, None);
+    };
+    let identities: Vec<String> = members
+        .iter()
+        .map(|m| serde_json::to_string(&m.identity()).unwrap_or_default())
+        .collect();
+    let plan = shard.fingerprint(identities.iter().map(String::as_str), places);
+    let mut plans = plans(groups(members), shard.count);
+    let mine: Vec<Member> = plans
+        .swap_remove(shard.index)
+        .into_iter()
+        .flatten()
+        .collect();
+    tracing::info!(
+        "shard {shard}: {} of the {total} agents, {} of the {places} places (thread {} of the same run with --population-threads {})",
+        mine.len(),
+        shard.slots(places),
+        shard.index,
+        shard.count
+    );
+    (mine, shard.slots(places), Some(plan))
+}
+
+/// A resumed sweep (`--resume`): agents that ended keep their results (returned
+/// second), stopped ones go on from their state, the rest start.
+fn resumed(
+    cfg: &RunConfig,
+    env: &EnvSpec,
+    members: Vec<Member>,
+) -> Result<(Vec<Member>, Vec<AgentResult>), RunError> {
+    let mut ended = Vec::new();
+    if cfg.resume.is_none() {
+        return Ok((members, ended));
+    }
+    let mut left = Vec::with_capacity(members.len());
+    for mut m in members {
+        match resume::saved(&m.dir(&cfg.logdir), &m.identity())? {
+            Saved::Ended(result) => ended.push(*result),
+            Saved::Stopped => {
+                let network = m.cfg.network_spec()?;
+                resume::check_stopped(&m.dir(&cfg.logdir), env, &network)?;
+                m.resumed = true;
+                left.push(m);
+            }
+            Saved::Fresh => left.push(m),
+        }
+    }
+    tracing::info!(
+        "resuming the population in {}: {} agent(s) ended before, {} go on from their state, {} start",
+        cfg.logdir.display(),
+        ended.len(),
+        left.iter().filter(|m| m.resumed).count(),
+        left.iter().filter(|m| !m.resumed).count()
+    );
+    Ok((left, ended))
+}
+
+/// How many agents train at once: as many as memory holds (or `places` says), the
+/// rest queue. What one agent costs (its replay; online, target, gradient and Adam's
+/// two moments in f32) is said up front.
+fn at_once(
+    cfg: &RunConfig,
+    env: &EnvSpec,
+    members: &[Member],
+    places: usize,
+) -> Result<usize, RunError> {
+    let k = members.len();
     let mut per_agent = 0;
     let mut seen: Vec<&Settings> = Vec::new();
-    for m in &members {
+    for m in members {
         if seen.contains(&&m.sweep.settings) {
             continue;
         }
-        let replay = super::setup::replay_config(&m.cfg, &env)?.bytes();
+        let replay = super::setup::replay_config(&m.cfg, env)?.bytes();
         let network = m.cfg.network_spec()?;
         let networks = network.layout().len * 5 * 4;
         per_agent = per_agent.max(replay + networks);
@@ -178,7 +292,7 @@ pub fn run(
     if fits < k.min(places) {
         // Which agents train together decides each one's batches: the free memory
         // should not.
-        match mode.shard {
+        match cfg.population().and_then(|m| m.shard) {
             Some(shard) => tracing::warn!(
                 "memory limits shard {shard} to {concurrent} agents at once, fewer than its {places} places: its results will differ from the one-process run's; give its task more memory, or every task a lower --max-concurrent-agents"
             ),
@@ -187,27 +301,11 @@ pub fn run(
             ),
         }
     }
-    // Threads, each a stacked update of its own: one per core on the CPU unless
-    // `--population-threads` says (more intra-op threads on one update cost more in
-    // synchronisation than they save at these sizes), one per GPU (`--gpu 0,1`).
-    let devices: Vec<tch::Device> = mode.devices.iter().map(|d| d.device()).collect();
-    let threads = mode.group_threads(cfg.device).clamp(1, concurrent);
-    // The CPU plan was made for `group_threads`; memory may allow fewer at once.
-    let cpu_plan = if cfg.cpu_plan.pins() && cfg.cpu_plan.learner.len() != threads {
-        crate::cpu_plan::plan(&host::machine(), threads)
-    } else {
-        cfg.cpu_plan.clone()
-    };
-    tracing::info!("{cpu_plan}");
-    // This thread and what it starts (the server) run on the service CPUs.
-    let _on_service_cpus = host::enter_for_now(&cpu_plan, Role::Service);
-    tch::set_num_threads(1);
-    // Groups: agents that share the update's shapes and pace, in the order the sweep
-    // first names them. Each thread takes its share of every group, group after group,
-    // so the plan (and with it every result) depends only on the sweep and the thread
-    // count.
-    let groups = groups(members);
-    let n_groups = groups.len();
+    Ok(concurrent)
+}
+
+/// The TensorBoard HParams experiment, from the first group's first agent.
+fn hparams_experiment(cfg: &RunConfig, env: &EnvSpec, groups: &[(GroupKey, Vec<Member>)]) {
     if let Some((_, group)) = groups.first() {
         let m = &group[0];
         let example =
@@ -216,171 +314,156 @@ pub fn run(
             tracing::warn!("no TensorBoard HParams experiment: {e}");
         }
     }
-    for (key, group) in &groups {
-        tracing::info!("group: {} agents, {key}", group.len());
-    }
-    let plans = plans(groups, threads);
-    tracing::info!(
-        "population of {k} on {}: {} actor(s) x {} envs each; {n_groups} group(s) on {threads} thread(s), up to {concurrent} agents at once",
-        env.id,
-        cfg.actors.count,
-        cfg.actors.envs_per_actor
-    );
-    // Remote actors (`--listen`): each serves an agent that trains, assigned at its
-    // handshake.
-    let ports = Arc::new(AgentPorts::new(k, total));
-    let server = match &cfg.server {
-        Some(scfg) => {
-            let largest = plans
-                .iter()
-                .flatten()
-                .flatten()
-                .map(|m| m.cfg.network_spec())
-                .collect::<Result<Vec<_>, _>>()?
-                .into_iter()
-                .max_by_key(|n| n.layout().len)
-                .expect("a population has agents");
-            let ctx = ServerContext {
-                env: env.clone(),
-                env_config: cfg.env.clone(),
-                clip_rewards: cfg.clip_rewards,
-                network: largest,
-                run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
-                routes: Routes::Agents(Arc::clone(&ports)),
-                // Remote episode returns are not kept per agent (evaluations are).
-                episodes: crossbeam_channel::bounded(1).0,
-                board: Arc::default(),
-            };
-            Some(millrace_server::spawn(scfg.clone(), ctx)?)
-        }
-        None => None,
+}
+
+/// The server for remote actors (`--listen`), sized for the largest network any agent
+/// of `plans` trains; each actor serves an agent that trains, assigned at its
+/// handshake through `ports`.
+fn start_server(
+    cfg: &RunConfig,
+    env: &EnvSpec,
+    plans: &[Vec<Vec<Member>>],
+    ports: &Arc<AgentPorts>,
+) -> Result<Option<ServerHandle>, RunError> {
+    let Some(scfg) = &cfg.server else {
+        return Ok(None);
     };
-    if let Some(m) = metrics {
-        m.record([], true);
-        m.ready();
+    let largest = plans
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|m| m.cfg.network_spec())
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .max_by_key(|n| n.layout().len)
+        .expect("a population has agents");
+    let ctx = ServerContext {
+        env: env.clone(),
+        env_config: cfg.env.clone(),
+        clip_rewards: cfg.clip_rewards,
+        network: largest,
+        run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
+        routes: Routes::Agents(Arc::clone(ports)),
+        // Remote episode returns are not kept per agent (evaluations are).
+        episodes: crossbeam_channel::bounded(1).0,
+        board: Arc::default(),
+    };
+    Ok(Some(millrace_server::spawn(scfg.clone(), ctx)?))
+}
+
+/// The server's last word to remote actors: the population finished, or the learner
+/// is stopping.
+fn say_goodbye(server: ServerHandle, outcomes: &[Result<Vec<GroupOutcome>, RunError>]) {
+    let finished = outcomes.iter().all(|o| {
+        o.as_ref().is_ok_and(|groups| {
+            groups
+                .iter()
+                .all(|g| g.results.iter().all(|r| r.end != AgentEnd::Interrupted))
+        })
+    });
+    let goodbye = millrace_server::goodbye_for(
+        finished,
+        if finished {
+            "the population finished"
+        } else {
+            "the learner is stopping"
+        },
+    );
+    if let Err(e) = server.shutdown(goodbye) {
+        tracing::warn!("server: {e}");
     }
-    // A thread that fails stops the others (as an interrupt would).
-    let failed = AtomicBool::new(false);
-    let outcomes: Vec<Result<Vec<Group>, RunError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = plans
-            .into_iter()
-            .enumerate()
-            .map(|(t, plan)| {
-                // This thread's share of the agents that train at once.
-                let slots = Shard {
-                    index: t,
-                    count: threads,
-                }
-                .slots(concurrent);
-                let device = devices.get(t).copied().unwrap_or(tch::Device::Cpu);
-                let failed = &failed;
-                let run = RunShared {
-                    cfg,
-                    budget,
-                    started,
-                    stop: [interrupt, failed],
-                    ports: server.as_ref().map(|_| &*ports),
-                    server: server.as_ref(),
-                    metrics,
-                };
-                let cpu_plan = &cpu_plan;
-                scope.spawn(move || {
-                    // Before this thread's first libtorch call (see host::enter).
-                    host::enter(cpu_plan, Role::Learner(t));
-                    let mut done = Vec::new();
-                    for members in plan.into_iter().filter(|m| !m.is_empty()) {
-                        if run.stop.iter().any(|s| s.load(Ordering::Relaxed)) {
-                            // Stopped before this group started: its agents wait for
-                            // `--resume`.
-                            done.push(Group {
-                                results: members.iter().map(Member::not_started).collect(),
-                                updates: 0,
-                                split: [0.0; 3],
-                            });
-                            continue;
-                        }
-                        let outcome = train_group(run, members, device, slots);
-                        match outcome {
-                            Ok(g) => done.push(g),
-                            Err(e) => {
-                                failed.store(true, Ordering::Relaxed);
-                                return Err(e);
-                            }
-                        }
+}
+
+/// What the group threads share: the run, its places and where each thread runs.
+struct Threads<'a> {
+    cfg: &'a RunConfig,
+    budget: u64,
+    started: Instant,
+    interrupt: &'a AtomicBool,
+    ports: Option<&'a AgentPorts>,
+    server: Option<&'a ServerHandle>,
+    metrics: Option<&'a PopulationMetrics>,
+    /// Agents at once, all threads together.
+    slots: usize,
+    devices: &'a [tch::Device],
+    cpu_plan: &'a crate::cpu_plan::CpuPlan,
+}
+
+impl Threads<'_> {
+    /// One thread per plan, each training its groups one after another; a thread that
+    /// fails stops the others (as an interrupt would).
+    fn train(&self, plans: Vec<Vec<Vec<Member>>>) -> Vec<Result<Vec<GroupOutcome>, RunError>> {
+        let failed = AtomicBool::new(false);
+        let threads = plans.len();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = plans
+                .into_iter()
+                .enumerate()
+                .map(|(t, plan)| {
+                    // This thread's share of the agents that train at once.
+                    let slots = Shard {
+                        index: t,
+                        count: threads,
                     }
-                    Ok(done)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|p| {
-                    Err(RunError::Failed {
-                        component: super::Component::PopulationThread,
-                        message: crate::panic_message(&*p),
-                        checkpoint: "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's".into(),
+                    .slots(self.slots);
+                    let device = self.devices.get(t).copied().unwrap_or(tch::Device::Cpu);
+                    let run = RunShared {
+                        cfg: self.cfg,
+                        budget: self.budget,
+                        started: self.started,
+                        stop: [self.interrupt, &failed],
+                        ports: self.ports,
+                        server: self.server,
+                        metrics: self.metrics,
+                    };
+                    let (cpu_plan, failed) = (self.cpu_plan, &failed);
+                    scope.spawn(move || {
+                        // Before this thread's first libtorch call (see host::enter).
+                        host::enter(cpu_plan, Role::Learner(t));
+                        train_plan(run, plan, device, slots, failed)
                     })
                 })
-            })
-            .collect()
-    });
-    if let Some(server) = server {
-        let finished = outcomes.iter().all(|o| {
-            o.as_ref().is_ok_and(|groups| {
-                groups
-                    .iter()
-                    .all(|g| g.results.iter().all(|r| r.end != AgentEnd::Interrupted))
-            })
-        });
-        let goodbye = millrace_server::goodbye_for(
-            finished,
-            if finished {
-                "the population finished"
-            } else {
-                "the learner is stopping"
-            },
-        );
-        if let Err(e) = server.shutdown(goodbye) {
-            tracing::warn!("server: {e}");
-        }
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|p| {
+                        Err(RunError::Failed {
+                            component: super::Component::PopulationThread,
+                            message: crate::panic_message(&*p),
+                            checkpoint: "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's".into(),
+                        })
+                    })
+                })
+                .collect()
+        })
     }
-    let mut results = Vec::with_capacity(k);
-    let (mut updates, mut split) = (0, [0.0; 3]);
-    for outcome in outcomes {
-        for g in outcome? {
-            results.extend(g.results);
-            updates += g.updates;
-            for (total, part) in split.iter_mut().zip(g.split) {
-                *total += part;
+}
+
+/// One thread's groups, one after another; a failure raises `failed` for the others.
+fn train_plan(
+    run: RunShared<'_>,
+    plan: Vec<Vec<Member>>,
+    device: tch::Device,
+    slots: usize,
+    failed: &AtomicBool,
+) -> Result<Vec<GroupOutcome>, RunError> {
+    let mut done = Vec::new();
+    for members in plan.into_iter().filter(|m| !m.is_empty()) {
+        if run.stopping() {
+            // Stopped before this group started: its agents wait for `--resume`.
+            done.push(GroupOutcome::not_started(&members));
+            continue;
+        }
+        match Group::new(run, members, device, slots).and_then(Group::train) {
+            Ok(g) => done.push(g),
+            Err(e) => {
+                failed.store(true, Ordering::Relaxed);
+                return Err(e);
             }
         }
     }
-    results.extend(ended);
-    results.sort_by_key(|r| r.agent);
-    debug_assert_eq!(results.len(), mine);
-    if results.iter().any(|r| r.end == AgentEnd::Interrupted) {
-        tracing::warn!(
-            "stopped: each training agent's state is saved; continue the sweep with --resume {} and the same flags",
-            cfg.logdir.display()
-        );
-    }
-    let summary = PopulationSummary {
-        env: env.id.clone(),
-        agents: results,
-        wall_s: started.elapsed().as_secs_f64(),
-        updates,
-        target: cfg.eval.target_return,
-        split,
-        groups: n_groups,
-        threads,
-        concurrent,
-        total_agents: total,
-        shard: mode.shard,
-        plan,
-    };
-    write_results(&summary, &cfg.logdir)?;
-    Ok(summary)
+    Ok(done)
 }
 
 /// Agents that share the update's shapes and pace, each group in the order the sweep
