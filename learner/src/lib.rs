@@ -24,6 +24,7 @@ pub mod env_defaults;
 pub mod evaluation;
 pub mod export;
 pub mod metrics;
+pub mod per_agent;
 pub mod population_board;
 pub mod population_results;
 pub mod presets;

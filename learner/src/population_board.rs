@@ -36,54 +36,21 @@ const METRICS: [(&str, &str); 5] = [
     ),
 ];
 
-/// An f32 setting as the f64 its decimal form reads as (0.95, not 0.949999988).
-fn decimal(x: f32) -> f64 {
-    x.to_string().parse().unwrap_or(f64::from(x))
-}
-
-/// An agent's settings as HParams: the numbers as numbers, the rest as text. The
-/// Munchausen columns (the agent's own settings, else the run's) are there under
-/// `--target munchausen`, the IQN ones with `--head iqn`: every agent of a run has the
-/// same columns.
+/// An agent's settings as HParams: its configuration's number and seed, then every
+/// per-agent setting the run has ([`crate::per_agent::hparams`]): the numbers as
+/// numbers, the rest as text. The Munchausen columns (the agent's own settings, else
+/// the run's) are there under `--target munchausen`, the IQN ones with `--head iqn`,
+/// `priority_alpha` with prioritized replay: every agent of a run has the same columns.
 pub fn settings(
     config: usize,
     hp: &AgentHparams,
     setup: &AgentSetup,
 ) -> Vec<(&'static str, HValue)> {
-    let (eps_start, eps_end, eps_steps) = setup.epsilon.as_linear();
-    let hidden: Vec<String> = setup.hidden.iter().map(usize::to_string).collect();
-    let n = HValue::Number;
     let mut out = vec![
-        ("config", n(config as f64)),
-        ("seed", n(hp.seed as f64)),
-        ("lr", n(hp.lr)),
-        ("max_grad_norm", n(hp.max_grad_norm)),
-        (
-            "target_update",
-            HValue::Text(crate::population_results::target_rule(&hp.target)),
-        ),
-        ("gamma", n(decimal(setup.gamma))),
-        ("n_step", n(setup.n_step as f64)),
-        ("eps_start", n(decimal(eps_start))),
-        ("eps_end", n(decimal(eps_end))),
-        ("eps_decay_steps", n(eps_steps as f64)),
-        ("batch_size", n(setup.batch_size as f64)),
-        ("hidden", HValue::Text(hidden.join("x"))),
-        ("samples_per_insert", n(setup.samples_per_insert)),
+        ("config", HValue::Number(config as f64)),
+        ("seed", HValue::Number(hp.seed as f64)),
     ];
-    if let Some(m) = hp.munchausen.or(setup.munchausen) {
-        out.extend([
-            ("munchausen_tau", n(m.tau)),
-            ("munchausen_alpha", n(m.alpha)),
-            ("munchausen_clip", n(m.clip)),
-        ]);
-    }
-    if let Some(iqn) = setup.iqn {
-        out.extend([
-            ("iqn_taus", n(iqn.online as f64)),
-            ("iqn_target_taus", n(iqn.target as f64)),
-        ]);
-    }
+    out.extend(crate::per_agent::hparams(hp, setup));
     out
 }
 

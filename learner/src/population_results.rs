@@ -30,6 +30,9 @@ pub struct AgentSetup {
     /// an agent's own, from a sweep, are its [`AgentHparams::munchausen`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub munchausen: Option<Munchausen>,
+    /// Prioritized replay's α, where the agent's replay is prioritized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_alpha: Option<f64>,
 }
 
 impl AgentSetup {
@@ -46,13 +49,8 @@ impl AgentSetup {
                 Bootstrap::Munchausen(m) => Some(m),
                 Bootstrap::Double => None,
             },
+            priority_alpha: cfg.replay.priority.as_ref().map(|p| p.alpha),
         }
-    }
-
-    /// `start,end,steps` of the ε schedule (a constant ε decays over 0 steps).
-    fn epsilon_csv(&self) -> String {
-        let (start, end, steps) = self.epsilon.as_linear();
-        format!("{start},{end},{steps}")
     }
 }
 
@@ -184,38 +182,23 @@ impl PopulationSummary {
         }
     }
 
-    /// The table as CSV (one row per agent). The Munchausen columns are an agent's own
-    /// settings (a sweep's; empty for the run's `--munchausen-*`), the IQN ones the
-    /// fractions its update sampled (empty without an IQN head).
+    /// The table as CSV (one row per agent), a column per per-agent setting
+    /// ([`crate::per_agent`]): the Munchausen columns are an agent's own settings (a
+    /// sweep's; empty for the run's `--munchausen-*`), the IQN ones the fractions its
+    /// update sampled (empty without an IQN head), `priority_alpha` its replay's α
+    /// (empty for uniform replay).
     pub fn to_csv(&self) -> String {
-        let mut out = String::from(
-            "agent,config,seed,lr,max_grad_norm,target_update,gamma,n_step,eps_start,eps_end,eps_decay_steps,batch_size,hidden,samples_per_insert,munchausen_tau,munchausen_alpha,munchausen_clip,iqn_taus,iqn_target_taus,end,env_steps,wall_s,final_eval,best_eval\n",
+        let mut out = format!(
+            "agent,config,seed,{},end,env_steps,wall_s,final_eval,best_eval\n",
+            crate::per_agent::csv_header().join(",")
         );
         for a in &self.agents {
-            let (h, s) = (&a.hparams, &a.setup);
-            let hidden: Vec<String> = s.hidden.iter().map(usize::to_string).collect();
-            let munchausen = h
-                .munchausen
-                .map_or(",,".into(), |m| format!("{},{},{}", m.tau, m.alpha, m.clip));
-            let iqn = s
-                .iqn
-                .map_or(",".into(), |i| format!("{},{}", i.online, i.target));
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{}\n",
+                "{},{},{},{},{},{},{:.3},{},{}\n",
                 a.agent,
                 a.config,
-                h.seed,
-                h.lr,
-                h.max_grad_norm,
-                target_rule(&h.target),
-                s.gamma,
-                s.n_step,
-                s.epsilon_csv(),
-                s.batch_size,
-                hidden.join("x"),
-                s.samples_per_insert,
-                munchausen,
-                iqn,
+                a.hparams.seed,
+                crate::per_agent::csv_cells(&a.hparams, &a.setup).join(","),
                 serde_json::to_value(a.end)
                     .ok()
                     .and_then(|v| v.as_str().map(String::from))
@@ -360,6 +343,7 @@ pub(crate) fn example_agent(i: usize, end: AgentEnd) -> AgentResult {
             hidden: vec![64, 64],
             samples_per_insert: 0.5,
             iqn: None,
+            priority_alpha: None,
             munchausen: None,
         },
         hparams: AgentHparams {
@@ -411,7 +395,8 @@ mod tests {
         let csv = s.to_csv();
         assert_eq!(csv.lines().count(), 3);
         assert!(csv.lines().nth(2).unwrap().starts_with(
-            "1,0,1,0.001,10,hard/100,0.99,3,1,0.04,8000,32,64x64,0.5,,,,,,budget,1000,"
+            // The Munchausen, IQN and priority_alpha cells empty: the run has none.
+            "1,0,1,0.001,10,hard/100,0.99,3,1,0.04,8000,32,64x64,0.5,,,,,,,budget,1000,"
         ));
         assert_eq!(s.exit_code(), 2);
         // A shard that finished its part succeeded, solved or not; stopped, it is not.

@@ -112,12 +112,8 @@ impl ReplayFlags {
                 Err(anyhow::anyhow!("--{name} must be between 0 and 1, got {v}"))
             }
         };
-        if !(self.priority_alpha.is_finite() && (0.0..=4.0).contains(&self.priority_alpha)) {
-            bail!(
-                "--priority-alpha must be between 0 and 4, got {}",
-                self.priority_alpha
-            );
-        }
+        let alpha = millrace_replay::PriorityConfig::checked_alpha(self.priority_alpha)
+            .map_err(|e| anyhow::anyhow!("--priority-alpha {e}"))?;
         unit("priority-beta", self.priority_beta)?;
         let end = self.priority_beta_final.unwrap_or(self.priority_beta);
         unit("priority-beta-final", end)?;
@@ -128,7 +124,7 @@ impl ReplayFlags {
             );
         }
         Ok(Some(PriorityOptions {
-            alpha: self.priority_alpha,
+            alpha,
             beta: BetaSchedule {
                 start: self.priority_beta,
                 end,

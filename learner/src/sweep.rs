@@ -17,15 +17,15 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use millrace_actor::EpsilonSchedule;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
+use crate::per_agent;
 use millrace_core::dqn::agents::AgentHparams;
 use millrace_core::dqn::iqn::IqnSampling;
-use millrace_core::dqn::{Bootstrap, DqnConfig, Munchausen, TargetUpdate};
+use millrace_core::dqn::{Bootstrap, DqnConfig};
 
 /// One agent of a sweep: its configuration's number, its learner hyperparameters and
 /// the rest of what its file sets for it.
@@ -55,6 +55,9 @@ pub struct Settings {
     pub iqn_taus: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub iqn_target_taus: Option<usize>,
+    /// Prioritized replay's α for this agent's replay (`--priority-alpha`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority_alpha: Option<f64>,
 }
 
 impl Settings {
@@ -62,6 +65,9 @@ impl Settings {
     pub fn check(&self, cfg: &RunConfig) -> Result<(), String> {
         if (self.iqn_taus.is_some() || self.iqn_target_taus.is_some()) && cfg.iqn.is_none() {
             return Err("iqn_taus and iqn_target_taus need --head iqn".into());
+        }
+        if self.priority_alpha.is_some() && cfg.replay.priority.is_none() {
+            return Err("priority_alpha needs --replay prioritized".into());
         }
         Ok(())
     }
@@ -72,30 +78,8 @@ impl SweepAgent {
     /// sweep gives it, the flags' for the rest.
     pub fn apply(&self, base: &RunConfig) -> RunConfig {
         let mut cfg = base.clone();
-        let s = &self.settings;
         cfg.seed = self.hparams.seed;
-        cfg.dqn.lr = self.hparams.lr;
-        cfg.dqn.max_grad_norm = self.hparams.max_grad_norm;
-        cfg.dqn.target = self.hparams.target;
-        cfg.actors.gamma = s.gamma.unwrap_or(cfg.actors.gamma);
-        cfg.actors.n_step = s.n_step.unwrap_or(cfg.actors.n_step);
-        if s.eps_start.is_some() || s.eps_end.is_some() || s.eps_decay_steps.is_some() {
-            let (start, end, steps) = cfg.actors.epsilon.as_linear();
-            cfg.actors.epsilon = EpsilonSchedule::Linear {
-                start: s.eps_start.unwrap_or(start),
-                end: s.eps_end.unwrap_or(end),
-                steps: s.eps_decay_steps.unwrap_or(steps),
-            };
-        }
-        cfg.batch_size = s.batch_size.unwrap_or(cfg.batch_size);
-        if let Some(hidden) = &s.hidden {
-            cfg.hidden.clone_from(hidden);
-        }
-        cfg.replay.samples_per_insert = s
-            .samples_per_insert
-            .unwrap_or(cfg.replay.samples_per_insert);
-        cfg.dqn.iqn.online = s.iqn_taus.unwrap_or(cfg.dqn.iqn.online);
-        cfg.dqn.iqn.target = s.iqn_target_taus.unwrap_or(cfg.dqn.iqn.target);
+        per_agent::apply(&self.hparams, &self.settings, &mut cfg);
         cfg
     }
 }
@@ -199,7 +183,7 @@ enum Draw {
 /// A value in a sweep file: a number, or a list of numbers (`hidden`).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(untagged)]
-enum Value {
+pub enum Value {
     Number(f64),
     List(Vec<f64>),
 }
@@ -215,27 +199,6 @@ impl std::fmt::Display for Value {
         }
     }
 }
-
-/// The fields a sweep may set per agent.
-const FIELDS: [&str; 17] = [
-    "lr",
-    "max_grad_norm",
-    "target_period",
-    "tau",
-    "gamma",
-    "n_step",
-    "eps_start",
-    "eps_end",
-    "eps_decay_steps",
-    "batch_size",
-    "hidden",
-    "samples_per_insert",
-    "munchausen_tau",
-    "munchausen_alpha",
-    "munchausen_clip",
-    "iqn_taus",
-    "iqn_target_taus",
-];
 
 /// Most agents one sweep file may describe.
 pub const MAX_AGENTS: usize = 1 << 20;
@@ -273,101 +236,6 @@ pub enum SweepError {
     },
 }
 
-/// A whole number in `lo..=hi`, if `v` is one.
-fn whole(v: f64, lo: u64, hi: u64) -> Option<u64> {
-    (v.fract() == 0.0 && v >= lo as f64 && v <= hi as f64).then_some(v as u64)
-}
-
-/// Sets `field` to `value` in `hp` and `s`; why not, if the value is out of range.
-/// `munchausen` is the run's Munchausen settings, under `--target munchausen`.
-fn set(
-    field: &str,
-    value: &Value,
-    hp: &mut AgentHparams,
-    s: &mut Settings,
-    munchausen: Option<Munchausen>,
-) -> Result<(), String> {
-    let Value::Number(v) = *value else {
-        return match (field, value) {
-            ("hidden", Value::List(sizes)) => {
-                let sizes: Option<Vec<usize>> = sizes
-                    .iter()
-                    .map(|x| whole(*x, 1, 1 << 16).map(|x| x as usize))
-                    .collect();
-                match sizes {
-                    Some(sizes) if (1..=8).contains(&sizes.len()) => {
-                        s.hidden = Some(sizes);
-                        Ok(())
-                    }
-                    _ => Err(
-                        "must be 1 to 8 layer sizes, each a whole number from 1 to 65536".into(),
-                    ),
-                }
-            }
-            _ => Err("must be a number, not a list".into()),
-        };
-    };
-    let positive = v.is_finite() && v > 0.0;
-    let probability = (0.0..=1.0).contains(&v);
-    match field {
-        "lr" | "max_grad_norm" | "samples_per_insert" if !positive => {
-            return Err("must be positive".into())
-        }
-        "lr" => hp.lr = v,
-        "max_grad_norm" => hp.max_grad_norm = v,
-        "samples_per_insert" => s.samples_per_insert = Some(v),
-        "target_period" => {
-            let period =
-                whole(v, 1, 1 << 40).ok_or("must be a whole number of updates, at least 1")?;
-            hp.target = TargetUpdate::Hard { period };
-        }
-        "tau" if !(v > 0.0 && v <= 1.0) => return Err("must be in (0, 1]".into()),
-        "tau" => hp.target = TargetUpdate::Polyak { tau: v },
-        "gamma" | "eps_start" | "eps_end" if !probability => return Err("must be in [0, 1]".into()),
-        "gamma" => s.gamma = Some(v as f32),
-        "eps_start" => s.eps_start = Some(v as f32),
-        "eps_end" => s.eps_end = Some(v as f32),
-        "n_step" => {
-            s.n_step =
-                Some(whole(v, 1, 100).ok_or("must be a whole number from 1 to 100")? as usize);
-        }
-        "eps_decay_steps" => {
-            s.eps_decay_steps =
-                Some(whole(v, 0, 1 << 40).ok_or("must be a whole number of env steps")?);
-        }
-        "batch_size" => {
-            s.batch_size = Some(
-                whole(v, 1, 1 << 16).ok_or("must be a whole number from 1 to 65536")? as usize,
-            );
-        }
-        "hidden" => return Err("must be a list of layer sizes, e.g. [64, 64]".into()),
-        "munchausen_tau" | "munchausen_alpha" | "munchausen_clip" => {
-            let base = munchausen.ok_or("needs --target munchausen")?;
-            let m = hp.munchausen.get_or_insert(base);
-            match field {
-                "munchausen_tau" if !positive => return Err("must be positive".into()),
-                "munchausen_tau" => m.tau = v,
-                "munchausen_alpha" if !probability => return Err("must be in [0, 1]".into()),
-                "munchausen_alpha" => m.alpha = v,
-                _ if !(v.is_finite() && v < 0.0) => {
-                    return Err("must be negative (τ·log π is at most 0)".into())
-                }
-                _ => m.clip = v,
-            }
-        }
-        "iqn_taus" => {
-            s.iqn_taus =
-                Some(whole(v, 1, 256).ok_or("must be a whole number from 1 to 256")? as usize);
-        }
-        "iqn_target_taus" => {
-            s.iqn_target_taus =
-                Some(whole(v, 1, 256).ok_or("must be a whole number from 1 to 256")? as usize);
-        }
-        _ => unreachable!("fields were checked"),
-    }
-    Ok(())
-}
-
 impl Sweep {
     /// Reads a sweep file. `base` gives what the file does not set; `seed` seeds the
     /// random draws (so a sweep is reproducible).
@@ -387,18 +255,27 @@ impl Sweep {
             field: field.into(),
             why: why.into(),
         };
+        // What per-agent values start from.
+        let run = per_agent::Base {
+            munchausen: match base.bootstrap {
+                Bootstrap::Munchausen(m) => Some(m),
+                Bootstrap::Double => None,
+            },
+            iqn: base.iqn,
+        };
         let random_fields = file.random.as_ref().map(|r| &r.fields);
         for field in file
             .grid
             .keys()
             .chain(random_fields.into_iter().flat_map(|f| f.keys()))
         {
-            if !FIELDS.contains(&field.as_str()) {
+            if per_agent::named(field).is_none() {
+                let names: Vec<&str> = per_agent::SETTINGS.iter().map(|s| s.name).collect();
                 return Err(field_err(
                     field,
                     &format!(
                         "not a per-agent setting (a sweep sets {}; everything else comes from the flags)",
-                        FIELDS.join(", ")
+                        names.join(", ")
                     ),
                 ));
             }
@@ -525,12 +402,14 @@ impl Sweep {
                 };
                 let mut hp = AgentHparams::from_config(base, s);
                 let mut settings = Settings::default();
-                let munchausen = match base.bootstrap {
-                    Bootstrap::Munchausen(m) => Some(m),
-                    Bootstrap::Double => None,
+                let mut agent = per_agent::Values {
+                    hp: &mut hp,
+                    settings: &mut settings,
                 };
                 for (field, value) in &values {
-                    set(field, value, &mut hp, &mut settings, munchausen)
+                    let setting = per_agent::named(field).expect("fields were checked");
+                    setting
+                        .set(value, &mut agent, &run)
                         .map_err(|why| bad(field, value, why))?;
                 }
                 if let (Some(tau), true) = (
@@ -561,6 +440,7 @@ impl Sweep {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use millrace_core::dqn::{Munchausen, TargetUpdate};
 
     fn parse(text: &str) -> Result<Sweep, SweepError> {
         Sweep::parse("s.toml", text, &DqnConfig::default(), 7)

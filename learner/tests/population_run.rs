@@ -314,6 +314,128 @@ fn a_sweep_file_gives_each_agent_its_configuration_and_bad_ones_are_refused() {
     );
 }
 
+/// A per-agent setting added through the table (`priority_alpha`, which each agent's
+/// own replay holds): the CSV, each agent's saved configuration and the HParams view
+/// carry each agent's own α; agents whose own α (0.9) is not the run's (0.6) train bit
+/// for bit as a population of one with that α and seed, and not as the run's α would.
+///
+/// Agents compared have the same α: agents that act differently in one group are
+/// coupled by its rounds (a stacked update waits for every agent's batch, and their
+/// batches fill at different times), so an agent with another neighbour is not
+/// expected to match a run alone.
+#[test]
+fn an_agents_own_priority_alpha_trains_it_as_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, alphas: &str| {
+        let sweep = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &sweep,
+            format!("seeds = [11]\nmax_steps = 2500\n[grid]\npriority_alpha = [{alphas}]\n"),
+        )
+        .unwrap();
+        let logdir = dir.path().join(name);
+        let out = learner(&[
+            "--env",
+            "CartPole-v1",
+            "--cpu",
+            "--replay",
+            "prioritized",
+            "--priority-alpha",
+            "0.6",
+            "--target-return",
+            "1000",
+            "--eval-every",
+            "1000",
+            "--eval-episodes",
+            "3",
+            "--population-threads",
+            "1",
+            "--sweep",
+            sweep.to_str().unwrap(),
+            "--logdir",
+            logdir.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "budgets: {}", text(&out));
+        logdir
+    };
+    // What an agent kept: its row's outcome and its best parameters, byte for byte.
+    let kept = |logdir: &Path, agent: usize| {
+        let row = rows(logdir).swap_remove(agent);
+        let dir = logdir.join(format!("agents/agent-{agent:03}/checkpoint/best"));
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let params = std::fs::read(files.swap_remove(0)).unwrap();
+        let outcome: Vec<String> = ["seed", "end", "env_steps", "final_eval", "best_eval"]
+            .iter()
+            .map(|c| row[*c].clone())
+            .collect();
+        (outcome, params)
+    };
+
+    let mixed = run("mixed", "0.2, 0.9");
+    let rows_mixed = rows(&mixed);
+    for (agent, alpha) in [(0, 0.2), (1, 0.9)] {
+        assert_eq!(rows_mixed[agent]["priority_alpha"], alpha.to_string());
+        let saved =
+            read_json(&mixed.join(format!("agents/agent-{agent:03}/checkpoint/config.json")));
+        assert_eq!(saved["replay"]["priority"]["alpha"], alpha, "{saved}");
+    }
+    // TensorBoard's HParams view has the column, with each agent's own value.
+    let out = Command::new(venv_python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/read_hparams.py"))
+        .arg(&mixed)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut alphas: Vec<f64> = view["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["hparams"]["priority_alpha"].as_f64().unwrap())
+        .collect();
+    alphas.sort_by(f64::total_cmp);
+    assert_eq!(alphas, [0.2, 0.9], "{view}");
+
+    let pair = run("pair", "0.9, 0.9");
+    let alone = run("alone", "0.9");
+    let run_alpha = run("flags", "0.6");
+    assert_eq!(rows(&pair)[1]["priority_alpha"], "0.9");
+    assert!(
+        kept(&pair, 1) == kept(&alone, 0),
+        "an agent with its own alpha 0.9 differs from a population of one with 0.9"
+    );
+    assert!(
+        kept(&alone, 0) != kept(&run_alpha, 0),
+        "alpha 0.9 trained as the run's 0.6 did"
+    );
+
+    // A uniform replay has no α to vary: one clear line.
+    let sweep = dir.path().join("uniform.toml");
+    std::fs::write(&sweep, "seeds = [1]\n[grid]\npriority_alpha = [0.5]\n").unwrap();
+    let out = learner(&[
+        "--env",
+        "CartPole-v1",
+        "--cpu",
+        "--replay",
+        "uniform",
+        "--sweep",
+        sweep.to_str().unwrap(),
+        "--logdir",
+        dir.path().join("uniform").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("priority_alpha needs --replay prioritized"),
+        "{}",
+        text(&out)
+    );
+}
+
 #[test]
 fn the_example_sweep_in_the_repository_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sweeps/cartpole.toml");

@@ -50,6 +50,26 @@ pub struct PriorityConfig {
     pub beta: f64,
 }
 
+/// A priority exponent α out of `0..=MAX_ALPHA` ([`PriorityConfig::checked_alpha`]).
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error("must be between 0 and {max}, got {alpha}", max = PriorityConfig::MAX_ALPHA, alpha = .0)]
+pub struct AlphaError(pub f64);
+
+impl PriorityConfig {
+    /// The largest α: past it, sampling all but ignores every item but the worst.
+    pub const MAX_ALPHA: f64 = 4.0;
+
+    /// `alpha`, if it is a usable exponent (0: uniform, 1: proportional). The command
+    /// line and a sweep's per-agent values are both checked here.
+    pub fn checked_alpha(alpha: f64) -> Result<f64, AlphaError> {
+        if alpha.is_finite() && (0.0..=Self::MAX_ALPHA).contains(&alpha) {
+            Ok(alpha)
+        } else {
+            Err(AlphaError(alpha))
+        }
+    }
+}
+
 impl ReplayConfig {
     /// Observation rows per item for batches of at least `batch_rows` transitions from
     /// `envs` environments with `n_step` returns: each batch carries at most `n_step`

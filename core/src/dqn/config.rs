@@ -61,7 +61,44 @@ impl Default for Munchausen {
     }
 }
 
+/// A Munchausen setting out of its range: which one, and why ([`Munchausen::new`]).
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+pub enum MunchausenError {
+    #[error("must be a positive number, got {0}")]
+    Tau(f64),
+    #[error("must be in [0, 1], got {0}")]
+    Alpha(f64),
+    #[error("must be negative (τ·log π is at most 0), got {0}")]
+    Clip(f64),
+}
+
+impl MunchausenError {
+    /// The setting's name: `tau`, `alpha` or `clip`.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            Self::Tau(_) => "tau",
+            Self::Alpha(_) => "alpha",
+            Self::Clip(_) => "clip",
+        }
+    }
+}
+
 impl Munchausen {
+    /// Checked settings: τ positive, α in [0, 1], the clip negative. The command line
+    /// and a sweep's per-agent values are both checked here.
+    pub fn new(tau: f64, alpha: f64, clip: f64) -> Result<Self, MunchausenError> {
+        if !(tau.is_finite() && tau > 0.0) {
+            return Err(MunchausenError::Tau(tau));
+        }
+        if !(0.0..=1.0).contains(&alpha) {
+            return Err(MunchausenError::Alpha(alpha));
+        }
+        if !(clip.is_finite() && clip < 0.0) {
+            return Err(MunchausenError::Clip(clip));
+        }
+        Ok(Self { tau, alpha, clip })
+    }
+
     /// Each agent's τ, α and clip as `[K, 1, 1]` tensors on `device`: `agents[k]`'s own
     /// where it has them, else these.
     pub fn per_agent(

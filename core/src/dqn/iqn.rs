@@ -24,6 +24,36 @@ pub struct IqnSampling {
     pub kappa: f64,
 }
 
+/// Fractions an IQN update may sample, N and N′ each.
+pub const MAX_FRACTIONS: usize = 256;
+
+/// A count of fractions out of `1..=MAX_FRACTIONS` ([`IqnSampling::new`]): which one
+/// (`online` or `target`) and the count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("must be in 1..={MAX_FRACTIONS}: a whole number from 1 to {MAX_FRACTIONS}, got {count}")]
+pub struct FractionsError {
+    pub which: &'static str,
+    pub count: usize,
+}
+
+impl IqnSampling {
+    /// N fractions for the online network's quantiles and N′ for the target's, each
+    /// in `1..=MAX_FRACTIONS`; κ 1. The command line and a sweep's per-agent values
+    /// are both checked here.
+    pub fn new(online: usize, target: usize) -> Result<Self, FractionsError> {
+        for (which, count) in [("online", online), ("target", target)] {
+            if !(1..=MAX_FRACTIONS).contains(&count) {
+                return Err(FractionsError { which, count });
+            }
+        }
+        Ok(Self {
+            online,
+            target,
+            ..Self::default()
+        })
+    }
+}
+
 impl Default for IqnSampling {
     fn default() -> Self {
         Self {

@@ -51,22 +51,14 @@ fn environment(args: &TrainArgs) -> anyhow::Result<(EnvConfig, EnvSpec)> {
 fn bootstrap(args: &TrainArgs) -> anyhow::Result<Bootstrap> {
     Ok(match args.target {
         TargetKind::Double => Bootstrap::Double,
-        TargetKind::Munchausen => {
-            positive("munchausen-tau", args.munchausen_tau)?;
-            let alpha = args.munchausen_alpha;
-            if !(0.0..=1.0).contains(&alpha) {
-                bail!("--munchausen-alpha must be in [0, 1], got {alpha}");
-            }
-            let clip = args.munchausen_clip;
-            if !(clip.is_finite() && clip < 0.0) {
-                bail!("--munchausen-clip must be negative (τ·log π is at most 0), got {clip}");
-            }
-            Bootstrap::Munchausen(Munchausen {
-                tau: args.munchausen_tau,
-                alpha,
-                clip,
-            })
-        }
+        TargetKind::Munchausen => Bootstrap::Munchausen(
+            Munchausen::new(
+                args.munchausen_tau,
+                args.munchausen_alpha,
+                args.munchausen_clip,
+            )
+            .map_err(|e| anyhow::anyhow!("--munchausen-{} {e}", e.setting()))?,
+        ),
     })
 }
 
@@ -88,14 +80,14 @@ fn iqn_head(
     if args.precision != millrace_core::dqn::precision::Precision::Fp32 {
         bail!("--head iqn runs in fp32 only: its update goes through autograd, which the bf16 copies do not");
     }
-    for (name, v) in [
-        ("iqn-taus", args.iqn_taus),
-        ("iqn-target-taus", args.iqn_target_taus),
-    ] {
-        if !(1..=256).contains(&v) {
-            bail!("--{name} must be in 1..=256, got {v}");
-        }
-    }
+    let sampling = millrace_core::dqn::iqn::IqnSampling::new(args.iqn_taus, args.iqn_target_taus)
+        .map_err(|e| {
+        let flag = match e.which {
+            "online" => "iqn-taus",
+            _ => "iqn-target-taus",
+        };
+        anyhow::anyhow!("--{flag} {e}")
+    })?;
     let head = millrace_proto::IqnHead {
         embedding: args.iqn_embedding,
         quantiles: args.iqn_quantiles,
