@@ -84,22 +84,7 @@ pub fn run(
         plan,
     };
     if k == 0 {
-        tracing::info!("every agent of this population has ended: nothing to train");
-        // A resubmitted task whose shard had ended keeps the run's own figures.
-        if let Some(before) = PopulationSummary::read(&cfg.logdir.join("population.json"))
-            .ok()
-            .filter(|s| s.shard == summary.shard && s.plan == summary.plan)
-        {
-            summary.wall_s = before.wall_s;
-            summary.updates = before.updates;
-            summary.split = before.split;
-            summary.groups = before.groups;
-            summary.threads = before.threads;
-            summary.concurrent = before.concurrent;
-        }
-        summary.wall_s += started.elapsed().as_secs_f64();
-        write_results(&summary, &cfg.logdir)?;
-        return Ok(summary);
+        return nothing_left(cfg, summary, started);
     }
     let concurrent = at_once(cfg, &env, &members, places)?;
     // Threads, each a stacked update of its own: one per core on the CPU unless
@@ -160,13 +145,7 @@ pub fn run(
         say_goodbye(server, &outcomes);
     }
     for outcome in outcomes {
-        for g in outcome? {
-            summary.agents.extend(g.results);
-            summary.updates += g.updates;
-            for (total, part) in summary.split.iter_mut().zip(g.split) {
-                *total += part;
-            }
-        }
+        summary.add(outcome?);
     }
     summary.agents.sort_by_key(|r| r.agent);
     debug_assert_eq!(summary.agents.len(), mine);
@@ -185,6 +164,43 @@ pub fn run(
     summary.concurrent = concurrent;
     write_results(&summary, &cfg.logdir)?;
     Ok(summary)
+}
+
+/// Every agent of this population (or shard) had ended: the summary of a resubmitted
+/// task whose shard had ended keeps the run's own figures.
+fn nothing_left(
+    cfg: &RunConfig,
+    mut summary: PopulationSummary,
+    started: Instant,
+) -> Result<PopulationSummary, RunError> {
+    tracing::info!("every agent of this population has ended: nothing to train");
+    if let Some(before) = PopulationSummary::read(&cfg.logdir.join("population.json"))
+        .ok()
+        .filter(|s| s.shard == summary.shard && s.plan == summary.plan)
+    {
+        summary.wall_s = before.wall_s;
+        summary.updates = before.updates;
+        summary.split = before.split;
+        summary.groups = before.groups;
+        summary.threads = before.threads;
+        summary.concurrent = before.concurrent;
+    }
+    summary.wall_s += started.elapsed().as_secs_f64();
+    write_results(&summary, &cfg.logdir)?;
+    Ok(summary)
+}
+
+impl PopulationSummary {
+    /// A thread's groups' results, updates and time.
+    fn add(&mut self, groups: Vec<GroupOutcome>) {
+        for g in groups {
+            self.agents.extend(g.results);
+            self.updates += g.updates;
+            for (total, part) in self.split.iter_mut().zip(g.split) {
+                *total += part;
+            }
+        }
+    }
 }
 
 /// This process's agents, places and plan fingerprint: every agent and every place of
