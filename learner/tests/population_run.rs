@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use millrace_tests::{read_json, venv_python};
+use millrace_tests::{hparams_view, read_json};
 
 fn learner(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_learner"))
@@ -385,13 +385,7 @@ fn an_agents_own_priority_alpha_trains_it_as_alone() {
         assert_eq!(saved["replay"]["priority"]["alpha"], alpha, "{saved}");
     }
     // TensorBoard's HParams view has the column, with each agent's own value.
-    let out = Command::new(venv_python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/read_hparams.py"))
-        .arg(&mixed)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let view = hparams_view(&mixed);
     let mut alphas: Vec<f64> = view["groups"]
         .as_array()
         .unwrap()
@@ -510,13 +504,7 @@ fn a_sweep_streams_agents_with_their_own_actor_settings_in_groups() {
     }
 
     // TensorBoard's HParams view, as TensorBoard's own plugin reads it.
-    let out = Command::new(venv_python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/read_hparams.py"))
-        .arg(&logdir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let view = hparams_view(&logdir);
     for name in ["lr", "n_step", "gamma", "batch_size", "hidden", "seed"] {
         assert!(
             view["hparams"]

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use millrace_tests::{population_rows as rows, venv_python};
+use millrace_tests::{hparams_view, population_rows as rows};
 
 fn learner() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_learner"));
@@ -120,13 +120,7 @@ fn shards_run_apart_and_merged_equal_the_one_process_run() {
     assert_eq!(seen, 6);
 
     // TensorBoard's HParams plugin on the merged directory: every agent's session, once.
-    let out = Command::new(venv_python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/read_hparams.py"))
-        .arg(&root)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let view = hparams_view(&root);
     let mut agents: Vec<String> = view["groups"]
         .as_array()
         .unwrap()

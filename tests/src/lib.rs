@@ -253,6 +253,23 @@ pub fn venv_python() -> PathBuf {
     python
 }
 
+/// TensorBoard's HParams view of a log directory, as TensorBoard's own plugin reads
+/// it (`scripts/read_hparams.py`: the hyperparameters and, per configuration, its
+/// sessions with their status and metrics).
+pub fn hparams_view(logdir: &std::path::Path) -> serde_json::Value {
+    let out = std::process::Command::new(venv_python())
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/read_hparams.py"))
+        .arg(logdir)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "read_hparams.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("read_hparams.py prints JSON")
+}
+
 /// A binary of this workspace, built beside the test executable (`cargo build --bins`
 /// first; `scripts/test.sh` does).
 pub fn binary(name: &str) -> PathBuf {
