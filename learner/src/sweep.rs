@@ -255,6 +255,12 @@ impl Sweep {
             field: field.into(),
             why: why.into(),
         };
+        file.check_fields()
+            .map_err(|(f, why)| field_err(&f, &why))?;
+        let seeds = file.seeds().map_err(|(f, why)| field_err(&f, &why))?;
+        // Random draws, each combined with every grid point.
+        let draws = file.draws(seed).map_err(|(f, why)| field_err(&f, &why))?;
+        let points = file.grid_points();
         // What per-agent values start from.
         let run = per_agent::Base {
             munchausen: match base.bootstrap {
@@ -262,116 +268,6 @@ impl Sweep {
                 Bootstrap::Double => None,
             },
             iqn: base.iqn,
-        };
-        let random_fields = file.random.as_ref().map(|r| &r.fields);
-        for field in file
-            .grid
-            .keys()
-            .chain(random_fields.into_iter().flat_map(|f| f.keys()))
-        {
-            if per_agent::named(field).is_none() {
-                let names: Vec<&str> = per_agent::SETTINGS.iter().map(|s| s.name).collect();
-                return Err(field_err(
-                    field,
-                    &format!(
-                        "not a per-agent setting (a sweep sets {}; everything else comes from the flags)",
-                        names.join(", ")
-                    ),
-                ));
-            }
-        }
-        if let Some((field, _)) = file.grid.iter().find(|(_, v)| v.is_empty()) {
-            return Err(field_err(field, "an empty list of values"));
-        }
-        // Counted before anything is built from them: a grid's product, the draws and
-        // the seeds can each be huge.
-        let seed_count = match &file.seeds {
-            Seeds::Count(0) => return Err(field_err("seeds", "at least one seed")),
-            Seeds::Count(n) => usize::try_from(*n).unwrap_or(usize::MAX),
-            Seeds::List(l) if l.is_empty() => return Err(field_err("seeds", "at least one seed")),
-            Seeds::List(l) => l.len(),
-        };
-        let points_count = file
-            .grid
-            .values()
-            .try_fold(1usize, |n, values| n.checked_mul(values.len()));
-        let draws_count = file.random.as_ref().map_or(1, |r| r.samples);
-        let agents_count = points_count
-            .and_then(|p| p.checked_mul(draws_count))
-            .and_then(|c| c.checked_mul(seed_count));
-        if agents_count.is_none_or(|n| n > MAX_AGENTS) {
-            let grid: Vec<String> = file
-                .grid
-                .iter()
-                .map(|(f, v)| format!("{} {f}", v.len()))
-                .collect();
-            return Err(field_err(
-                "seeds",
-                &format!(
-                    "a grid of [{}] × {draws_count} random draws × {seed_count} seeds is over {MAX_AGENTS} agents",
-                    grid.join(", ")
-                ),
-            ));
-        }
-        let seeds: Vec<u64> = match file.seeds {
-            Seeds::Count(n) => (0..n).collect(),
-            Seeds::List(l) => l,
-        };
-        if file.max_steps == Some(0) {
-            return Err(field_err("max_steps", "at least one step"));
-        }
-
-        // Grid points: every combination, fields in name order.
-        let mut points: Vec<BTreeMap<String, Value>> = vec![BTreeMap::new()];
-        for (field, values) in &file.grid {
-            points = points
-                .into_iter()
-                .flat_map(|p| {
-                    values.iter().map(move |v| {
-                        let mut q = p.clone();
-                        q.insert(field.clone(), v.clone());
-                        q
-                    })
-                })
-                .collect();
-        }
-        // Random draws, each combined with every grid point.
-        let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eee_9000);
-        let draws: Vec<BTreeMap<String, Value>> = match &file.random {
-            None => vec![BTreeMap::new()],
-            Some(r) if r.samples == 0 => {
-                return Err(field_err("random.samples", "at least one draw"))
-            }
-            Some(r) => {
-                if let Some((field, _)) = r
-                    .fields
-                    .iter()
-                    .find(|(_, d)| matches!(d, Draw::Choice(v) if v.is_empty()))
-                {
-                    return Err(field_err(field, "an empty list of choices"));
-                }
-                (0..r.samples)
-                    .map(|_| {
-                        r.fields
-                            .iter()
-                            .map(|(field, d)| {
-                                let v = match d {
-                                    Draw::Uniform([lo, hi]) => {
-                                        Value::Number(lo + (hi - lo) * rng.random::<f64>())
-                                    }
-                                    Draw::LogUniform([lo, hi]) => Value::Number(
-                                        (lo.ln() + (hi.ln() - lo.ln()) * rng.random::<f64>()).exp(),
-                                    ),
-                                    Draw::Choice(values) => {
-                                        values[rng.random_range(0..values.len())].clone()
-                                    }
-                                };
-                                (field.clone(), v)
-                            })
-                            .collect()
-                    })
-                    .collect()
-            }
         };
         let configs = points.len() * draws.len();
         let mut agents = Vec::with_capacity(configs * seeds.len());
@@ -400,31 +296,12 @@ impl Sweep {
                     value: value.to_string(),
                     why,
                 };
-                let mut hp = AgentHparams::from_config(base, s);
-                let mut settings = Settings::default();
-                let mut agent = per_agent::Values {
-                    hp: &mut hp,
-                    settings: &mut settings,
-                };
-                for (field, value) in &values {
-                    let setting = per_agent::named(field).expect("fields were checked");
-                    setting
-                        .set(value, &mut agent, &run)
-                        .map_err(|why| bad(field, value, why))?;
-                }
-                if let (Some(tau), true) = (
-                    values.get(&"tau".to_string()),
-                    values.contains_key(&"target_period".to_string()),
-                ) {
-                    return Err(bad(
-                        "tau",
-                        tau,
-                        "and target_period both set: one target rule".into(),
-                    ));
-                }
+                let (hparams, settings) =
+                    agent_values(&values, AgentHparams::from_config(base, s), &run)
+                        .map_err(|(field, value, why)| bad(field, value, why))?;
                 agents.push(SweepAgent {
                     config: c,
-                    hparams: hp,
+                    hparams,
                     settings,
                     label: label.clone(),
                 });
@@ -434,6 +311,164 @@ impl Sweep {
             agents,
             max_steps: file.max_steps,
         })
+    }
+}
+
+/// One agent's values: `hp` (the flags' and its seed) with every field of its
+/// configuration set; the field, its value and why, if one is refused.
+fn agent_values<'v>(
+    values: &BTreeMap<&'v String, &'v Value>,
+    mut hp: AgentHparams,
+    run: &per_agent::Base,
+) -> Result<(AgentHparams, Settings), (&'v str, &'v Value, String)> {
+    let mut settings = Settings::default();
+    let mut agent = per_agent::Values {
+        hp: &mut hp,
+        settings: &mut settings,
+    };
+    for (field, value) in values {
+        let setting = per_agent::named(field).expect("fields were checked");
+        setting
+            .set(value, &mut agent, run)
+            .map_err(|why| (field.as_str(), *value, why))?;
+    }
+    if let (Some(tau), true) = (
+        values.get(&"tau".to_string()),
+        values.contains_key(&"target_period".to_string()),
+    ) {
+        return Err((
+            "tau",
+            *tau,
+            "and target_period both set: one target rule".into(),
+        ));
+    }
+    Ok((hp, settings))
+}
+
+/// A refusal of a field of the file: the field and why.
+type FieldError = (String, String);
+
+impl File {
+    /// Every field a per-agent setting, and no empty list of values.
+    fn check_fields(&self) -> Result<(), FieldError> {
+        let random_fields = self.random.as_ref().map(|r| &r.fields);
+        for field in self
+            .grid
+            .keys()
+            .chain(random_fields.into_iter().flat_map(|f| f.keys()))
+        {
+            if per_agent::named(field).is_none() {
+                let names: Vec<&str> = per_agent::SETTINGS.iter().map(|s| s.name).collect();
+                return Err((
+                    field.clone(),
+                    format!(
+                        "not a per-agent setting (a sweep sets {}; everything else comes from the flags)",
+                        names.join(", ")
+                    ),
+                ));
+            }
+        }
+        if let Some((field, _)) = self.grid.iter().find(|(_, v)| v.is_empty()) {
+            return Err((field.clone(), "an empty list of values".into()));
+        }
+        Ok(())
+    }
+
+    /// The seeds, once the agents they make are counted: a grid's product, the draws
+    /// and the seeds can each be huge, and nothing is built from them past
+    /// [`MAX_AGENTS`].
+    fn seeds(&self) -> Result<Vec<u64>, FieldError> {
+        let seeds_err = |why: &str| Err(("seeds".to_string(), why.to_string()));
+        let seed_count = match &self.seeds {
+            Seeds::Count(0) => return seeds_err("at least one seed"),
+            Seeds::Count(n) => usize::try_from(*n).unwrap_or(usize::MAX),
+            Seeds::List(l) if l.is_empty() => return seeds_err("at least one seed"),
+            Seeds::List(l) => l.len(),
+        };
+        let points_count = self
+            .grid
+            .values()
+            .try_fold(1usize, |n, values| n.checked_mul(values.len()));
+        let draws_count = self.random.as_ref().map_or(1, |r| r.samples);
+        let agents_count = points_count
+            .and_then(|p| p.checked_mul(draws_count))
+            .and_then(|c| c.checked_mul(seed_count));
+        if agents_count.is_none_or(|n| n > MAX_AGENTS) {
+            let grid: Vec<String> = self
+                .grid
+                .iter()
+                .map(|(f, v)| format!("{} {f}", v.len()))
+                .collect();
+            return seeds_err(&format!(
+                "a grid of [{}] × {draws_count} random draws × {seed_count} seeds is over {MAX_AGENTS} agents",
+                grid.join(", ")
+            ));
+        }
+        if self.max_steps == Some(0) {
+            return Err(("max_steps".into(), "at least one step".into()));
+        }
+        Ok(match &self.seeds {
+            Seeds::Count(n) => (0..*n).collect(),
+            Seeds::List(l) => l.clone(),
+        })
+    }
+
+    /// Grid points: every combination, fields in name order.
+    fn grid_points(&self) -> Vec<BTreeMap<String, Value>> {
+        let mut points: Vec<BTreeMap<String, Value>> = vec![BTreeMap::new()];
+        for (field, values) in &self.grid {
+            points = points
+                .into_iter()
+                .flat_map(|p| {
+                    values.iter().map(move |v| {
+                        let mut q = p.clone();
+                        q.insert(field.clone(), v.clone());
+                        q
+                    })
+                })
+                .collect();
+        }
+        points
+    }
+
+    /// The random draws (one empty draw without `[random]`), from `seed`.
+    fn draws(&self, seed: u64) -> Result<Vec<BTreeMap<String, Value>>, FieldError> {
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eee_9000);
+        let r = match &self.random {
+            None => return Ok(vec![BTreeMap::new()]),
+            Some(r) if r.samples == 0 => {
+                return Err(("random.samples".into(), "at least one draw".into()))
+            }
+            Some(r) => r,
+        };
+        if let Some((field, _)) = r
+            .fields
+            .iter()
+            .find(|(_, d)| matches!(d, Draw::Choice(v) if v.is_empty()))
+        {
+            return Err((field.clone(), "an empty list of choices".into()));
+        }
+        Ok((0..r.samples)
+            .map(|_| {
+                r.fields
+                    .iter()
+                    .map(|(field, d)| {
+                        let v = match d {
+                            Draw::Uniform([lo, hi]) => {
+                                Value::Number(lo + (hi - lo) * rng.random::<f64>())
+                            }
+                            Draw::LogUniform([lo, hi]) => Value::Number(
+                                (lo.ln() + (hi.ln() - lo.ln()) * rng.random::<f64>()).exp(),
+                            ),
+                            Draw::Choice(values) => {
+                                values[rng.random_range(0..values.len())].clone()
+                            }
+                        };
+                        (field.clone(), v)
+                    })
+                    .collect()
+            })
+            .collect())
     }
 }
 
