@@ -30,7 +30,17 @@ fn loaded(name: &str) -> Option<PathBuf> {
 /// Runs every check.
 pub fn report() -> Report {
     let mut r = Report::default();
-    // libtorch: the one loaded, against the one built with.
+    let (dir, version) = check_libtorch(&mut r);
+    check_cuda(&mut r, dir.as_deref(), version.as_deref());
+    if check_devices(&mut r) {
+        check_gpu(&mut r);
+    }
+    r
+}
+
+/// libtorch: the one loaded, against the one built with, and tch's own version.
+/// Returns libtorch's directory and PyTorch version, where found.
+fn check_libtorch(r: &mut Report) -> (Option<PathBuf>, Option<String>) {
     let built = option_env!("MILLRACE_LIBTORCH_LIB").map(PathBuf::from);
     let dir = loaded("libtorch_cpu.so").and_then(|p| p.parent().map(Path::to_path_buf));
     let version = dir.as_deref().and_then(torch_version);
@@ -84,8 +94,14 @@ pub fn report() -> Report {
         format!("{TCH_VERSION} (for PyTorch {EXPECTED_TORCH})"),
     ));
 
-    // libtorch_cuda: present beside libtorch_cpu, and linked (not dropped by the linker).
-    let cuda_lib = dir.as_ref().map(|d| d.join("libtorch_cuda.so"));
+    (dir, version)
+}
+
+/// libtorch_cuda present beside libtorch_cpu and linked (not dropped by the linker),
+/// the CUDA runtime, and the driver against the CUDA that PyTorch `version` was built
+/// for.
+fn check_cuda(r: &mut Report, dir: Option<&Path>, version: Option<&str>) {
+    let cuda_lib = dir.map(|d| d.join("libtorch_cuda.so"));
     let cuda_linked = loaded("libtorch_cuda.so").is_some();
     match (cuda_lib.as_ref().is_some_and(|p| p.exists()), cuda_linked) {
         (true, true) => r.0.push(Check::ok("libtorch_cuda", "linked")),
@@ -111,14 +127,17 @@ pub fn report() -> Report {
             "needed only on a GPU host",
         )),
     }
-    let shown = version.as_deref().unwrap_or("unknown");
+    let shown = version.unwrap_or("unknown");
     r.0.push(driver_check(
         driver_cuda_version(),
-        version.as_deref().and_then(cuda_of_torch),
+        version.and_then(cuda_of_torch),
         shown,
     ));
+}
 
-    // Devices: what the driver sees against what libtorch sees.
+/// The devices the driver sees against those libtorch sees, with each one's free
+/// memory; whether libtorch sees any.
+fn check_devices(r: &mut Report) -> bool {
     let driver_devices = cuda_devices();
     let available = tch::Cuda::is_available();
     let count = tch::Cuda::device_count();
@@ -158,43 +177,45 @@ pub fn report() -> Report {
              supports libtorch's CUDA (see the lines above)",
         )),
     }
-    if available {
-        let cudnn = tch::Cuda::cudnn_is_available();
-        let v = tch::utils::version_cudnn();
-        r.0.push(if cudnn {
-            Check::ok("cuDNN", format!("available (version {v})"))
-        } else {
-            Check::warn(
-                "cuDNN",
-                "not available: convolutions run slower",
-                "install torch with its nvidia-cudnn dependency",
-            )
-        });
-        r.0.push(match millrace_core::torch_settings::current() {
-            Ok(math) => Check::ok(
-                "fp32 math",
-                format!("{math} (libtorch's defaults; the learner sets --tf32 conv and cuDNN benchmark on unless told otherwise)"),
-            ),
-            Err(e) => Check::warn("fp32 math", e, "TF32 settings cannot be read back"),
-        });
-        let t = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cpu));
-        match t.f_internal_pin_memory(tch::Device::Cuda(0)) {
-            Ok(p) if p.is_pinned(tch::Device::Cuda(0)) => {
-                r.0.push(Check::ok("pinned memory", "works (non-blocking copies)"))
-            }
-            Ok(_) => r.0.push(Check::warn(
-                "pinned memory",
-                "pin_memory returned unpinned memory: copies block the learner",
-                "check the driver and ulimit -l (locked memory)",
-            )),
-            Err(e) => r.0.push(Check::fail(
-                "pinned memory",
-                format!("cannot pin host memory: {e}"),
-                "check the driver and ulimit -l (locked memory)",
-            )),
+    available
+}
+
+/// On a GPU: cuDNN, the fp32 math settings, and pinned memory.
+fn check_gpu(r: &mut Report) {
+    let cudnn = tch::Cuda::cudnn_is_available();
+    let v = tch::utils::version_cudnn();
+    r.0.push(if cudnn {
+        Check::ok("cuDNN", format!("available (version {v})"))
+    } else {
+        Check::warn(
+            "cuDNN",
+            "not available: convolutions run slower",
+            "install torch with its nvidia-cudnn dependency",
+        )
+    });
+    r.0.push(match millrace_core::torch_settings::current() {
+        Ok(math) => Check::ok(
+            "fp32 math",
+            format!("{math} (libtorch's defaults; the learner sets --tf32 conv and cuDNN benchmark on unless told otherwise)"),
+        ),
+        Err(e) => Check::warn("fp32 math", e, "TF32 settings cannot be read back"),
+    });
+    let t = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cpu));
+    match t.f_internal_pin_memory(tch::Device::Cuda(0)) {
+        Ok(p) if p.is_pinned(tch::Device::Cuda(0)) => {
+            r.0.push(Check::ok("pinned memory", "works (non-blocking copies)"))
         }
+        Ok(_) => r.0.push(Check::warn(
+            "pinned memory",
+            "pin_memory returned unpinned memory: copies block the learner",
+            "check the driver and ulimit -l (locked memory)",
+        )),
+        Err(e) => r.0.push(Check::fail(
+            "pinned memory",
+            format!("cannot pin host memory: {e}"),
+            "check the driver and ulimit -l (locked memory)",
+        )),
     }
-    r
 }
 
 #[cfg(test)]
