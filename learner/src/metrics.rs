@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
-use millrace_replay::Table;
+use millrace_replay::{ReplayStats, Table};
 use millrace_telemetry::Endpoint;
 
 use crate::checkpoint::writer::WriterStats;
@@ -15,7 +15,7 @@ use crate::evaluation::{EvalRecord, Purpose};
 use crate::summary::RunSummary;
 use crate::tensorboard::EventWriter;
 use millrace_core::update_loop::LearnerReport;
-use millrace_server::ActorBoard;
+use millrace_server::{ActorBoard, ActorEntry, BoardSummary};
 
 /// Seconds between TensorBoard points and progress updates.
 const TICK_S: f64 = 1.0;
@@ -140,7 +140,8 @@ impl Metrics {
         self.live_on_tick = Some(limit);
     }
 
-    /// Called often; records at most once per [`TICK_S`].
+    /// Called often; records at most once per [`TICK_S`]: TensorBoard's scalars, the
+    /// metrics page, the progress bar's line and, every [`LOG_S`], the log's.
     pub fn tick(
         &mut self,
         steps: u64,
@@ -150,6 +151,38 @@ impl Metrics {
         replay: &Table,
         remote: Option<&ActorBoard>,
     ) {
+        self.signs_of_life();
+        let dt = self.last_tick.elapsed().as_secs_f64();
+        if dt < TICK_S {
+            return;
+        }
+        // Reading replay's counters takes its locks: only when a point is recorded.
+        let replay = replay.stats();
+        let rates = self.rates(dt, steps, report.updates, &replay);
+        self.last_tick = Instant::now();
+        let point = Point {
+            steps,
+            report,
+            replay: &replay,
+            rates,
+            train_return: train_return.map_or(f64::NAN, f64::from),
+            epsilon,
+        };
+        // Remote actors: the board is read here, once per tick, not on every poll.
+        let actors = remote.map(ActorBoard::entries).unwrap_or_default();
+        let summary = remote.map(ActorBoard::summary);
+        let values = point.scalars(&actors, summary.as_ref());
+        let values: Vec<(&str, f64)> = values.iter().map(|(t, v)| (t.as_str(), *v)).collect();
+        if let Err(e) = self.tb.scalars(steps, &values) {
+            tracing::warn!("TensorBoard write failed: {e}");
+        }
+        let _ = self.tb.flush();
+        self.publish_page(&point, &values, &actors);
+        self.progress(&point, summary.as_ref());
+    }
+
+    /// `/livez`'s sign of life: the learner thread's, or this thread's own.
+    fn signs_of_life(&mut self) {
         if let (Some(monitor), Some((alive, seen, limit))) =
             (&self.monitor, &mut self.learner_alive)
         {
@@ -161,119 +194,76 @@ impl Metrics {
         } else if let (Some(monitor), Some(limit)) = (&self.monitor, self.live_on_tick) {
             monitor.progress(limit);
         }
-        let dt = self.last_tick.elapsed().as_secs_f64();
-        if dt < TICK_S {
-            return;
-        }
-        // Reading replay's counters takes its locks: only when a point is recorded.
-        let replay = replay.stats();
-        let steps_s = (steps - self.last_steps.min(steps)) as f64 / dt;
-        let updates_s = (report.updates - self.last_updates.min(report.updates)) as f64 / dt;
-        let inserts_s = (replay.inserted - self.last_inserted.min(replay.inserted)) as f64 / dt;
-        let samples_s = (replay.sampled - self.last_sampled.min(replay.sampled)) as f64 / dt;
+    }
+
+    /// Env steps, updates, inserts and samples per second over the last `dt` seconds.
+    fn rates(&mut self, dt: f64, steps: u64, updates: u64, replay: &ReplayStats) -> Rates {
+        let rates = Rates {
+            steps: (steps - self.last_steps.min(steps)) as f64 / dt,
+            updates: (updates - self.last_updates.min(updates)) as f64 / dt,
+            inserts: (replay.inserted - self.last_inserted.min(replay.inserted)) as f64 / dt,
+            samples: (replay.sampled - self.last_sampled.min(replay.sampled)) as f64 / dt,
+        };
         (
             self.last_steps,
             self.last_updates,
             self.last_inserted,
             self.last_sampled,
-        ) = (steps, report.updates, replay.inserted, replay.sampled);
-        self.last_tick = Instant::now();
+        ) = (steps, updates, replay.inserted, replay.sampled);
+        rates
+    }
+
+    /// The metrics page (`--metrics-addr`): the scalars but the per-actor ones, which
+    /// are labelled series there, and the last evaluation.
+    fn publish_page(
+        &self,
+        point: &Point<'_>,
+        values: &[(&str, f64)],
+        actors: &[(u32, ActorEntry)],
+    ) {
+        let Some(monitor) = &self.monitor else {
+            return;
+        };
+        let mut scalars: Vec<(&str, f64)> = values
+            .iter()
+            .copied()
+            .filter(|(t, _)| !t.starts_with("actor/"))
+            .collect();
+        if let Some((mean, version)) = self.last_eval {
+            scalars.extend([("eval/mean_return", mean), ("eval/params_version", version)]);
+        }
+        monitor.publish(crate::prometheus::page(
+            point.steps,
+            point.report.updates,
+            point.replay,
+            self.checkpoints.as_ref(),
+            &scalars,
+            actors,
+        ));
+    }
+
+    /// The progress bar's line and, every [`LOG_S`], the log's two.
+    fn progress(&mut self, point: &Point<'_>, summary: Option<&BoardSummary>) {
+        let Point {
+            steps,
+            report,
+            replay,
+            rates,
+            train_return: ret,
+            epsilon,
+        } = *point;
         let s = &report.stalls;
         let frac = |x: f64| s.frac(x);
-        let ret = train_return.map_or(f64::NAN, f64::from);
-        let values = [
-            ("charts/episode_return", ret),
-            ("charts/epsilon", f64::from(epsilon)),
-            // 0 only before the learner's first report: not known yet.
-            (
-                "charts/learning_rate",
-                Some(report.stats.learning_rate)
-                    .filter(|lr| *lr > 0.0)
-                    .unwrap_or(f64::NAN),
-            ),
-            ("losses/loss", report.stats.loss),
-            ("losses/td_abs", report.stats.td_abs),
-            ("losses/q_values", report.stats.q),
-            ("losses/nonfinite_skipped", report.stats.nonfinite as f64),
-            ("perf/env_steps_per_s", steps_s),
-            ("perf/updates_per_s", updates_s),
-            ("perf/inserts_per_s", inserts_s),
-            ("perf/samples_per_s", samples_s),
-            ("perf/duty_cycle", s.duty_cycle()),
-            ("stall/wait_data", frac(s.wait_data)),
-            ("stall/host_to_device", frac(s.host_to_device)),
-            ("stall/publish", frac(s.publish)),
-            ("stall/priorities", frac(s.priorities)),
-            ("stall/metrics", frac(s.metrics)),
-            ("stall/checkpoint", frac(s.checkpoint)),
-            ("stall/checkpoint_max_s", report.checkpoint_stall_max),
-            ("replay/size", replay.size as f64),
-            (
-                "replay/obs_rows_per_item",
-                replay.obs_rows as f64 / replay.size.max(1) as f64,
-            ),
-            ("replay/dropped", replay.dropped as f64),
-            ("replay/insert_blocked_s", replay.insert_blocked_s),
-            ("replay/sample_blocked_s", replay.sample_blocked_s),
-            (
-                "replay/ratio",
-                replay.sampled as f64 / replay.inserted.max(1) as f64,
-            ),
-            ("params/version", report.params_version as f64),
-            ("replay/sampled_age_versions", report.staleness),
-        ];
-        let mut values: Vec<(String, f64)> =
-            values.iter().map(|(t, v)| (t.to_string(), *v)).collect();
-        // Remote actors: the board is read here, once per tick, not on every poll.
-        let actors = remote.map(ActorBoard::entries).unwrap_or_default();
-        for (id, a) in &actors {
-            values.push((format!("actor/{id}/transitions_per_s"), a.transitions_per_s));
-            values.push((format!("actor/{id}/version_lag"), a.version_lag as f64));
-        }
-        let summary = remote.map(ActorBoard::summary);
-        if let Some(r) = &summary {
-            values.extend([
-                ("actors/connected".to_string(), r.connected as f64),
-                ("actors/transitions_per_s".to_string(), r.transitions_per_s),
-                ("actors/mean_version_lag".to_string(), r.mean_version_lag),
-                (
-                    "actors/max_version_lag".to_string(),
-                    r.max_version_lag as f64,
-                ),
-            ]);
-        }
-        let values: Vec<(&str, f64)> = values.iter().map(|(t, v)| (t.as_str(), *v)).collect();
-        if let Err(e) = self.tb.scalars(steps, &values) {
-            tracing::warn!("TensorBoard write failed: {e}");
-        }
-        let _ = self.tb.flush();
-        if let Some(monitor) = &self.monitor {
-            // The per-actor scalars are labelled series on the page, not names.
-            let mut scalars: Vec<(&str, f64)> = values
-                .iter()
-                .copied()
-                .filter(|(t, _)| !t.starts_with("actor/"))
-                .collect();
-            if let Some((mean, version)) = self.last_eval {
-                scalars.extend([("eval/mean_return", mean), ("eval/params_version", version)]);
-            }
-            monitor.publish(crate::prometheus::page(
-                steps,
-                report.updates,
-                &replay,
-                self.checkpoints.as_ref(),
-                &scalars,
-                &actors,
-            ));
-        }
         let mut line = format!(
-            "{steps_s:>6.0} steps/s {updates_s:>5.0} upd/s  return {ret:>6.1}  eps {epsilon:.3}  loss {:.4}  duty {:.0}% wait {:.0}%  ratio {:.1}",
+            "{:>6.0} steps/s {:>5.0} upd/s  return {ret:>6.1}  eps {epsilon:.3}  loss {:.4}  duty {:.0}% wait {:.0}%  ratio {:.1}",
+            rates.steps,
+            rates.updates,
             report.stats.loss,
             100.0 * s.duty_cycle(),
             100.0 * frac(s.wait_data),
-            samples_s / inserts_s.max(1e-9),
+            rates.samples / rates.inserts.max(1e-9),
         );
-        if let Some(r) = &summary {
+        if let Some(r) = summary {
             line += &format!(
                 "  actors {} (lag {:.0}, max {})",
                 r.connected, r.mean_version_lag, r.max_version_lag
@@ -283,26 +273,29 @@ impl Metrics {
             bar.set_position(steps);
             bar.set_message(line.clone());
         }
-        if self.last_log.elapsed().as_secs_f64() >= LOG_S {
-            self.last_log = Instant::now();
-            tracing::info!("{steps} env steps, {} updates: {line}", report.updates);
-            tracing::info!(
-                "learner time: {:.1}% compute, {:.1}% waiting for data, {:.1}% host-to-device, \
-                 {:.1}% publishing, {:.1}% priorities, {:.1}% metrics, {:.1}% checkpointing; \
-                 {samples_s:.0} samples/s, \
-                 {inserts_s:.0} inserts/s; blocked by the rate limiter since the start: actors \
-                 {:.1} s, sampler {:.1} s",
-                100.0 * s.duty_cycle(),
-                100.0 * frac(s.wait_data),
-                100.0 * frac(s.host_to_device),
-                100.0 * frac(s.publish),
-                100.0 * frac(s.priorities),
-                100.0 * frac(s.metrics),
-                100.0 * frac(s.checkpoint),
-                replay.insert_blocked_s,
-                replay.sample_blocked_s,
-            );
+        if self.last_log.elapsed().as_secs_f64() < LOG_S {
+            return;
         }
+        self.last_log = Instant::now();
+        tracing::info!("{steps} env steps, {} updates: {line}", report.updates);
+        tracing::info!(
+            "learner time: {:.1}% compute, {:.1}% waiting for data, {:.1}% host-to-device, \
+             {:.1}% publishing, {:.1}% priorities, {:.1}% metrics, {:.1}% checkpointing; \
+             {:.0} samples/s, \
+             {:.0} inserts/s; blocked by the rate limiter since the start: actors \
+             {:.1} s, sampler {:.1} s",
+            100.0 * s.duty_cycle(),
+            100.0 * frac(s.wait_data),
+            100.0 * frac(s.host_to_device),
+            100.0 * frac(s.publish),
+            100.0 * frac(s.priorities),
+            100.0 * frac(s.metrics),
+            100.0 * frac(s.checkpoint),
+            rates.samples,
+            rates.inserts,
+            replay.insert_blocked_s,
+            replay.sample_blocked_s,
+        );
     }
 
     /// Records an evaluation at the env steps of the parameters it played.
@@ -349,6 +342,100 @@ pub fn checkpoint_warning(stats: &WriterStats) -> Option<String> {
         (n, _) => Some(format!(
             "the last {n} checkpoint(s) failed (see the log: a full disk?); the state saved before stands"
         )),
+    }
+}
+
+/// Env steps, updates, inserts and samples per second since the last point.
+#[derive(Clone, Copy)]
+struct Rates {
+    steps: f64,
+    updates: f64,
+    inserts: f64,
+    samples: f64,
+}
+
+/// What one recorded point shows.
+#[derive(Clone, Copy)]
+struct Point<'a> {
+    steps: u64,
+    report: &'a LearnerReport,
+    replay: &'a ReplayStats,
+    rates: Rates,
+    /// The mean training return (NaN before the first episode).
+    train_return: f64,
+    epsilon: f32,
+}
+
+impl Point<'_> {
+    /// The point's scalars by TensorBoard tag: the learner's, replay's and, with remote
+    /// actors, each actor's and their summary.
+    fn scalars(
+        &self,
+        actors: &[(u32, ActorEntry)],
+        summary: Option<&BoardSummary>,
+    ) -> Vec<(String, f64)> {
+        let (report, replay, rates) = (self.report, self.replay, &self.rates);
+        let s = &report.stalls;
+        let frac = |x: f64| s.frac(x);
+        let values = [
+            ("charts/episode_return", self.train_return),
+            ("charts/epsilon", f64::from(self.epsilon)),
+            // 0 only before the learner's first report: not known yet.
+            (
+                "charts/learning_rate",
+                Some(report.stats.learning_rate)
+                    .filter(|lr| *lr > 0.0)
+                    .unwrap_or(f64::NAN),
+            ),
+            ("losses/loss", report.stats.loss),
+            ("losses/td_abs", report.stats.td_abs),
+            ("losses/q_values", report.stats.q),
+            ("losses/nonfinite_skipped", report.stats.nonfinite as f64),
+            ("perf/env_steps_per_s", rates.steps),
+            ("perf/updates_per_s", rates.updates),
+            ("perf/inserts_per_s", rates.inserts),
+            ("perf/samples_per_s", rates.samples),
+            ("perf/duty_cycle", s.duty_cycle()),
+            ("stall/wait_data", frac(s.wait_data)),
+            ("stall/host_to_device", frac(s.host_to_device)),
+            ("stall/publish", frac(s.publish)),
+            ("stall/priorities", frac(s.priorities)),
+            ("stall/metrics", frac(s.metrics)),
+            ("stall/checkpoint", frac(s.checkpoint)),
+            ("stall/checkpoint_max_s", report.checkpoint_stall_max),
+            ("replay/size", replay.size as f64),
+            (
+                "replay/obs_rows_per_item",
+                replay.obs_rows as f64 / replay.size.max(1) as f64,
+            ),
+            ("replay/dropped", replay.dropped as f64),
+            ("replay/insert_blocked_s", replay.insert_blocked_s),
+            ("replay/sample_blocked_s", replay.sample_blocked_s),
+            (
+                "replay/ratio",
+                replay.sampled as f64 / replay.inserted.max(1) as f64,
+            ),
+            ("params/version", report.params_version as f64),
+            ("replay/sampled_age_versions", report.staleness),
+        ];
+        let mut values: Vec<(String, f64)> =
+            values.iter().map(|(t, v)| (t.to_string(), *v)).collect();
+        for (id, a) in actors {
+            values.push((format!("actor/{id}/transitions_per_s"), a.transitions_per_s));
+            values.push((format!("actor/{id}/version_lag"), a.version_lag as f64));
+        }
+        if let Some(r) = summary {
+            values.extend([
+                ("actors/connected".to_string(), r.connected as f64),
+                ("actors/transitions_per_s".to_string(), r.transitions_per_s),
+                ("actors/mean_version_lag".to_string(), r.mean_version_lag),
+                (
+                    "actors/max_version_lag".to_string(),
+                    r.max_version_lag as f64,
+                ),
+            ]);
+        }
+        values
     }
 }
 
