@@ -67,10 +67,20 @@ for run in "${runs[@]}"; do
         fi
     done <<<"$files"
     # A population's results table, but for its wall times: each agent's end, steps
-    # and its final and best evaluations (the final one plays its last parameters).
+    # and its final and best evaluations (the final one plays its last parameters), in
+    # the columns both binaries write (a column one of them adds is named, not compared).
     if [[ -f "$work/old/$name/population.csv" ]]; then
-        table() { python3 -c 'import csv,sys; [print([v for k, v in r.items() if k != "wall_s"]) for r in csv.DictReader(open(sys.argv[1]))]' "$1/population.csv"; }
-        if [[ "$(table "$work/old/$name")" == "$(table "$work/new/$name")" ]]; then
+        if python3 - "$work/old/$name/population.csv" "$work/new/$name/population.csv" <<'PY'
+import csv, sys
+old, new = (list(csv.DictReader(open(p))) for p in sys.argv[1:3])
+keys = [k for k in old[0] if k in new[0] and k != "wall_s"]
+for only, rows in (("old", old), ("new", new)):
+    extra = [k for k in rows[0] if k not in keys and k != "wall_s"]
+    if extra:
+        print(f"  columns only the {only} binary writes: {', '.join(extra)}", file=sys.stderr)
+sys.exit(0 if [[r[k] for k in keys] for r in old] == [[r[k] for k in keys] for r in new] else 1)
+PY
+        then
             same=$((same + 1))
         else
             echo "$name: population.csv differs" >&2

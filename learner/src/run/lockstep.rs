@@ -92,111 +92,26 @@ fn save(
         .map(|saved| saved.dir)
 }
 
-pub fn run(
-    cfg: &RunConfig,
-    mut setup: Setup,
-    interrupt: &AtomicBool,
-) -> Result<RunSummary, RunError> {
+pub fn run(cfg: &RunConfig, setup: Setup, interrupt: &AtomicBool) -> Result<RunSummary, RunError> {
     tch::set_num_threads(1);
-    let dqn = setup.dqn.take().expect("the networks are set up once");
-    let mut progress = Progress::new(cfg, setup.start_steps, setup.best.take());
-    let seed_offset = setup.start_steps;
-    let mut actors = Vec::new();
-    for id in 0..cfg.actors.count {
-        let acfg = cfg.actor(id as u32, seed_offset);
-        actors.push(AnyActor::new(&acfg, &setup.network)?);
-    }
-    let mut staging = StagingBuffer::new(&setup.env.obs, cfg.batch_size, None);
-    let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 0x5eed);
-    // Priorities are applied as soon as a round is complete (on the CPU, in order):
-    // lock-step runs stay reproducible with prioritized replay too.
-    let feedback = Some(crate::replay_flags::feedback(
-        cfg.replay.priority.as_ref(),
-        &setup.table,
-        Device::Cpu,
-        setup.steps.get(),
-        cfg.poison_td(),
-    ));
-    let mut step = LearnerStep::new(
-        dqn,
-        setup.params.version(),
-        cfg.learner.step(),
-        vec![feedback],
-        None,
-    );
-    // The actors pack each parameter version once between them.
-    let mut source = SharedParams::new(Arc::clone(&setup.params));
-    let mut stalls = StallTimes::default();
-    let mut report = LearnerReport::default();
-    // One thread steps, learns and ticks: its ticks are `/livez`'s signs of life.
-    setup.metrics.live_on_tick(cfg.live_limit);
-    let started = Instant::now();
-    let mut last_ckpt = Instant::now();
+    let mut run = LockStep::new(cfg, setup)?;
     let mut failure: Option<Failure> = None;
     let mut diverged = false;
-    let reason = 'run: loop {
+    let reason = loop {
         if interrupt.load(Ordering::Relaxed) {
             break StopReason::Interrupted;
         }
-        for actor in &mut actors {
-            let batch = match actor.step(&mut source, &setup.steps, &mut |e| {
-                progress.episode(e.actor_id, e.episode_return);
-            }) {
-                Ok(b) => b,
-                Err(e) => {
-                    failure = Some(Failure::new(Component::Actor(None), e.to_string()));
-                    break 'run StopReason::Interrupted;
-                }
-            };
-            if let Some(batch) = batch {
-                if let Err(e) = setup.table.insert_unlimited(batch) {
-                    failure = Some(Failure::new(Component::Replay, e.to_string()));
-                    break 'run StopReason::Interrupted;
-                }
-            }
+        if let Err(f) = run.act() {
+            failure = Some(f);
+            break StopReason::Interrupted;
         }
-        // Every update the replay ratio allows now, in order.
-        let c0 = Instant::now();
-        while staging
-            .try_fill(&setup.table, &mut rng)
-            .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?
-        {
-            let batch = staging.to_device(Device::Cpu);
-            let (params, steps) = (&setup.params, &setup.steps);
-            step.update(
-                &batch,
-                staging.keys(),
-                &[steps.get()],
-                &mut |version, dqn| {
-                    params.publish(dqn.params(version, steps.get()));
-                },
-            );
-            if step.updates().is_multiple_of(STATS_EVERY) {
-                let health = step.check();
-                report.stats = health.stats;
-                report.nonfinite_total = health.nonfinite_total;
-                if !health.diverged.is_empty() {
-                    diverged = true;
-                    failure = Some(Failure::new(
-                        Component::Learner,
-                        millrace_core::update_loop::LearnerError::Diverged {
-                            streak: health.stats.nonfinite_streak,
-                            skipped: health.nonfinite_total,
-                            limit: cfg.learner.max_nonfinite,
-                        }
-                        .to_string(),
-                    ));
-                    break 'run StopReason::Interrupted;
-                }
-            }
+        if let Some(f) = run.learn()? {
+            (diverged, failure) = (true, Some(f));
+            break StopReason::Interrupted;
         }
-        let priorities_s = step.take_priority_seconds();
-        stalls.priorities += priorities_s;
-        stalls.compute += (c0.elapsed().as_secs_f64() - priorities_s).max(0.0);
-        let steps = setup.steps.get();
-        if steps < cfg.max_steps && progress.eval_due(steps, cfg.eval.every) {
-            let snapshot = setup.params.latest();
-            match evaluate_now(cfg, &mut setup, &mut progress, snapshot) {
+        let steps = run.setup.steps.get();
+        if steps < cfg.max_steps && run.progress.eval_due(steps, cfg.eval.every) {
+            match run.evaluate() {
                 Ok(true) => break StopReason::Solved,
                 Ok(false) => {}
                 Err(e) => {
@@ -208,76 +123,245 @@ pub fn run(
         if steps >= cfg.max_steps {
             break StopReason::MaxSteps;
         }
-        if let Some(every) = cfg.learner.checkpoint_every {
-            if last_ckpt.elapsed() >= every {
-                let k0 = Instant::now();
-                let saved = save(
-                    cfg,
-                    &setup,
-                    step.dqn(),
-                    step.version(),
-                    progress.tracker.last.clone(),
-                    None,
-                );
-                if let Err(e) = &saved {
-                    tracing::warn!("periodic checkpoint failed: {e}");
-                }
-                setup.metrics.own_checkpoint(saved.is_ok());
-                stalls.checkpoint += k0.elapsed().as_secs_f64();
-                report.checkpoint_stall_max =
-                    report.checkpoint_stall_max.max(k0.elapsed().as_secs_f64());
-                last_ckpt = Instant::now();
-            }
+        run.checkpoint_if_due();
+        run.tick(steps);
+    };
+    run.finish(reason, failure, diverged)
+}
+
+/// A lock-step run's components and the state its rounds keep.
+struct LockStep<'a> {
+    cfg: &'a RunConfig,
+    setup: Setup,
+    progress: Progress,
+    actors: Vec<AnyActor>,
+    /// The actors pack each parameter version once between them.
+    source: SharedParams,
+    staging: StagingBuffer,
+    /// The run's seeded generator for sampling.
+    rng: SmallRng,
+    step: LearnerStep,
+    stalls: StallTimes,
+    report: LearnerReport,
+    started: Instant,
+    last_ckpt: Instant,
+}
+
+impl<'a> LockStep<'a> {
+    fn new(cfg: &'a RunConfig, mut setup: Setup) -> Result<Self, RunError> {
+        let dqn = setup.dqn.take().expect("the networks are set up once");
+        let progress = Progress::new(cfg, setup.start_steps, setup.best.take());
+        let seed_offset = setup.start_steps;
+        let mut actors = Vec::new();
+        for id in 0..cfg.actors.count {
+            let acfg = cfg.actor(id as u32, seed_offset);
+            actors.push(AnyActor::new(&acfg, &setup.network)?);
         }
-        stalls.total = started.elapsed().as_secs_f64();
-        report.updates = step.updates();
-        report.params_version = step.version();
-        report.stalls = stalls;
-        let eps = cfg.actors.epsilon.value(steps);
-        setup.metrics.tick(
-            steps,
-            &report,
-            progress.train_return(),
-            eps,
+        let staging = StagingBuffer::new(&setup.env.obs, cfg.batch_size, None);
+        let rng = SmallRng::seed_from_u64(cfg.seed ^ 0x5eed);
+        // Priorities are applied as soon as a round is complete (on the CPU, in order):
+        // lock-step runs stay reproducible with prioritized replay too.
+        let feedback = Some(crate::replay_flags::feedback(
+            cfg.replay.priority.as_ref(),
             &setup.table,
+            Device::Cpu,
+            setup.steps.get(),
+            cfg.poison_td(),
+        ));
+        let step = LearnerStep::new(
+            dqn,
+            setup.params.version(),
+            cfg.learner.step(),
+            vec![feedback],
             None,
         );
-    };
-    // The last round's priorities, before the final checkpoint copies replay.
-    step.finish_priorities();
-    setup.table.close();
-    // The final checkpoint: not after divergence (the last good one stays).
-    let run_finished = reason.finished().filter(|_| failure.is_none());
-    let k0 = Instant::now();
-    let saved = (!diverged).then(|| {
-        save(
+        let source = SharedParams::new(Arc::clone(&setup.params));
+        // One thread steps, learns and ticks: its ticks are `/livez`'s signs of life.
+        setup.metrics.live_on_tick(cfg.live_limit);
+        Ok(Self {
             cfg,
-            &setup,
-            step.dqn(),
-            step.version(),
-            progress.tracker.last.clone(),
-            run_finished,
-        )
-    });
-    stalls.checkpoint += k0.elapsed().as_secs_f64();
-    stalls.total = started.elapsed().as_secs_f64();
-    let saved = saved.transpose();
-    if let Some(Failure { component, message }) = failure {
-        return Err(RunError::Failed {
-            component,
-            message,
-            checkpoint: super::coordinator::checkpoint_note(&saved),
+            setup,
+            progress,
+            actors,
+            source,
+            staging,
+            rng,
+            step,
+            stalls: StallTimes::default(),
+            report: LearnerReport::default(),
+            started: Instant::now(),
+            last_ckpt: Instant::now(),
+        })
+    }
+
+    /// Every actor takes one step of all its environments, in actor order, and hands
+    /// any full batch to replay.
+    fn act(&mut self) -> Result<(), Failure> {
+        let Self {
+            actors,
+            source,
+            setup,
+            progress,
+            ..
+        } = self;
+        for actor in actors.iter_mut() {
+            let batch = actor
+                .step(source, &setup.steps, &mut |e| {
+                    progress.episode(e.actor_id, e.episode_return);
+                })
+                .map_err(|e| Failure::new(Component::Actor(None), e.to_string()))?;
+            if let Some(batch) = batch {
+                setup
+                    .table
+                    .insert_unlimited(batch)
+                    .map_err(|e| Failure::new(Component::Replay, e.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every update the replay ratio allows now, in order; statistics and the
+    /// non-finite check every [`STATS_EVERY`] updates. The failure, if the learner
+    /// diverged.
+    fn learn(&mut self) -> Result<Option<Failure>, RunError> {
+        let c0 = Instant::now();
+        while self
+            .staging
+            .try_fill(&self.setup.table, &mut self.rng)
+            .map_err(|_| RunError::Replay(millrace_replay::ReplayError::Closed))?
+        {
+            let batch = self.staging.to_device(Device::Cpu);
+            let (params, steps) = (&self.setup.params, &self.setup.steps);
+            self.step.update(
+                &batch,
+                self.staging.keys(),
+                &[steps.get()],
+                &mut |version, dqn| {
+                    params.publish(dqn.params(version, steps.get()));
+                },
+            );
+            if self.step.updates().is_multiple_of(STATS_EVERY) {
+                let health = self.step.check();
+                self.report.stats = health.stats;
+                self.report.nonfinite_total = health.nonfinite_total;
+                if !health.diverged.is_empty() {
+                    return Ok(Some(Failure::new(
+                        Component::Learner,
+                        millrace_core::update_loop::LearnerError::Diverged {
+                            streak: health.stats.nonfinite_streak,
+                            skipped: health.nonfinite_total,
+                            limit: self.cfg.learner.max_nonfinite,
+                        }
+                        .to_string(),
+                    )));
+                }
+            }
+        }
+        let priorities_s = self.step.take_priority_seconds();
+        self.stalls.priorities += priorities_s;
+        self.stalls.compute += (c0.elapsed().as_secs_f64() - priorities_s).max(0.0);
+        Ok(None)
+    }
+
+    /// Evaluates the parameters published last (confirming a candidate at once);
+    /// whether the run is solved.
+    fn evaluate(&mut self) -> Result<bool, String> {
+        let snapshot = self.setup.params.latest();
+        evaluate_now(self.cfg, &mut self.setup, &mut self.progress, snapshot)
+    }
+
+    /// A periodic checkpoint (`--checkpoint-every`), when one is due.
+    fn checkpoint_if_due(&mut self) {
+        let Some(every) = self.cfg.learner.checkpoint_every else {
+            return;
+        };
+        if self.last_ckpt.elapsed() < every {
+            return;
+        }
+        let k0 = Instant::now();
+        let saved = save(
+            self.cfg,
+            &self.setup,
+            self.step.dqn(),
+            self.step.version(),
+            self.progress.tracker.last.clone(),
+            None,
+        );
+        if let Err(e) = &saved {
+            tracing::warn!("periodic checkpoint failed: {e}");
+        }
+        self.setup.metrics.own_checkpoint(saved.is_ok());
+        self.stalls.checkpoint += k0.elapsed().as_secs_f64();
+        self.report.checkpoint_stall_max = self
+            .report
+            .checkpoint_stall_max
+            .max(k0.elapsed().as_secs_f64());
+        self.last_ckpt = Instant::now();
+    }
+
+    /// The learner's report as of now, and the metrics' tick.
+    fn tick(&mut self, steps: u64) {
+        self.stalls.total = self.started.elapsed().as_secs_f64();
+        self.report.updates = self.step.updates();
+        self.report.params_version = self.step.version();
+        self.report.stalls = self.stalls;
+        let eps = self.cfg.actors.epsilon.value(steps);
+        self.setup.metrics.tick(
+            steps,
+            &self.report,
+            self.progress.train_return(),
+            eps,
+            &self.setup.table,
+            None,
+        );
+    }
+
+    /// The end of the run: the last round's priorities in, replay closed, the final
+    /// checkpoint (not after divergence: the last good one stays), and the summary or
+    /// the failure.
+    fn finish(
+        mut self,
+        reason: StopReason,
+        failure: Option<Failure>,
+        diverged: bool,
+    ) -> Result<RunSummary, RunError> {
+        let cfg = self.cfg;
+        self.step.finish_priorities();
+        self.setup.table.close();
+        let run_finished = reason.finished().filter(|_| failure.is_none());
+        let k0 = Instant::now();
+        let saved = (!diverged).then(|| {
+            save(
+                cfg,
+                &self.setup,
+                self.step.dqn(),
+                self.step.version(),
+                self.progress.tracker.last.clone(),
+                run_finished,
+            )
         });
+        self.stalls.checkpoint += k0.elapsed().as_secs_f64();
+        self.stalls.total = self.started.elapsed().as_secs_f64();
+        let saved = saved.transpose();
+        if let Some(Failure { component, message }) = failure {
+            return Err(RunError::Failed {
+                component,
+                message,
+                checkpoint: super::coordinator::checkpoint_note(&saved),
+            });
+        }
+        match saved {
+            Ok(Some(path)) => tracing::info!("checkpoint written to {}", path.display()),
+            Ok(None) => {}
+            Err(e) => return Err(RunError::FinalCheckpoint(e)),
+        }
+        self.report.updates = self.step.updates();
+        self.report.params_version = self.step.version();
+        self.report.stalls = self.stalls;
+        let summary = self
+            .progress
+            .summary(cfg, &self.setup, reason, &self.report);
+        self.setup.metrics.finish(&summary);
+        Ok(summary)
     }
-    match saved {
-        Ok(Some(path)) => tracing::info!("checkpoint written to {}", path.display()),
-        Ok(None) => {}
-        Err(e) => return Err(RunError::FinalCheckpoint(e)),
-    }
-    report.updates = step.updates();
-    report.params_version = step.version();
-    report.stalls = stalls;
-    let summary = progress.summary(cfg, &setup, reason, &report);
-    setup.metrics.finish(&summary);
-    Ok(summary)
 }
