@@ -81,21 +81,11 @@ fn spawn<T: Send + 'static>(
 /// Starts every component of the threaded mode and connects them.
 pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), RunError> {
     let dqn = setup.dqn.take().expect("the networks are set up once");
-    let env = setup.env.clone();
     let device = cfg.device.device();
-    let cuda = cfg.device != DeviceChoice::Cpu && tch::Cuda::is_available();
-    // `setup::prepare` refused a copy stream without CUDA.
-    let copy_stream = match cfg.device {
-        DeviceChoice::Cuda(i) if cfg.learner.copy_stream => {
-            Some(millrace_core::cuda::CopyStream::new(i)?)
-        }
-        _ => None,
-    };
-
     // Threads that end by themselves when dropped, if anything below fails first.
     let ckpt = Arc::new(CheckpointContext {
         layout: setup.layout.clone(),
-        env: env.clone(),
+        env: setup.env.clone(),
         network: setup.network.clone(),
         seed: cfg.seed,
         table: Arc::clone(&setup.table),
@@ -103,28 +93,7 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
     });
     let writer = Arc::new(CheckpointWriter::spawn(Arc::clone(&ckpt))?);
     let publisher = Publisher::spawn(Arc::clone(&setup.params), device)?;
-    let sampler = SamplerConfig {
-        depth: setup.staging_depth,
-        seed: cfg.seed ^ 0x5eed,
-        fail_after: cfg.faults.sampler.then_some(1),
-    };
-    let prefetcher = match &copy_stream {
-        Some(stream) => Prefetcher::spawn_on_copy_stream(
-            Arc::clone(&setup.table),
-            &env.obs,
-            cfg.batch_size,
-            device,
-            stream,
-            sampler,
-        )?,
-        None => Prefetcher::spawn(
-            Arc::clone(&setup.table),
-            &env.obs,
-            cfg.batch_size,
-            cuda.then_some(device),
-            sampler,
-        )?,
-    };
+    let prefetcher = spawn_prefetcher(cfg, setup)?;
 
     // The learner thread. From here on, failures go through the shutdown path.
     let (cmd_tx, cmd_rx) = crossbeam_channel::bounded::<Command>(1);
@@ -192,43 +161,14 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
             cfg.eval.episodes,
             cfg.faults.evaluator,
         )?);
-        let seed_offset = setup.start_steps;
-        // The actors pack each parameter version once between them.
-        let shared = SharedParams::new(Arc::clone(&setup.params));
-        for id in 0..cfg.actors.count {
-            let acfg = cfg.actor(id as u32, seed_offset);
-            let network = setup.network.clone();
-            let mut params = shared.clone();
-            let mut sink = ReplaySink {
-                table: Arc::clone(&setup.table),
-                episodes: episode_tx.clone(),
-                fail_after: (cfg.faults.actor && id == 0).then_some(20),
-                batches: 0,
-                failed: false,
-            };
-            let (steps, stop) = (Arc::clone(&setup.steps), Arc::clone(&running.stop_actors));
-            let plan = cfg.cpu_plan.clone();
-            let handle = spawn(&format!("actor-{id}"), move || {
-                host::enter(&plan, Role::Actor);
-                let taken = run_actor(&acfg, &network, &mut params, &mut sink, &steps, &stop)
-                    .map_err(|e| e.to_string())?;
-                if sink.failed {
-                    return Err(match sink.fail_after {
-                        Some(n) => format!("injected fault after {n} batches"),
-                        None => "produced a malformed batch (see the log)".into(),
-                    });
-                }
-                Ok(taken)
-            })?;
-            running.actors.push((id as u32, handle));
-        }
+        spawn_actors(cfg, setup, &mut running, &episode_tx)?;
         if let Some(scfg) = &cfg.server {
             let ctx = ServerContext {
-                env: env.clone(),
+                env: setup.env.clone(),
                 env_config: cfg.env.clone(),
                 clip_rewards: cfg.clip_rewards,
                 network: setup.network.clone(),
-                run_id: format!("{}-{}-{}", env.id, cfg.seed, std::process::id()),
+                run_id: format!("{}-{}-{}", setup.env.id, cfg.seed, std::process::id()),
                 routes: Routes::One(Route {
                     table: Arc::clone(&setup.table),
                     params: Arc::clone(&setup.params),
@@ -246,4 +186,68 @@ pub fn connect(cfg: &RunConfig, setup: &mut Setup) -> Result<(Running, Links), R
         return Err(ended.into_error(Failure::new(Component::SetUp, e.to_string())));
     }
     Ok((running, links))
+}
+
+/// The sampler thread, drawing batches into staging ahead of the learner: pinned
+/// buffers copied without blocking on a GPU, or copied on a side stream of their own
+/// (`--copy-stream`; `setup::prepare` refused one without CUDA).
+fn spawn_prefetcher(cfg: &RunConfig, setup: &Setup) -> Result<Prefetcher, RunError> {
+    let device = cfg.device.device();
+    let cuda = cfg.device != DeviceChoice::Cpu && tch::Cuda::is_available();
+    let sampler = SamplerConfig {
+        depth: setup.staging_depth,
+        seed: cfg.seed ^ 0x5eed,
+        fail_after: cfg.faults.sampler.then_some(1),
+    };
+    let table = Arc::clone(&setup.table);
+    let obs = &setup.env.obs;
+    Ok(match cfg.device {
+        DeviceChoice::Cuda(i) if cfg.learner.copy_stream => {
+            let stream = millrace_core::cuda::CopyStream::new(i)?;
+            Prefetcher::spawn_on_copy_stream(table, obs, cfg.batch_size, device, &stream, sampler)?
+        }
+        _ => Prefetcher::spawn(table, obs, cfg.batch_size, cuda.then_some(device), sampler)?,
+    })
+}
+
+/// The embedded actor threads, each stepping its environments into replay until
+/// `running` stops them; episodes go to `episodes`. Each one started joins `running`
+/// at once, so a failure to start the next shuts it down with the rest.
+fn spawn_actors(
+    cfg: &RunConfig,
+    setup: &Setup,
+    running: &mut Running,
+    episodes: &Sender<EpisodeStats>,
+) -> Result<(), RunError> {
+    let seed_offset = setup.start_steps;
+    // The actors pack each parameter version once between them.
+    let shared = SharedParams::new(Arc::clone(&setup.params));
+    for id in 0..cfg.actors.count {
+        let acfg = cfg.actor(id as u32, seed_offset);
+        let network = setup.network.clone();
+        let mut params = shared.clone();
+        let mut sink = ReplaySink {
+            table: Arc::clone(&setup.table),
+            episodes: episodes.clone(),
+            fail_after: (cfg.faults.actor && id == 0).then_some(20),
+            batches: 0,
+            failed: false,
+        };
+        let (steps, stop) = (Arc::clone(&setup.steps), Arc::clone(&running.stop_actors));
+        let plan = cfg.cpu_plan.clone();
+        let handle = spawn(&format!("actor-{id}"), move || {
+            host::enter(&plan, Role::Actor);
+            let taken = run_actor(&acfg, &network, &mut params, &mut sink, &steps, &stop)
+                .map_err(|e| e.to_string())?;
+            if sink.failed {
+                return Err(match sink.fail_after {
+                    Some(n) => format!("injected fault after {n} batches"),
+                    None => "produced a malformed batch (see the log)".into(),
+                });
+            }
+            Ok(taken)
+        })?;
+        running.actors.push((id as u32, handle));
+    }
+    Ok(())
 }
