@@ -143,6 +143,16 @@ struct Session {
     name: String,
 }
 
+/// The agent a session serves and what its actor needs to know of it.
+struct Terms {
+    agent: u32,
+    route: SessionRoute,
+    network: millrace_proto::NetworkSpec,
+    n_step: u32,
+    gamma: f32,
+    epsilon_decay: Option<millrace_proto::wire::EpsilonDecay>,
+}
+
 impl Connection {
     pub(super) async fn run(self, stream: TcpStream) {
         let mut away = MarkAway {
@@ -157,22 +167,7 @@ impl Connection {
             match self.handshake(&mut rd, &mut wr).await {
                 Ok(w) => w,
                 Err((refusal, seal)) => {
-                    tracing::warn!("{peer}: refused: {refusal}");
-                    let retry = !refusal.code.is_permanent();
-                    // Sealed once the actor has proved the token: it acts on nothing else.
-                    let msg = LearnerMsg::Refused(refusal);
-                    let sent = match seal {
-                        Some(mut seal) => match seal.seal(&msg) {
-                            Ok(sealed) => self.send(&mut wr, &sealed).await,
-                            Err(_) => false,
-                        },
-                        None => self.send(&mut wr, &msg).await,
-                    };
-                    // Unheard, the actor retries as after a lost connection.
-                    away.sent_on = retry || !sent;
-                    if sent {
-                        close_gracefully(wr, rd.into_inner()).await;
-                    }
+                    away.sent_on = self.refuse(wr, rd.into_inner(), refusal, seal).await;
                     return;
                 }
             };
@@ -261,6 +256,57 @@ impl Connection {
             }
         };
         let name = &hello.actor_name;
+        self.last_word(
+            outcome,
+            wr,
+            rd.into_inner(),
+            name,
+            received,
+            &mut away.sent_on,
+        )
+        .await;
+    }
+
+    /// Refuses a handshake, sealed once the actor has proved the token (it acts on
+    /// nothing else); whether the actor is sent on (told to retry, or not told).
+    async fn refuse(
+        &self,
+        mut wr: OwnedWriteHalf,
+        rd: OwnedReadHalf,
+        refusal: Refusal,
+        seal: Option<Seal>,
+    ) -> bool {
+        let peer = self.peer;
+        tracing::warn!("{peer}: refused: {refusal}");
+        let retry = !refusal.code.is_permanent();
+        let msg = LearnerMsg::Refused(refusal);
+        let sent = match seal {
+            Some(mut seal) => match seal.seal(&msg) {
+                Ok(sealed) => self.send(&mut wr, &sealed).await,
+                Err(_) => false,
+            },
+            None => self.send(&mut wr, &msg).await,
+        };
+        if sent {
+            close_gracefully(wr, rd).await;
+        }
+        // Unheard, the actor retries as after a lost connection.
+        retry || !sent
+    }
+
+    /// The session's last word to actor `name`, by how it ended, on the write half the
+    /// writer gave back (`None`: it stalled); `sent_on` says whether the actor is sent on
+    /// (told to retry, or not told), set before anything is awaited.
+    async fn last_word(
+        &self,
+        outcome: Outcome,
+        wr: Option<(OwnedWriteHalf, Seal)>,
+        rd: OwnedReadHalf,
+        name: &str,
+        received: u64,
+        sent_on: &mut bool,
+    ) {
+        let peer = self.peer;
         let msg = match outcome {
             Outcome::Closed(reason) => {
                 tracing::info!(
@@ -272,11 +318,11 @@ impl Connection {
                 tracing::warn!(
                     "{peer}: closing actor {name:?}: {refusal} ({received} transitions received)"
                 );
-                away.sent_on = !refusal.code.is_permanent();
+                *sent_on = !refusal.code.is_permanent();
                 LearnerMsg::Refused(refusal)
             }
             Outcome::Goodbye(goodbye) => {
-                away.sent_on = !matches!(goodbye.reason, GoodbyeReason::RunFinished);
+                *sent_on = !matches!(goodbye.reason, GoodbyeReason::RunFinished);
                 LearnerMsg::Goodbye(goodbye)
             }
         };
@@ -287,7 +333,7 @@ impl Connection {
                     Err(_) => false,
                 };
                 if sent {
-                    close_gracefully(wr, rd.into_inner()).await;
+                    close_gracefully(wr, rd).await;
                 }
                 sent
             }
@@ -295,7 +341,7 @@ impl Connection {
         };
         // An actor that did not hear its last word retries as after a lost connection:
         // if the run is over, someone must be there to tell it.
-        away.sent_on |= !sent;
+        *sent_on |= !sent;
         if let LearnerMsg::Goodbye(g) = &msg {
             if sent {
                 tracing::info!(
@@ -393,62 +439,14 @@ impl Connection {
             ));
         }
         // The agent this actor serves, and what it needs to know of it.
-        let (agent, route, network, n_step, gamma, epsilon_decay) = match &ctx.routes {
-            super::Routes::One(route) => {
-                let population = ctx.network.population as u32;
-                let agent = hello.agent.unwrap_or(0);
-                if agent >= population {
-                    return Err(Refusal::new(
-                        RefusalCode::BadRequest,
-                        format!(
-                            "agent {agent} asked for, but this run trains {population} agent(s)"
-                        ),
-                    ));
-                }
-                let route = SessionRoute {
-                    route: route.clone(),
-                    frames: self.frames.clone(),
-                    port: None,
-                    ended: None,
-                };
-                let decay = cfg.epsilon_decay.filter(|_| !cfg.apex_epsilon);
-                (
-                    agent,
-                    route,
-                    ctx.network.clone(),
-                    cfg.n_step,
-                    cfg.gamma,
-                    decay,
-                )
-            }
-            super::Routes::Agents(ports) => {
-                // Not there now (ended, or not started): worth retrying.
-                let (agent, port) = ports.assign(hello.agent).map_err(|why| match why {
-                    super::ports::Unavailable::NotNow(why) => {
-                        Refusal::new(RefusalCode::NotReady, why)
-                    }
-                    super::ports::Unavailable::Never(why) => {
-                        Refusal::new(RefusalCode::BadRequest, why)
-                    }
-                })?;
-                let spec = &port.spec;
-                let decay = spec.epsilon_decay.filter(|_| !cfg.apex_epsilon);
-                let route = SessionRoute {
-                    route: spec.route.clone(),
-                    frames: port.frames.subscribe(),
-                    ended: Some(port.ended.subscribe()),
-                    port: Some(Arc::clone(&port)),
-                };
-                (
-                    agent,
-                    route,
-                    spec.network.clone(),
-                    spec.n_step,
-                    spec.gamma,
-                    decay,
-                )
-            }
-        };
+        let Terms {
+            agent,
+            route,
+            network,
+            n_step,
+            gamma,
+            epsilon_decay,
+        } = self.terms(&hello)?;
         let envs = hello.capabilities.envs;
         if envs == 0 || envs > MAX_ENVS_PER_ACTOR {
             return Err(Refusal::new(
@@ -496,6 +494,69 @@ impl Connection {
             max_frame: cfg.max_frame as u64,
         };
         Ok((hello, welcome, route, session_place))
+    }
+
+    /// The agent an actor serves (the one it asks for, or one the population assigns)
+    /// and what it needs to know of it; why not, if it cannot serve one.
+    fn terms(&self, hello: &Hello) -> Result<Terms, Refusal> {
+        let cfg = &self.shared.cfg;
+        let ctx = &self.shared.ctx;
+        Ok(match &ctx.routes {
+            super::Routes::One(route) => {
+                let population = ctx.network.population as u32;
+                let agent = hello.agent.unwrap_or(0);
+                if agent >= population {
+                    return Err(Refusal::new(
+                        RefusalCode::BadRequest,
+                        format!(
+                            "agent {agent} asked for, but this run trains {population} agent(s)"
+                        ),
+                    ));
+                }
+                let route = SessionRoute {
+                    route: route.clone(),
+                    frames: self.frames.clone(),
+                    port: None,
+                    ended: None,
+                };
+                let decay = cfg.epsilon_decay.filter(|_| !cfg.apex_epsilon);
+                Terms {
+                    agent,
+                    route,
+                    network: ctx.network.clone(),
+                    n_step: cfg.n_step,
+                    gamma: cfg.gamma,
+                    epsilon_decay: decay,
+                }
+            }
+            super::Routes::Agents(ports) => {
+                // Not there now (ended, or not started): worth retrying.
+                let (agent, port) = ports.assign(hello.agent).map_err(|why| match why {
+                    super::ports::Unavailable::NotNow(why) => {
+                        Refusal::new(RefusalCode::NotReady, why)
+                    }
+                    super::ports::Unavailable::Never(why) => {
+                        Refusal::new(RefusalCode::BadRequest, why)
+                    }
+                })?;
+                let spec = &port.spec;
+                let decay = spec.epsilon_decay.filter(|_| !cfg.apex_epsilon);
+                let route = SessionRoute {
+                    route: spec.route.clone(),
+                    frames: port.frames.subscribe(),
+                    ended: Some(port.ended.subscribe()),
+                    port: Some(Arc::clone(&port)),
+                };
+                Terms {
+                    agent,
+                    route,
+                    network: spec.network.clone(),
+                    n_step: spec.n_step,
+                    gamma: spec.gamma,
+                    epsilon_decay: decay,
+                }
+            }
+        })
     }
 
     /// Transitions per batch for an actor of `envs` environments building `n_step`
