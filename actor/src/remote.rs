@@ -23,6 +23,7 @@ use millrace_proto::wire::{
 };
 use millrace_proto::{ParamsCell, StepCounter, TransitionBatch};
 use rand::Rng;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
@@ -278,105 +279,31 @@ pub fn read_token(file: Option<&std::path::Path>) -> std::io::Result<Option<Stri
     Ok(Some(token).filter(|t| !t.is_empty()))
 }
 
+/// A session past its handshake: the learner proved it knows the token and welcomed
+/// this actor.
+struct Joined {
+    rd: FrameReader<OwnedReadHalf>,
+    wr: OwnedWriteHalf,
+    seal: Seal,
+    welcome: Box<Welcome>,
+    /// The actor loop's configuration, from the welcome.
+    acfg: ActorConfig,
+}
+
 async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> End {
-    let connected = tokio::select! {
-        c = tokio::time::timeout(cfg.handshake_timeout, connect(&cfg.learner)) => c,
-        _ = shutdown.changed() => return End::Shutdown,
-    };
-    let stream = match connected {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return End::Lost(format!("cannot connect to {}: {e}", cfg.learner)),
-        Err(_) => return End::Lost(format!("connecting to {} timed out", cfg.learner)),
-    };
-    let _ = stream.set_nodelay(true);
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = FrameReader::new(rd, cfg.max_frame);
-    let hello = Hello {
-        protocol_version: PROTOCOL_VERSION,
-        nonce: fresh_nonce(),
-        actor_name: cfg.name.clone(),
-        capabilities: Capabilities {
-            envs: cfg.envs as u32,
-            env_ids: env::capabilities(),
-            // It can send initial priorities (its n-step TD errors).
-            features: vec![millrace_proto::wire::FEATURE_PRIORITIES.into()],
-        },
-        agent: None,
-    };
-    if let Err(e) = write_msg(&mut wr, &ActorMsg::Hello(hello.clone()), cfg.max_frame).await {
-        return End::Lost(format!("handshake failed: {e}"));
-    }
-    // The learner's challenge (or a typed refusal: another version, a flood).
-    let challenge = match read_answer(cfg, &mut rd, shutdown).await {
-        Ok(LearnerMsg::Challenge(c)) => c,
-        Ok(LearnerMsg::Refused(r)) => return End::unsealed_refusal(r, Stage::Hello),
-        Ok(other) => {
-            return End::Lost(format!(
-                "unexpected answer to the handshake: {}",
-                other.kind()
-            ))
-        }
+    let Joined {
+        rd,
+        wr,
+        mut seal,
+        welcome,
+        acfg,
+    } = match join(cfg, shutdown).await {
+        Ok(j) => j,
         Err(end) => return end,
     };
-    let token = cfg.token.as_bytes();
-    let (proof, mut seal) = match (
-        actor_proof(token, &hello, &challenge),
-        Seal::for_session(token, &hello, &challenge),
-    ) {
-        (Ok(p), Ok(s)) => (p, s),
-        (Err(e), _) | (_, Err(e)) => return End::Lost(format!("handshake failed: {e}")),
-    };
-    if let Err(e) = write_msg(&mut wr, &ActorMsg::Proof(proof), cfg.max_frame).await {
-        return End::Lost(format!("handshake failed: {e}"));
-    }
-    // From here the learner proves it knows the token too: nothing unsealed is believed.
-    let welcome = match read_answer(cfg, &mut rd, shutdown).await {
-        Ok(LearnerMsg::Sealed(s)) => match seal.open(&s) {
-            Ok(LearnerMsg::Welcome(w)) => w,
-            Ok(LearnerMsg::Refused(r)) => return End::refused(r),
-            Ok(LearnerMsg::Goodbye(g)) => return End::goodbye(g),
-            Ok(other) => {
-                return End::Lost(format!(
-                    "unexpected answer to the handshake: {}",
-                    other.kind()
-                ))
-            }
-            Err(e) => return End::forged(&e),
-        },
-        // Before the learner has proved itself, only what any peer may say.
-        Ok(LearnerMsg::Refused(r)) => return End::unsealed_refusal(r, Stage::Proof),
-        Ok(other) => {
-            return End::Lost(format!(
-                "unexpected answer to the handshake: {}",
-                other.kind()
-            ))
-        }
-        Err(end) => return end,
-    };
-    let acfg = match actor_config(cfg, &welcome) {
-        Ok(c) => c,
-        Err(reason) => return End::Incompatible(reason),
-    };
-    // The learner's frames (its parameters first of all) may be as large as the limit it
-    // announced for ours: a pixel network's parameters pass the handshake's 16 MiB.
-    let read_limit = usize::try_from(welcome.max_frame)
-        .unwrap_or(usize::MAX)
-        .max(cfg.max_frame)
-        .min(millrace_proto::codec::MAX_FRAME_CEILING);
-    rd.set_max_frame(read_limit);
+    let mut rd = rd;
     // Parameters received and waiting for their seal.
     let mut pending = None;
-    cfg.status.connected();
-    tracing::info!(
-        "connected to {} (run {}): {} envs, exploration indices {}..={}, params version {}",
-        cfg.learner,
-        welcome.run_id,
-        acfg.num_envs,
-        welcome.env_indices.first().copied().unwrap_or(0),
-        welcome.env_indices.last().copied().unwrap_or(0),
-        welcome.params_version
-    );
-
     // The current parameters follow the welcome (a heartbeat may come first); the actor
     // starts once it has them.
     let latest = loop {
@@ -395,58 +322,23 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         }
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let (tx, mut rx) = mpsc::channel::<ActorMsg>(2);
+    let (tx, rx) = mpsc::channel::<ActorMsg>(2);
     // Sent batches go back to the actor: as many as can be in flight, and one more.
     let (spare_tx, spares) = std::sync::mpsc::sync_channel::<TransitionBatch>(4);
-    let mut actor = {
-        let (mut latest, stop, network) = (
-            Arc::clone(&latest),
-            Arc::clone(&stop),
-            welcome.network.clone(),
-        );
-        let mut sink = ChannelSink {
-            tx: tx.clone(),
-            spares,
-            stats: ActorStats::default(),
-            last_stats: Instant::now(),
-            every: cfg.stats_every,
-            status: Arc::clone(&cfg.status),
-        };
-        let expected = welcome.env.clone();
-        tokio::task::spawn_blocking(move || -> Result<u64, String> {
-            // A bridged environment's spaces are known once it is built.
-            let built = env::spec_of(&acfg.env).map_err(|e| e.to_string())?;
-            if built != expected {
-                return Err(format!(
-                    "this actor's {} differs from the learner's: {built:?} vs {expected:?}",
-                    expected.id
-                ));
-            }
-            // This process's own view of the run's step count, raised to the learner's
-            // with every parameter snapshot (it drives the exploration schedule).
-            let steps = StepCounter::default();
-            run_actor(&acfg, &network, &mut latest, &mut sink, &steps, &stop)
-                .map_err(|e| e.to_string())
-        })
+    let sink = ChannelSink {
+        tx: tx.clone(),
+        spares,
+        stats: ActorStats::default(),
+        last_stats: Instant::now(),
+        every: cfg.stats_every,
+        status: Arc::clone(&cfg.status),
     };
+    let mut actor = spawn_actor(acfg, &welcome, Arc::clone(&latest), Arc::clone(&stop), sink);
     // Batches are sized by the learner to fit the frames it reads from this session.
     let max_frame = usize::try_from(welcome.max_frame)
         .unwrap_or(usize::MAX)
         .min(millrace_proto::codec::MAX_FRAME_CEILING);
-    let mut writer = tokio::spawn(async move {
-        while let Some(msg) = rx.recv().await {
-            if let Err(e) = write_msg(&mut wr, &msg, max_frame).await {
-                return format!("sending to the learner failed: {e}");
-            }
-            if let ActorMsg::Transitions(batch) = msg {
-                // Never waits: with the actor's spares full, this one is dropped.
-                let _ = spare_tx.try_send(batch);
-            }
-        }
-        // Everything is sent (a goodbye last): the learner sees the end of the stream.
-        let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
-        String::new()
-    });
+    let mut writer = tokio::spawn(send_all(wr, rx, spare_tx, max_frame));
 
     // From here the learner heartbeats: a link with no progress for `read_timeout` is
     // dead (progress, not whole frames: a large parameter frame may take a while).
@@ -522,6 +414,155 @@ async fn session(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> En
         Err(e) => End::Failed(format!("the actor thread panicked: {e}")),
         Ok(Ok(_)) => end,
     }
+}
+
+/// Connects and joins: the hello, the learner's challenge, this actor's proof, and the
+/// welcome, sealed (the learner proves it knows the token too); how it ended, if it
+/// did not.
+async fn join(cfg: &RemoteConfig, shutdown: &mut watch::Receiver<bool>) -> Result<Joined, End> {
+    let connected = tokio::select! {
+        c = tokio::time::timeout(cfg.handshake_timeout, connect(&cfg.learner)) => c,
+        _ = shutdown.changed() => return Err(End::Shutdown),
+    };
+    let stream = match connected {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(End::Lost(format!("cannot connect to {}: {e}", cfg.learner))),
+        Err(_) => {
+            return Err(End::Lost(format!(
+                "connecting to {} timed out",
+                cfg.learner
+            )))
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = FrameReader::new(rd, cfg.max_frame);
+    let hello = Hello {
+        protocol_version: PROTOCOL_VERSION,
+        nonce: fresh_nonce(),
+        actor_name: cfg.name.clone(),
+        capabilities: Capabilities {
+            envs: cfg.envs as u32,
+            env_ids: env::capabilities(),
+            // It can send initial priorities (its n-step TD errors).
+            features: vec![millrace_proto::wire::FEATURE_PRIORITIES.into()],
+        },
+        agent: None,
+    };
+    let handshake_failed = |e: &dyn std::fmt::Display| End::Lost(format!("handshake failed: {e}"));
+    let unexpected = |other: &LearnerMsg| {
+        End::Lost(format!(
+            "unexpected answer to the handshake: {}",
+            other.kind()
+        ))
+    };
+    write_msg(&mut wr, &ActorMsg::Hello(hello.clone()), cfg.max_frame)
+        .await
+        .map_err(|e| handshake_failed(&e))?;
+    // The learner's challenge (or a typed refusal: another version, a flood).
+    let challenge = match read_answer(cfg, &mut rd, shutdown).await? {
+        LearnerMsg::Challenge(c) => c,
+        LearnerMsg::Refused(r) => return Err(End::unsealed_refusal(r, Stage::Hello)),
+        other => return Err(unexpected(&other)),
+    };
+    let token = cfg.token.as_bytes();
+    let (proof, mut seal) = match (
+        actor_proof(token, &hello, &challenge),
+        Seal::for_session(token, &hello, &challenge),
+    ) {
+        (Ok(p), Ok(s)) => (p, s),
+        (Err(e), _) | (_, Err(e)) => return Err(handshake_failed(&e)),
+    };
+    write_msg(&mut wr, &ActorMsg::Proof(proof), cfg.max_frame)
+        .await
+        .map_err(|e| handshake_failed(&e))?;
+    // From here the learner proves it knows the token too: nothing unsealed is believed.
+    let welcome = match read_answer(cfg, &mut rd, shutdown).await? {
+        LearnerMsg::Sealed(s) => match seal.open(&s) {
+            Ok(LearnerMsg::Welcome(w)) => w,
+            Ok(LearnerMsg::Refused(r)) => return Err(End::refused(r)),
+            Ok(LearnerMsg::Goodbye(g)) => return Err(End::goodbye(g)),
+            Ok(other) => return Err(unexpected(&other)),
+            Err(e) => return Err(End::forged(&e)),
+        },
+        // Before the learner has proved itself, only what any peer may say.
+        LearnerMsg::Refused(r) => return Err(End::unsealed_refusal(r, Stage::Proof)),
+        other => return Err(unexpected(&other)),
+    };
+    let acfg = actor_config(cfg, &welcome).map_err(End::Incompatible)?;
+    // The learner's frames (its parameters first of all) may be as large as the limit it
+    // announced for ours: a pixel network's parameters pass the handshake's 16 MiB.
+    let read_limit = usize::try_from(welcome.max_frame)
+        .unwrap_or(usize::MAX)
+        .max(cfg.max_frame)
+        .min(millrace_proto::codec::MAX_FRAME_CEILING);
+    rd.set_max_frame(read_limit);
+    cfg.status.connected();
+    tracing::info!(
+        "connected to {} (run {}): {} envs, exploration indices {}..={}, params version {}",
+        cfg.learner,
+        welcome.run_id,
+        acfg.num_envs,
+        welcome.env_indices.first().copied().unwrap_or(0),
+        welcome.env_indices.last().copied().unwrap_or(0),
+        welcome.params_version
+    );
+    Ok(Joined {
+        rd,
+        wr,
+        seal,
+        welcome,
+        acfg,
+    })
+}
+
+/// The session's writer: sends what the actor queues in `rx` (frames of at most
+/// `max_frame`), handing each sent batch back through `spares`; the reason it stopped
+/// early, or nothing once everything (a goodbye last) is sent.
+async fn send_all(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<ActorMsg>,
+    spares: std::sync::mpsc::SyncSender<TransitionBatch>,
+    max_frame: usize,
+) -> String {
+    while let Some(msg) = rx.recv().await {
+        if let Err(e) = write_msg(&mut wr, &msg, max_frame).await {
+            return format!("sending to the learner failed: {e}");
+        }
+        if let ActorMsg::Transitions(batch) = msg {
+            // Never waits: with the actor's spares full, this one is dropped.
+            let _ = spares.try_send(batch);
+        }
+    }
+    // Everything is sent (a goodbye last): the learner sees the end of the stream.
+    let _ = tokio::io::AsyncWriteExt::shutdown(&mut wr).await;
+    String::new()
+}
+
+/// The actor loop on a blocking thread, once the environment it builds matches the
+/// learner's: it acts with `latest` and sends through `sink` until `stop`.
+fn spawn_actor(
+    acfg: ActorConfig,
+    welcome: &Welcome,
+    mut latest: Arc<ParamsCell>,
+    stop: Arc<AtomicBool>,
+    mut sink: ChannelSink,
+) -> tokio::task::JoinHandle<Result<u64, String>> {
+    let (expected, network) = (welcome.env.clone(), welcome.network.clone());
+    tokio::task::spawn_blocking(move || -> Result<u64, String> {
+        // A bridged environment's spaces are known once it is built.
+        let built = env::spec_of(&acfg.env).map_err(|e| e.to_string())?;
+        if built != expected {
+            return Err(format!(
+                "this actor's {} differs from the learner's: {built:?} vs {expected:?}",
+                expected.id
+            ));
+        }
+        // This process's own view of the run's step count, raised to the learner's
+        // with every parameter snapshot (it drives the exploration schedule).
+        let steps = StepCounter::default();
+        run_actor(&acfg, &network, &mut latest, &mut sink, &steps, &stop).map_err(|e| e.to_string())
+    })
 }
 
 /// Reads the learner's next handshake message, within the handshake timeout.
