@@ -30,8 +30,6 @@ use crate::tensorboard_hparams::HValue;
 pub struct Base {
     /// The run's Munchausen settings, under `--target munchausen`.
     pub munchausen: Option<Munchausen>,
-    /// The run's IQN fractions (a sweep's own start from them).
-    pub iqn: IqnSampling,
 }
 
 /// One agent's values as a sweep sets them: its learner hyperparameters and the rest.
@@ -172,22 +170,11 @@ fn munchausen(
     Ok(())
 }
 
-/// An agent's IQN fractions: its own, checked on the core type.
-fn iqn(values: &mut Values<'_>, base: &Base, value: &Value, online: bool) -> Result<(), String> {
-    let count = whole(number(value)?, 0, u64::MAX).ok_or("must be a whole number")? as usize;
-    let s = &mut values.settings;
-    let (mut n, mut n_target) = (
-        s.iqn_taus.unwrap_or(base.iqn.online),
-        s.iqn_target_taus.unwrap_or(base.iqn.target),
-    );
-    *(if online { &mut n } else { &mut n_target }) = count;
-    IqnSampling::new(n, n_target).map_err(|e| e.to_string())?;
-    *(if online {
-        &mut s.iqn_taus
-    } else {
-        &mut s.iqn_target_taus
-    }) = Some(count);
-    Ok(())
+/// A count of IQN fractions, checked on the core type.
+fn iqn_count(value: &Value, which: &'static str) -> Result<usize, String> {
+    let count = whole(number(value)?, 0, u64::MAX).ok_or("must be a whole number")?;
+    IqnSampling::checked_count(usize::try_from(count).unwrap_or(usize::MAX), which)
+        .map_err(|e| e.to_string())
 }
 
 /// The ε schedule with one of its parts replaced (a constant ε becomes a linear one).
@@ -455,7 +442,10 @@ pub const MUNCHAUSEN_CLIP: PerAgent = PerAgent {
 pub const IQN_TAUS: PerAgent = PerAgent {
     name: "iqn_taus",
     flag: "iqn-taus",
-    set: |v, a, base| iqn(a, base, v, true),
+    set: |v, a, _| {
+        a.settings.iqn_taus = Some(iqn_count(v, "online")?);
+        Ok(())
+    },
     apply: |_, s, cfg| cfg.dqn.iqn.online = s.iqn_taus.unwrap_or(cfg.dqn.iqn.online),
     column: Some(Column {
         csv: |_, setup| setup.iqn.map_or(String::new(), |i| i.online.to_string()),
@@ -466,7 +456,10 @@ pub const IQN_TAUS: PerAgent = PerAgent {
 pub const IQN_TARGET_TAUS: PerAgent = PerAgent {
     name: "iqn_target_taus",
     flag: "iqn-target-taus",
-    set: |v, a, base| iqn(a, base, v, false),
+    set: |v, a, _| {
+        a.settings.iqn_target_taus = Some(iqn_count(v, "target")?);
+        Ok(())
+    },
     apply: |_, s, cfg| cfg.dqn.iqn.target = s.iqn_target_taus.unwrap_or(cfg.dqn.iqn.target),
     column: Some(Column {
         csv: |_, setup| setup.iqn.map_or(String::new(), |i| i.target.to_string()),

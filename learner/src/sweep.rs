@@ -267,7 +267,6 @@ impl Sweep {
                 Bootstrap::Munchausen(m) => Some(m),
                 Bootstrap::Double => None,
             },
-            iqn: base.iqn,
         };
         let configs = points.len() * draws.len();
         let mut agents = Vec::with_capacity(configs * seeds.len());

@@ -398,6 +398,42 @@ fn an_agents_own_priority_alpha_trains_it_as_alone() {
     let pair = run("pair", "0.9, 0.9");
     let alone = run("alone", "0.9");
     let run_alpha = run("flags", "0.6");
+    // agent.json names an agent by α only where its sweep gives it one (so populations
+    // saved before α was per agent resume): the flags' alone leaves it out.
+    let who = |logdir: &Path| read_json(&logdir.join("agents/agent-000/agent.json"));
+    assert_eq!(
+        who(&alone)["setup"]["priority_alpha"],
+        0.9,
+        "{}",
+        who(&alone)
+    );
+    let plain = dir.path().join("plain");
+    let out = learner(&[
+        "--env",
+        "CartPole-v1",
+        "--cpu",
+        "--replay",
+        "prioritized",
+        "--population",
+        "1",
+        "--max-steps",
+        "600",
+        "--target-return",
+        "1000",
+        "--logdir",
+        plain.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        who(&plain)["setup"].get("priority_alpha").is_none(),
+        "{}",
+        who(&plain)
+    );
+    assert_eq!(
+        rows(&plain)[0]["priority_alpha"],
+        "0.6",
+        "the table still says it"
+    );
     assert_eq!(rows(&pair)[1]["priority_alpha"], "0.9");
     assert!(
         kept(&pair, 1) == kept(&alone, 0),

@@ -167,7 +167,8 @@ impl Connection {
             match self.handshake(&mut rd, &mut wr).await {
                 Ok(w) => w,
                 Err((refusal, seal)) => {
-                    away.sent_on = self.refuse(wr, rd.into_inner(), refusal, seal).await;
+                    self.refuse(wr, rd.into_inner(), refusal, seal, &mut away.sent_on)
+                        .await;
                     return;
                 }
             };
@@ -268,14 +269,16 @@ impl Connection {
     }
 
     /// Refuses a handshake, sealed once the actor has proved the token (it acts on
-    /// nothing else); whether the actor is sent on (told to retry, or not told).
+    /// nothing else); `sent_on` says whether the actor is sent on (told to retry, or not
+    /// told), set as soon as that is known.
     async fn refuse(
         &self,
         mut wr: OwnedWriteHalf,
         rd: OwnedReadHalf,
         refusal: Refusal,
         seal: Option<Seal>,
-    ) -> bool {
+        sent_on: &mut bool,
+    ) {
         let peer = self.peer;
         tracing::warn!("{peer}: refused: {refusal}");
         let retry = !refusal.code.is_permanent();
@@ -287,11 +290,11 @@ impl Connection {
             },
             None => self.send(&mut wr, &msg).await,
         };
+        // Unheard, the actor retries as after a lost connection.
+        *sent_on = retry || !sent;
         if sent {
             close_gracefully(wr, rd).await;
         }
-        // Unheard, the actor retries as after a lost connection.
-        retry || !sent
     }
 
     /// The session's last word to actor `name`, by how it ended, on the write half the

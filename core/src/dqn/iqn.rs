@@ -41,16 +41,20 @@ impl IqnSampling {
     /// in `1..=MAX_FRACTIONS`; κ 1. The command line and a sweep's per-agent values
     /// are both checked here.
     pub fn new(online: usize, target: usize) -> Result<Self, FractionsError> {
-        for (which, count) in [("online", online), ("target", target)] {
-            if !(1..=MAX_FRACTIONS).contains(&count) {
-                return Err(FractionsError { which, count });
-            }
-        }
         Ok(Self {
-            online,
-            target,
+            online: Self::checked_count(online, "online")?,
+            target: Self::checked_count(target, "target")?,
             ..Self::default()
         })
+    }
+
+    /// `count` fractions for the `which` network (`online` or `target`), if in range.
+    pub fn checked_count(count: usize, which: &'static str) -> Result<usize, FractionsError> {
+        if (1..=MAX_FRACTIONS).contains(&count) {
+            Ok(count)
+        } else {
+            Err(FractionsError { which, count })
+        }
     }
 }
 

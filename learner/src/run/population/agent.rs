@@ -59,13 +59,21 @@ impl Member {
         }
     }
 
+    /// Who it is, as `agent.json` records it. Prioritized replay's α names an agent
+    /// only where its sweep gives it one: the run's `--priority-alpha` did not before
+    /// α was a per-agent setting, and populations saved then still resume (and their
+    /// shards still merge).
     pub(super) fn identity(&self) -> Identity {
+        let mut setup = AgentSetup::of(&self.cfg);
+        if self.sweep.settings.priority_alpha.is_none() {
+            setup.priority_alpha = None;
+        }
         Identity {
             agent: self.index,
             config: self.sweep.config,
             label: self.sweep.label.clone(),
             hparams: self.sweep.hparams,
-            setup: AgentSetup::of(&self.cfg),
+            setup,
         }
     }
 }
