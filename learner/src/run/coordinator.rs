@@ -60,21 +60,11 @@ pub struct Ended {
     pub writer: Option<WriterStats>,
 }
 
-/// What became of the final checkpoint (written, not attempted, failed), for an
-/// error message.
-pub fn checkpoint_note(checkpoint: &Result<Option<PathBuf>, CheckpointError>) -> String {
-    match checkpoint {
-        Ok(Some(path)) => format!("a checkpoint was written to {}", path.display()),
-        Ok(None) => "the last good checkpoint was kept".into(),
-        Err(e) => format!("the checkpoint failed too: {e}"),
-    }
-}
-
 impl Ended {
     /// The run's error: the first component failure, or `otherwise` when none was
     /// found (a failure outside the components, e.g. during set-up).
     pub fn into_error(self, otherwise: Failure) -> RunError {
-        let note = checkpoint_note(&self.checkpoint);
+        let note = super::CheckpointFate::of(&self.checkpoint);
         let Failure { component, message } = self.failures.into_iter().next().unwrap_or(otherwise);
         RunError::Failed {
             component,

@@ -1,4 +1,7 @@
-//! What failed, typed: the component a run's error names ("the learner failed: ...").
+//! What failed, typed: the component a run's error names ("the learner failed: ..."),
+//! and what became of the checkpoint.
+
+use std::path::PathBuf;
 
 /// A part of a run that can fail.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +82,66 @@ mod tests {
             (Component::SetUp, "set-up"),
         ] {
             assert_eq!(c.to_string(), said);
+        }
+    }
+}
+
+/// What became of a failed run's checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckpointFate {
+    /// The final checkpoint was written here.
+    Written(PathBuf),
+    /// None was attempted (after divergence): the last good one stays.
+    KeptLast,
+    /// The final checkpoint failed too (why).
+    Failed(String),
+    /// A population's group: `saved` of its `training` agents saved their state for
+    /// `--resume`; `lost` says which were not, and why.
+    Agents {
+        saved: usize,
+        training: usize,
+        lost: Vec<String>,
+    },
+    /// A population's thread panicked: the other groups' training agents saved their
+    /// state, this one's did not.
+    AllButThisGroup,
+}
+
+impl CheckpointFate {
+    /// A single run's final checkpoint: written (where), failed, or not attempted.
+    pub fn of(saved: &Result<Option<PathBuf>, crate::checkpoint::CheckpointError>) -> Self {
+        match saved {
+            Ok(Some(path)) => Self::Written(path.clone()),
+            Ok(None) => Self::KeptLast,
+            Err(e) => Self::Failed(e.to_string()),
+        }
+    }
+}
+
+impl std::fmt::Display for CheckpointFate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Written(path) => write!(f, "a checkpoint was written to {}", path.display()),
+            Self::KeptLast => f.write_str("the last good checkpoint was kept"),
+            Self::Failed(e) => write!(f, "the checkpoint failed too: {e}"),
+            Self::Agents {
+                saved, training, ..
+            } if saved == training => write!(
+                f,
+                "the state of its {training} training agents was saved in agents/agent-NNN/checkpoint/latest/ for --resume"
+            ),
+            Self::Agents {
+                saved,
+                training,
+                lost,
+            } => write!(
+                f,
+                "{saved} of its {training} training agents were saved for --resume; not saved: {}",
+                lost.join("; ")
+            ),
+            Self::AllButThisGroup => f.write_str(
+                "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's",
+            ),
         }
     }
 }

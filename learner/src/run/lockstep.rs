@@ -347,7 +347,7 @@ impl<'a> LockStep<'a> {
             return Err(RunError::Failed {
                 component,
                 message,
-                checkpoint: super::coordinator::checkpoint_note(&saved),
+                checkpoint: super::CheckpointFate::of(&saved),
             });
         }
         match saved {

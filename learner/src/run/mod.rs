@@ -21,7 +21,7 @@ use crate::checkpoint::CheckpointError;
 use crate::config::RunConfig;
 use crate::cpu_plan::host::{self, Role};
 use crate::summary::RunSummary;
-pub use failure::{Component, Failure};
+pub use failure::{CheckpointFate, Component, Failure};
 
 /// Why a run failed (exit status 1). Outcomes that are not failures (solved, out of
 /// steps, interrupted) are a [`RunSummary`]'s `reason`.
@@ -65,7 +65,7 @@ pub enum RunError {
         component: Component,
         message: String,
         /// What became of the checkpoint.
-        checkpoint: String,
+        checkpoint: CheckpointFate,
     },
     #[error("final checkpoint failed: {0}")]
     FinalCheckpoint(CheckpointError),

@@ -358,7 +358,7 @@ pub(super) fn evaluate_agent(
                         agent: Some(agent.index),
                     },
                     message,
-                    checkpoint: "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's".into(),
+                    checkpoint: crate::run::CheckpointFate::AllButThisGroup,
                 }
             })?;
         let done = EvalDone {

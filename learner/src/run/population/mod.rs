@@ -447,7 +447,7 @@ impl Threads<'_> {
                         Err(RunError::Failed {
                             component: super::Component::PopulationThread,
                             message: crate::panic_message(&*p),
-                            checkpoint: "the agents that were training saved their state in agents/agent-NNN/checkpoint/latest/ for --resume, except this group's".into(),
+                            checkpoint: crate::run::CheckpointFate::AllButThisGroup,
                         })
                     })
                 })

@@ -68,22 +68,13 @@ pub(super) fn ended(
             )),
         }
     }
-    let checkpoint = if lost.is_empty() {
-        format!(
-            "the state of its {} training agents was saved in agents/agent-NNN/checkpoint/latest/ for --resume",
-            running.len()
-        )
-    } else {
-        format!(
-            "{} of its {} training agents were saved for --resume; not saved: {}",
-            running.len() - lost.len(),
-            running.len(),
-            lost.join("; ")
-        )
-    };
     RunError::Failed {
         component: crate::run::Component::PopulationGroup,
         message: footprint.explain(message),
-        checkpoint,
+        checkpoint: crate::run::CheckpointFate::Agents {
+            saved: running.len() - lost.len(),
+            training: running.len(),
+            lost,
+        },
     }
 }
