@@ -55,6 +55,8 @@ pub struct PerAgent {
 
 /// How a setting is reported, from an agent's hyperparameters and setup.
 struct Column {
+    /// Its name in `population.csv` and the HParams view.
+    header: &'static str,
     /// The `population.csv` cell (empty where the agent has no such setting).
     csv: fn(&AgentHparams, &AgentSetup) -> String,
     /// The HParams value; `None` where the run has no such setting (then no agent of
@@ -70,10 +72,7 @@ impl PerAgent {
 
     /// The name of the column this setting reports under, if it has its own.
     pub fn column_name(&self) -> Option<&'static str> {
-        self.column.as_ref().map(|_| match self.name {
-            "target_period" => "target_update",
-            name => name,
-        })
+        self.column.as_ref().map(|c| c.header)
     }
 }
 
@@ -109,7 +108,7 @@ pub fn hparams(hp: &AgentHparams, setup: &AgentSetup) -> Vec<(&'static str, HVal
         .iter()
         .filter_map(|s| {
             let c = s.column.as_ref()?;
-            Some((s.column_name()?, (c.hparam)(hp, setup)?))
+            Some((c.header, (c.hparam)(hp, setup)?))
         })
         .collect()
 }
@@ -200,6 +199,7 @@ pub const LR: PerAgent = PerAgent {
     },
     apply: |hp, _, cfg| cfg.dqn.lr = hp.lr,
     column: Some(Column {
+        header: "lr",
         csv: |hp, _| hp.lr.to_string(),
         hparam: |hp, _| n(hp.lr),
     }),
@@ -214,6 +214,7 @@ pub const MAX_GRAD_NORM: PerAgent = PerAgent {
     },
     apply: |hp, _, cfg| cfg.dqn.max_grad_norm = hp.max_grad_norm,
     column: Some(Column {
+        header: "max_grad_norm",
         csv: |hp, _| hp.max_grad_norm.to_string(),
         hparam: |hp, _| n(hp.max_grad_norm),
     }),
@@ -232,6 +233,7 @@ pub const TARGET_PERIOD: PerAgent = PerAgent {
     },
     apply: |hp, _, cfg| cfg.dqn.target = hp.target,
     column: Some(Column {
+        header: "target_update",
         csv: |hp, _| target_rule(&hp.target),
         hparam: |hp, _| Some(HValue::Text(target_rule(&hp.target))),
     }),
@@ -262,6 +264,7 @@ pub const GAMMA: PerAgent = PerAgent {
     },
     apply: |_, s, cfg| cfg.actors.gamma = s.gamma.unwrap_or(cfg.actors.gamma),
     column: Some(Column {
+        header: "gamma",
         csv: |_, setup| setup.gamma.to_string(),
         hparam: |_, setup| n(decimal(setup.gamma)),
     }),
@@ -277,6 +280,7 @@ pub const N_STEP: PerAgent = PerAgent {
     },
     apply: |_, s, cfg| cfg.actors.n_step = s.n_step.unwrap_or(cfg.actors.n_step),
     column: Some(Column {
+        header: "n_step",
         csv: |_, setup| setup.n_step.to_string(),
         hparam: |_, setup| n(setup.n_step as f64),
     }),
@@ -291,6 +295,7 @@ pub const EPS_START: PerAgent = PerAgent {
     },
     apply: |_, s, cfg| epsilon_part(cfg, s.eps_start.map(f64::from), 0),
     column: Some(Column {
+        header: "eps_start",
         csv: |_, setup| setup.epsilon.as_linear().0.to_string(),
         hparam: |_, setup| n(decimal(setup.epsilon.as_linear().0)),
     }),
@@ -305,6 +310,7 @@ pub const EPS_END: PerAgent = PerAgent {
     },
     apply: |_, s, cfg| epsilon_part(cfg, s.eps_end.map(f64::from), 1),
     column: Some(Column {
+        header: "eps_end",
         csv: |_, setup| setup.epsilon.as_linear().1.to_string(),
         hparam: |_, setup| n(decimal(setup.epsilon.as_linear().1)),
     }),
@@ -320,6 +326,7 @@ pub const EPS_DECAY_STEPS: PerAgent = PerAgent {
     },
     apply: |_, s, cfg| epsilon_part(cfg, s.eps_decay_steps.map(|v| v as f64), 2),
     column: Some(Column {
+        header: "eps_decay_steps",
         csv: |_, setup| setup.epsilon.as_linear().2.to_string(),
         hparam: |_, setup| n(setup.epsilon.as_linear().2 as f64),
     }),
@@ -335,6 +342,7 @@ pub const BATCH_SIZE: PerAgent = PerAgent {
     },
     apply: |_, s, cfg| cfg.batch_size = s.batch_size.unwrap_or(cfg.batch_size),
     column: Some(Column {
+        header: "batch_size",
         csv: |_, setup| setup.batch_size.to_string(),
         hparam: |_, setup| n(setup.batch_size as f64),
     }),
@@ -365,6 +373,7 @@ pub const HIDDEN: PerAgent = PerAgent {
         }
     },
     column: Some(Column {
+        header: "hidden",
         csv: |_, setup| hidden_text(&setup.hidden),
         hparam: |_, setup| Some(HValue::Text(hidden_text(&setup.hidden))),
     }),
@@ -388,6 +397,7 @@ pub const SAMPLES_PER_INSERT: PerAgent = PerAgent {
             .unwrap_or(cfg.replay.samples_per_insert);
     },
     column: Some(Column {
+        header: "samples_per_insert",
         csv: |_, setup| setup.samples_per_insert.to_string(),
         hparam: |_, setup| n(setup.samples_per_insert),
     }),
@@ -405,6 +415,7 @@ pub const MUNCHAUSEN_TAU: PerAgent = PerAgent {
     },
     apply: |_, _, _| {},
     column: Some(Column {
+        header: "munchausen_tau",
         csv: |hp, _| hp.munchausen.map_or(String::new(), |m| m.tau.to_string()),
         hparam: |hp, setup| hp.munchausen.or(setup.munchausen).and_then(|m| n(m.tau)),
     }),
@@ -419,6 +430,7 @@ pub const MUNCHAUSEN_ALPHA: PerAgent = PerAgent {
     },
     apply: |_, _, _| {},
     column: Some(Column {
+        header: "munchausen_alpha",
         csv: |hp, _| hp.munchausen.map_or(String::new(), |m| m.alpha.to_string()),
         hparam: |hp, setup| hp.munchausen.or(setup.munchausen).and_then(|m| n(m.alpha)),
     }),
@@ -433,6 +445,7 @@ pub const MUNCHAUSEN_CLIP: PerAgent = PerAgent {
     },
     apply: |_, _, _| {},
     column: Some(Column {
+        header: "munchausen_clip",
         csv: |hp, _| hp.munchausen.map_or(String::new(), |m| m.clip.to_string()),
         hparam: |hp, setup| hp.munchausen.or(setup.munchausen).and_then(|m| n(m.clip)),
     }),
@@ -448,6 +461,7 @@ pub const IQN_TAUS: PerAgent = PerAgent {
     },
     apply: |_, s, cfg| cfg.dqn.iqn.online = s.iqn_taus.unwrap_or(cfg.dqn.iqn.online),
     column: Some(Column {
+        header: "iqn_taus",
         csv: |_, setup| setup.iqn.map_or(String::new(), |i| i.online.to_string()),
         hparam: |_, setup| setup.iqn.and_then(|i| n(i.online as f64)),
     }),
@@ -462,6 +476,7 @@ pub const IQN_TARGET_TAUS: PerAgent = PerAgent {
     },
     apply: |_, s, cfg| cfg.dqn.iqn.target = s.iqn_target_taus.unwrap_or(cfg.dqn.iqn.target),
     column: Some(Column {
+        header: "iqn_target_taus",
         csv: |_, setup| setup.iqn.map_or(String::new(), |i| i.target.to_string()),
         hparam: |_, setup| setup.iqn.and_then(|i| n(i.target as f64)),
     }),
@@ -483,6 +498,7 @@ pub const PRIORITY_ALPHA: PerAgent = PerAgent {
         }
     },
     column: Some(Column {
+        header: "priority_alpha",
         csv: |_, setup| {
             setup
                 .priority_alpha
