@@ -7,7 +7,7 @@ use millrace_proto::{EnvConfig, EnvSpec, NetworkSpec, Params};
 
 use crate::cnn::CnnPolicy;
 use crate::env::{self, AnyVecEnv, Env, EnvError, Step, VecEnv};
-use crate::policy::{argmax_rows, MlpPolicy, Policy};
+use crate::policy::{argmax_rows, MlpPolicy, Policy, PolicyError};
 
 /// Bridged environments played side by side in one evaluation, at most.
 pub const MAX_BRIDGED_EVAL_ENVS: usize = 16;
@@ -166,10 +166,10 @@ pub fn evaluate_params(
     params: &Params,
     episodes: usize,
     seed: u64,
-) -> Result<EvalResult, String> {
+) -> Result<EvalResult, EvalError> {
     if !network.has_torso() {
-        let mut policy = MlpPolicy::new(network.clone(), 0).map_err(|e| e.to_string())?;
-        policy.load(params).map_err(|e| e.to_string())?;
+        let mut policy = MlpPolicy::new(network.clone(), 0)?;
+        policy.load(params)?;
         let vector = |e| match e {
             AnyVecEnv::Vector(v) => Some(v),
             AnyVecEnv::Pixels(_) => None,
@@ -183,8 +183,8 @@ pub fn evaluate_params(
             seed,
         )
     } else {
-        let mut policy = CnnPolicy::new(network.clone()).map_err(|e| e.to_string())?;
-        policy.load(params).map_err(|e| e.to_string())?;
+        let mut policy = CnnPolicy::new(network.clone())?;
+        policy.load(params)?;
         let pixels = |e| match e {
             AnyVecEnv::Pixels(v) => Some(v),
             AnyVecEnv::Vector(_) => None,
@@ -209,15 +209,24 @@ fn play<O: Pod + Default>(
     port: impl Fn(u64) -> Result<Box<dyn Env<O>>, EnvError>,
     episodes: usize,
     seed: u64,
-) -> Result<EvalResult, String> {
+) -> Result<EvalResult, EvalError> {
     if cfg.family() == Family::Native {
-        return evaluate_with(port, policy, episodes, seed).map_err(|e| e.to_string());
+        return Ok(evaluate_with(port, policy, episodes, seed)?);
     }
-    let envs = env::make_vec(cfg, episodes.clamp(1, MAX_BRIDGED_EVAL_ENVS), seed)
-        .map_err(|e| e.to_string())?;
-    let mut envs =
-        pick(envs).ok_or_else(|| format!("the network does not fit {}'s observations", cfg.id))?;
-    evaluate_vec(&mut *envs, policy, episodes, seed).map_err(|e| e.to_string())
+    let envs = env::make_vec(cfg, episodes.clamp(1, MAX_BRIDGED_EVAL_ENVS), seed)?;
+    let mut envs = pick(envs).ok_or_else(|| EvalError::Observations(cfg.id.clone()))?;
+    Ok(evaluate_vec(&mut *envs, policy, episodes, seed)?)
+}
+
+/// Why a saved policy could not be played ([`evaluate_params`]).
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error("the network does not fit {0}'s observations")]
+    Observations(String),
 }
 
 #[cfg(test)]

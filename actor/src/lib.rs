@@ -24,7 +24,7 @@ pub mod status;
 
 pub use cnn::CnnPolicy;
 pub use env::{make, make_pixels, make_vec, AnyVecEnv, Env, EnvError, Step, VecEnv};
-pub use eval::{evaluate, EvalResult};
+pub use eval::{evaluate, EvalError, EvalResult};
 pub use nstep::NStep;
 pub use packed::{PackShelf, SharedParams};
 pub use policy::{MlpPolicy, Policy, PolicyError};

@@ -88,7 +88,24 @@ pub enum RemoteError {
     /// The learner's welcome asks for what this actor cannot do (its environment port
     /// differs): reconnecting would not change that.
     #[error("this actor cannot work for this learner: {0}")]
-    Incompatible(String),
+    Incompatible(Incompatible),
+}
+
+/// What in the learner's welcome this actor cannot do ([`RemoteError::Incompatible`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Incompatible {
+    #[error("the learner's environment: {0}")]
+    Module(#[from] millrace_proto::env::ModuleNotAllowed),
+    #[error("the learner names two environments: {0} and {1}")]
+    TwoEnvironments(String, String),
+    #[error(transparent)]
+    Env(#[from] env::EnvError),
+    #[error("the learner's {0} differs from this actor's port")]
+    PortDiffers(String),
+    #[error("the learner's network: {0}")]
+    Network(#[from] millrace_proto::SpecError),
+    #[error("the learner handed out no exploration indices")]
+    NoIndices,
 }
 
 /// How a remote actor ended without an error.
@@ -120,7 +137,7 @@ enum End {
     /// The actor loop failed: not worth retrying.
     Failed(String),
     /// The welcome asks for what this actor cannot do: not worth retrying.
-    Incompatible(String),
+    Incompatible(Incompatible),
 }
 
 /// Where the handshake is, for what an unsealed refusal may say.
@@ -656,37 +673,30 @@ async fn connect(learner: &str) -> std::io::Result<TcpStream> {
 }
 
 /// The actor's configuration, all from the learner's [`Welcome`].
-fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, String> {
+fn actor_config(cfg: &RemoteConfig, w: &Welcome) -> Result<ActorConfig, Incompatible> {
     // Before anything is built: a learner decides the environment, not what this
     // process imports.
     millrace_proto::env::check_modules_allowed(
         &w.env_config,
         &cfg.allowed_modules,
         "--allow-env-module",
-    )
-    .map_err(|e| format!("the learner's environment: {e}"))?;
+    )?;
     if w.env_config.id != w.env.id {
-        return Err(format!(
-            "the learner names two environments: {} and {}",
-            w.env.id, w.env_config.id
+        return Err(Incompatible::TwoEnvironments(
+            w.env.id.clone(),
+            w.env_config.id.clone(),
         ));
     }
     if w.env_config.family() == Family::Native {
-        let local = env::spec_of(&w.env_config).map_err(|e| e.to_string())?;
-        if local != w.env {
-            return Err(format!(
-                "the learner's {} differs from this actor's port",
-                w.env.id
-            ));
+        if env::spec_of(&w.env_config)? != w.env {
+            return Err(Incompatible::PortDiffers(w.env.id.clone()));
         }
     } else if !supported(&env::capabilities(), &w.env.id) {
-        return Err(env::EnvError::NoBridge(w.env.id.clone()).to_string());
+        return Err(env::EnvError::NoBridge(w.env.id.clone()).into());
     }
-    w.network
-        .validate()
-        .map_err(|e| format!("the learner's network: {e}"))?;
+    w.network.validate()?;
     if w.env_indices.is_empty() || w.env_indices.len() != w.epsilons.len() {
-        return Err("the learner handed out no exploration indices".into());
+        return Err(Incompatible::NoIndices);
     }
     Ok(ActorConfig {
         actor_id: w.env_indices[0],

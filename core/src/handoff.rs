@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use crossbeam_channel::Receiver;
+use millrace_proto::panics::Panicked;
 use serde::{Deserialize, Serialize};
 
 use crate::dqn::DqnState;
@@ -51,7 +52,10 @@ pub trait CheckpointSink {
     /// when the writer is still busy with the previous one.
     fn try_submit(&self, job: SaveJob) -> bool;
 
-    /// Hands over the final checkpoint (or why the state could not be copied, `Err`),
-    /// waiting for room; its result arrives on the receiver.
-    fn submit_final(&self, job: Result<SaveJob, String>) -> Receiver<Result<PathBuf, Self::Error>>;
+    /// Hands over the final checkpoint (or, `Err`, the panic that copying the state off
+    /// the device ended in), waiting for room; its result arrives on the receiver.
+    fn submit_final(
+        &self,
+        job: Result<SaveJob, Panicked>,
+    ) -> Receiver<Result<PathBuf, Self::Error>>;
 }

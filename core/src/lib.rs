@@ -34,6 +34,7 @@ mod priority_apply;
 pub mod priority_feedback;
 mod priority_thread;
 pub mod publisher;
+mod shim;
 pub mod step;
 pub mod torch_settings;
 pub mod update_loop;

@@ -257,16 +257,13 @@ impl Publisher {
 
     /// `Err` with its panic message if the publisher thread has died (it only ends by
     /// itself on a panic: actors would then never see new parameters).
-    pub fn check(&mut self) -> Result<(), String> {
+    pub fn check(&mut self) -> Result<(), PublisherDied> {
         if !self.handle.as_ref().is_some_and(JoinHandle::is_finished) {
             return Ok(());
         }
-        match self.handle.take().map(JoinHandle::join) {
-            Some(Err(p)) => Err(format!(
-                "the publisher thread panicked: {}",
-                millrace_proto::panics::panic_message(&*p)
-            )),
-            _ => Err("the publisher thread ended".into()),
+        match self.handle.take().map(millrace_proto::panics::joined) {
+            Some(Err(p)) => Err(PublisherDied::Panicked(p)),
+            _ => Err(PublisherDied::Ended),
         }
     }
 
@@ -349,6 +346,16 @@ fn publish_loop(
             Err(e) => tracing::error!("cannot publish parameters: {e}"),
         }
     }
+}
+
+/// The publisher thread ended (it only ends by itself on a panic): actors would never
+/// see new parameters ([`Publisher::check`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PublisherDied {
+    #[error("the publisher thread {0}")]
+    Panicked(millrace_proto::panics::Panicked),
+    #[error("the publisher thread ended")]
+    Ended,
 }
 
 impl Drop for Publisher {

@@ -10,7 +10,7 @@
 //! fixed, so it is on by default (off under `--deterministic`, whose point is
 //! reproducibility).
 
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 
 use serde::{Deserialize, Serialize};
 
@@ -92,23 +92,27 @@ impl std::fmt::Display for GpuMath {
     }
 }
 
-fn call(f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), String> {
-    let mut err = [0 as c_char; 512];
-    if f(err.as_mut_ptr(), err.len()) == 0 {
-        return Ok(());
-    }
-    // SAFETY: the shim wrote a NUL-terminated message (snprintf) into `err`.
-    let msg = unsafe { CStr::from_ptr(err.as_ptr()) };
-    Err(msg
-        .to_string_lossy()
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string())
+/// Why libtorch's GPU settings could not be read or set.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TorchSettingsError {
+    /// libtorch refused (the first line of its message).
+    #[error("{0}")]
+    Libtorch(String),
+    /// libtorch took the settings but reads back others.
+    #[error("libtorch reads back {got} after --tf32 {tf32}, --cudnn-benchmark {cudnn_benchmark}")]
+    ReadBack {
+        got: GpuMath,
+        tf32: Tf32,
+        cudnn_benchmark: bool,
+    },
+}
+
+fn call(f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), TorchSettingsError> {
+    crate::shim::call(f).map_err(TorchSettingsError::Libtorch)
 }
 
 /// libtorch's settings now.
-pub fn current() -> Result<GpuMath, String> {
+pub fn current() -> Result<GpuMath, TorchSettingsError> {
     let (mut conv, mut matmul) = (false, false);
     // SAFETY: valid out-pointers and error buffer (see `call`).
     call(|err, len| unsafe { millrace_tf32(&mut conv, &mut matmul, err, len) })?;
@@ -122,7 +126,7 @@ pub fn current() -> Result<GpuMath, String> {
 
 /// Sets TF32 and cuDNN's benchmark mode for this process, and returns them as libtorch
 /// reads them back.
-pub fn apply(tf32: Tf32, cudnn_benchmark: bool) -> Result<GpuMath, String> {
+pub fn apply(tf32: Tf32, cudnn_benchmark: bool) -> Result<GpuMath, TorchSettingsError> {
     let (cudnn, cublas) = tf32.flags();
     // SAFETY: plain flags and an error buffer (see `call`).
     call(|err, len| unsafe { millrace_set_tf32(cudnn, cublas, err, len) })?;
@@ -130,16 +134,18 @@ pub fn apply(tf32: Tf32, cudnn_benchmark: bool) -> Result<GpuMath, String> {
     call(|err, len| unsafe { millrace_set_cudnn_benchmark(cudnn_benchmark, err, len) })?;
     let got = current()?;
     if got.tf32() != Some(tf32) || got.cudnn_benchmark != cudnn_benchmark {
-        return Err(format!(
-            "libtorch reads back {got} after --tf32 {tf32}, --cudnn-benchmark {cudnn_benchmark}"
-        ));
+        return Err(TorchSettingsError::ReadBack {
+            got,
+            tf32,
+            cudnn_benchmark,
+        });
     }
     Ok(got)
 }
 
 /// For a benchmark on `device`: the learner's settings there (`tf32`, benchmark mode
 /// on) where it is a CUDA device, as read back; `None` on the CPU.
-pub fn for_device(device: tch::Device, tf32: Tf32) -> Result<Option<GpuMath>, String> {
+pub fn for_device(device: tch::Device, tf32: Tf32) -> Result<Option<GpuMath>, TorchSettingsError> {
     match device {
         tch::Device::Cuda(_) => apply(tf32, true).map(Some),
         _ => Ok(None),

@@ -137,8 +137,8 @@ pub enum LearnerError {
     OutOfMemory(String),
     #[error("panicked: {0}")]
     Panicked(String),
-    #[error("{0}")]
-    Publisher(String),
+    #[error(transparent)]
+    Publisher(#[from] crate::publisher::PublisherDied),
 }
 
 /// What the learner thread hands back (`E`: why a checkpoint was not written).
@@ -429,10 +429,7 @@ pub fn run<W: CheckpointSink>(
         // is the checkpoint's result, as a failed write would be.
         let job = catch_unwind(AssertUnwindSafe(|| state.job(&step, &steps, run_finished)));
         let rx = writer.submit_final(job.map_err(|panic| {
-            format!(
-                "copying the state off the device failed: {}",
-                millrace_proto::panics::panic_message(&*panic)
-            )
+            millrace_proto::panics::Panicked(millrace_proto::panics::panic_message(&*panic))
         }));
         state.t.checkpoint += c0.elapsed().as_secs_f64();
         rx

@@ -198,7 +198,7 @@ fn check_gpu(r: &mut Report) {
             "fp32 math",
             format!("{math} (libtorch's defaults; the learner sets --tf32 conv and cuDNN benchmark on unless told otherwise)"),
         ),
-        Err(e) => Check::warn("fp32 math", e, "TF32 settings cannot be read back"),
+        Err(e) => Check::warn("fp32 math", e.to_string(), "TF32 settings cannot be read back"),
     });
     let t = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cpu));
     match t.f_internal_pin_memory(tch::Device::Cuda(0)) {

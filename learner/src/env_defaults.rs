@@ -20,28 +20,52 @@ pub const HYPERPARAMS: &str = include_str!("../hyperparams.toml");
 pub use crate::presets::Flags;
 
 /// The defaults `HYPERPARAMS` gives `env` (empty when it has no table).
-pub fn for_env(env: &str) -> Result<Flags, String> {
+pub fn for_env(env: &str) -> Result<Flags, HyperparamsError> {
     let all: toml::Table =
-        toml::from_str(HYPERPARAMS).map_err(|e| format!("hyperparams.toml: {e}"))?;
+        toml::from_str(HYPERPARAMS).map_err(|e| HyperparamsError::Toml(e.to_string()))?;
     let Some(table) = all.get(env) else {
         return Ok(Flags::new());
     };
     let table = table
         .as_table()
-        .ok_or_else(|| format!("hyperparams.toml: [{env:?}] is not a table"))?;
+        .ok_or_else(|| HyperparamsError::NotATable(env.into()))?;
     table
         .iter()
         .map(|(k, v)| {
-            Ok((
-                k.clone(),
-                value(v).map_err(|e| format!("hyperparams.toml: [{env:?}] {k}: {e}"))?,
-            ))
+            let value = value(v).map_err(|v| HyperparamsError::Value {
+                env: env.into(),
+                key: k.clone(),
+                value: v.to_string(),
+            })?;
+            Ok((k.clone(), value))
         })
         .collect()
 }
 
-/// A TOML value as it would be typed after its flag.
-fn value(v: &toml::Value) -> Result<String, String> {
+/// What is wrong in `hyperparams.toml` (compiled in: a binary built from a broken
+/// file says so at the first run of an environment it names).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HyperparamsError {
+    #[error("hyperparams.toml: {0}")]
+    Toml(String),
+    #[error("hyperparams.toml: [{0:?}] is not a table")]
+    NotATable(String),
+    #[error("hyperparams.toml: [{env:?}] {key}: unsupported value {value}")]
+    Value {
+        env: String,
+        key: String,
+        value: String,
+    },
+    #[error("hyperparams.toml: [{env:?}] preset: {preset}")]
+    Preset {
+        env: String,
+        preset: crate::presets::UnknownPreset,
+    },
+}
+
+/// A TOML value as it would be typed after its flag; `Err`: the value (a table, a
+/// date) that no flag takes.
+fn value(v: &toml::Value) -> Result<String, &toml::Value> {
     match v {
         toml::Value::String(s) => Ok(s.clone()),
         toml::Value::Integer(i) => Ok(i.to_string()),
@@ -52,7 +76,7 @@ fn value(v: &toml::Value) -> Result<String, String> {
             .map(value)
             .collect::<Result<Vec<_>, _>>()?
             .join(",")),
-        other => Err(format!("unsupported value {other}")),
+        other => Err(other),
     }
 }
 
@@ -121,7 +145,8 @@ pub fn parse(argv: &[OsString]) -> Result<Parsed, clap::Error> {
     if plain.args.command.is_some() {
         return Ok(plain);
     }
-    let invalid = |e: String| Args::command().error(clap::error::ErrorKind::InvalidValue, e);
+    let invalid =
+        |e: HyperparamsError| Args::command().error(clap::error::ErrorKind::InvalidValue, e);
     let defaults = layered(&plain.args.train.env, plain.args.train.preset).map_err(invalid)?;
     parse_with(argv, &defaults)
 }
@@ -129,12 +154,17 @@ pub fn parse(argv: &[OsString]) -> Result<Parsed, clap::Error> {
 /// The defaults beneath the command line, lowest first: the preset the environment's
 /// table names (`preset = "classic"`), the table's own keys, then the preset the user
 /// asked for (`--preset`), each outranking the one before.
-pub fn layered(env: &str, user_preset: Option<crate::presets::Preset>) -> Result<Flags, String> {
+pub fn layered(
+    env: &str,
+    user_preset: Option<crate::presets::Preset>,
+) -> Result<Flags, HyperparamsError> {
     let mut table = for_env(env)?;
     let mut defaults = Flags::new();
     if let Some(name) = table.remove("preset") {
-        let preset = crate::presets::named(&name)
-            .map_err(|e| format!("hyperparams.toml: [{env:?}] preset: {e}"))?;
+        let preset = crate::presets::named(&name).map_err(|preset| HyperparamsError::Preset {
+            env: env.into(),
+            preset,
+        })?;
         defaults.extend(crate::presets::flags(preset));
     }
     defaults.extend(table);
@@ -242,7 +272,7 @@ mod tests {
                 .into_config()
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
         }
-        let e = crate::presets::named("rainbow").unwrap_err();
+        let e = crate::presets::named("rainbow").unwrap_err().to_string();
         assert!(e.contains("rainbow") && e.contains("classic"), "{e}");
     }
 

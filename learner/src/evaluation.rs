@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
-use millrace_actor::EvalResult;
+use millrace_actor::{EvalError, EvalResult};
 use millrace_proto::{EnvConfig, NetworkSpec, Params};
 use serde::{Deserialize, Serialize};
 
@@ -95,7 +95,7 @@ pub fn evaluate(
     params: &Params,
     episodes: usize,
     seed: u64,
-) -> Result<EvalResult, String> {
+) -> Result<EvalResult, EvalError> {
     millrace_actor::eval::evaluate_params(env, network, params, episodes, seed)
 }
 
@@ -121,7 +121,7 @@ pub struct EvalDone {
 pub struct Evaluator {
     requests: Option<Sender<EvalRequest>>,
     pub done: Receiver<EvalDone>,
-    handle: Option<JoinHandle<Result<(), String>>>,
+    handle: Option<JoinHandle<Result<(), EvaluatorError>>>,
 }
 
 impl Evaluator {
@@ -139,7 +139,7 @@ impl Evaluator {
             .spawn(move || {
                 for req in rx {
                     if fail {
-                        return Err("injected fault at the first evaluation".into());
+                        return Err(EvaluatorError::Injected);
                     }
                     let result = evaluate(&env, &network, &req.params, episodes, req.seed)?;
                     let record = EvalRecord::new(&req.params, req.seed, &result);
@@ -174,13 +174,24 @@ impl Evaluator {
     }
 
     /// Stops the thread after the evaluation in progress; returns its error, if any.
-    pub fn join(mut self) -> Result<(), String> {
+    pub fn join(mut self) -> Result<(), EvaluatorError> {
         drop(self.requests.take());
         match self.handle.take().map(crate::joined) {
-            Some(joined) => joined.and_then(|result| result),
+            Some(joined) => joined?,
             None => Ok(()),
         }
     }
+}
+
+/// Why the evaluator thread ended early ([`Evaluator::join`]).
+#[derive(Debug, thiserror::Error)]
+pub enum EvaluatorError {
+    #[error(transparent)]
+    Eval(#[from] EvalError),
+    #[error("injected fault at the first evaluation")]
+    Injected,
+    #[error(transparent)]
+    Panicked(#[from] millrace_proto::panics::Panicked),
 }
 
 /// A run declared solved: the snapshot and both of its evaluations.

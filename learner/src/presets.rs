@@ -108,13 +108,20 @@ pub fn flags(preset: Preset) -> Flags {
 }
 
 /// The preset a `hyperparams.toml` table names (`preset = "classic"`).
-pub fn named(name: &str) -> Result<Preset, String> {
-    <Preset as clap::ValueEnum>::from_str(name, false).map_err(|_| {
-        let known: Vec<String> = <Preset as clap::ValueEnum>::value_variants()
-            .iter()
-            .filter_map(clap::ValueEnum::to_possible_value)
-            .map(|v| v.get_name().to_string())
-            .collect();
-        format!("unknown preset {name:?} (known: {})", known.join(", "))
-    })
+pub fn named(name: &str) -> Result<Preset, UnknownPreset> {
+    <Preset as clap::ValueEnum>::from_str(name, false).map_err(|_| UnknownPreset(name.into()))
+}
+
+/// A preset name that no [`Preset`] has; the message lists the known ones.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown preset {0:?} (known: {known})", known = known_presets())]
+pub struct UnknownPreset(pub String);
+
+fn known_presets() -> String {
+    <Preset as clap::ValueEnum>::value_variants()
+        .iter()
+        .filter_map(clap::ValueEnum::to_possible_value)
+        .map(|v| v.get_name().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

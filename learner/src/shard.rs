@@ -24,29 +24,47 @@ pub struct Shard {
 }
 
 impl FromStr for Shard {
-    type Err = String;
+    type Err = ShardError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, ShardError> {
         let (i, n) = s
             .split_once('/')
-            .ok_or_else(|| format!("`{s}` is not I/N (the I-th of N parts, from 0: 0/3)"))?;
-        let parse = |x: &str, what: &str| {
+            .ok_or_else(|| ShardError::NotAFraction(s.into()))?;
+        let parse = |x: &str, what: &'static str| {
             x.trim()
                 .parse::<usize>()
-                .map_err(|_| format!("`{s}`: {what} `{x}` is not a whole number"))
+                .map_err(|_| ShardError::NotANumber {
+                    shard: s.into(),
+                    what,
+                    got: x.into(),
+                })
         };
         let (index, count) = (parse(i, "I")?, parse(n, "N")?);
         if count == 0 {
-            return Err(format!("`{s}`: N must be at least 1"));
+            return Err(ShardError::NoParts(s.into()));
         }
         if index >= count {
-            return Err(format!(
-                "`{s}`: I counts from 0 and must be below N (0 to {})",
-                count - 1
-            ));
+            return Err(ShardError::PastTheEnd(s.into(), count - 1));
         }
         Ok(Self { index, count })
     }
+}
+
+/// A `--shard` that is not `I/N` with `I < N` ([`Shard::from_str`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ShardError {
+    #[error("`{0}` is not I/N (the I-th of N parts, from 0: 0/3)")]
+    NotAFraction(String),
+    #[error("`{shard}`: {what} `{got}` is not a whole number")]
+    NotANumber {
+        shard: String,
+        what: &'static str,
+        got: String,
+    },
+    #[error("`{0}`: N must be at least 1")]
+    NoParts(String),
+    #[error("`{0}`: I counts from 0 and must be below N (0 to {1})")]
+    PastTheEnd(String, usize),
 }
 
 impl fmt::Display for Shard {
@@ -110,7 +128,7 @@ mod tests {
         for bad in ["3/3", "1/0", "1", "a/3", "-1/3", "1/3/4", ""] {
             assert!(bad.parse::<Shard>().is_err(), "{bad}");
         }
-        let err = "3/3".parse::<Shard>().unwrap_err();
+        let err = "3/3".parse::<Shard>().unwrap_err().to_string();
         assert!(err.contains("0 to 2"), "{err}");
     }
 

@@ -123,8 +123,8 @@ pub fn imported_modules(cfg: &EnvConfig) -> Vec<&str> {
 pub fn check_modules_allowed(
     cfg: &EnvConfig,
     allowed: &[String],
-    flag: &str,
-) -> Result<(), String> {
+    flag: &'static str,
+) -> Result<(), ModuleNotAllowed> {
     let covers = |module: &str| {
         allowed.iter().any(|a| {
             module == a
@@ -135,11 +135,25 @@ pub fn check_modules_allowed(
     };
     match imported_modules(cfg).into_iter().find(|m| !covers(m)) {
         None => Ok(()),
-        Some(m) => Err(format!(
-            "{} would import the Python module {m:?}, which this command line does not allow (add {flag} {m} if you trust it)",
-            cfg.id
-        )),
+        Some(m) => Err(ModuleNotAllowed {
+            env: cfg.id.clone(),
+            module: m.to_string(),
+            flag,
+        }),
     }
+}
+
+/// An environment whose Python module the command line does not allow
+/// ([`check_modules_allowed`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{env} would import the Python module {module:?}, which this command line does not allow (add {flag} {module} if you trust it)"
+)]
+pub struct ModuleNotAllowed {
+    pub env: String,
+    pub module: String,
+    /// The flag that allows it.
+    pub flag: &'static str,
 }
 
 #[cfg(test)]
@@ -158,7 +172,9 @@ mod tests {
         // Gymnasium imports `evil` for `gym:evil:Env-v0`.
         let sneaky = EnvConfig::new("gym:evil.sub:Env-v0");
         assert_eq!(imported_modules(&sneaky), ["evil.sub"]);
-        let err = check_modules_allowed(&sneaky, &["other".into()], flag).unwrap_err();
+        let err = check_modules_allowed(&sneaky, &["other".into()], flag)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("\"evil.sub\"") && err.contains(flag), "{err}");
         assert!(check_modules_allowed(&sneaky, &["evil".into()], flag).is_ok());
         for plain in [

@@ -52,17 +52,20 @@ impl IqnHead {
     }
 
     /// Checks a head read from a file or a peer.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), IqnHeadError> {
         if !(1..=MAX_IQN_SIZE).contains(&self.embedding)
             || !(1..=MAX_IQN_SIZE).contains(&self.quantiles)
         {
-            return Err(format!(
-                "an IQN head needs 1..={MAX_IQN_SIZE} cosines and acting fractions, got {self:?}"
-            ));
+            return Err(IqnHeadError(*self));
         }
         Ok(())
     }
 }
+
+/// An IQN head out of range ([`IqnHead::check`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("an IQN head needs 1..={MAX_IQN_SIZE} cosines and acting fractions, got {0:?}")]
+pub struct IqnHeadError(pub IqnHead);
 
 #[cfg(test)]
 mod tests {

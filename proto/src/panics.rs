@@ -11,9 +11,18 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Joins a thread; its panic, if it had one, as a message.
-pub fn joined<T>(handle: std::thread::JoinHandle<T>) -> Result<T, String> {
-    handle
-        .join()
-        .map_err(|p| format!("panicked: {}", panic_message(&*p)))
+/// A thread that panicked, with its message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("panicked: {0}")]
+pub struct Panicked(pub String);
+
+impl From<Panicked> for String {
+    fn from(p: Panicked) -> Self {
+        p.to_string()
+    }
+}
+
+/// Joins a thread; its panic, if it had one, with the message.
+pub fn joined<T>(handle: std::thread::JoinHandle<T>) -> Result<T, Panicked> {
+    handle.join().map_err(|p| Panicked(panic_message(&*p)))
 }

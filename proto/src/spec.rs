@@ -94,6 +94,10 @@ pub enum SpecError {
     EmptyPopulation,
     #[error("bad value: {0}")]
     BadValue(String),
+    #[error(transparent)]
+    Torso(#[from] crate::torso::TorsoError),
+    #[error(transparent)]
+    IqnHead(#[from] crate::iqn::IqnHeadError),
     #[error("{what}: expected {expected} values, got {got}")]
     Length {
         what: &'static str,
@@ -322,11 +326,9 @@ impl NetworkSpec {
                 "a convolution needs a positive kernel, stride and channel count, got {l:?}"
             ));
         }
-        self.torso()
-            .check(self.obs_dim)
-            .map_err(SpecError::BadValue)?;
+        self.torso().check(self.obs_dim)?;
         if let Some(head) = &self.iqn {
-            head.check().map_err(SpecError::BadValue)?;
+            head.check()?;
             if self.hidden.is_empty() {
                 return bad("an IQN head needs at least one hidden layer".into());
             }

@@ -263,44 +263,54 @@ impl Torso<'_> {
     }
 
     /// Checks a torso read from a file or a peer, which feeds a head of `head_inputs`
-    /// inputs (see [`NetworkSpec::validate`](crate::NetworkSpec::validate)); the error
-    /// says what is wrong.
-    pub fn check(&self, head_inputs: usize) -> Result<(), String> {
+    /// inputs (see [`NetworkSpec::validate`](crate::NetworkSpec::validate)).
+    pub fn check(&self, head_inputs: usize) -> Result<(), TorsoError> {
         if let Some(t) = self.impala {
             if !self.conv.is_empty() {
-                return Err(
-                    "a network has plain convolutions or the IMPALA torso, not both".into(),
-                );
+                return Err(TorsoError::ConvAndImpala);
             }
             if t.channels.is_empty() || t.channels.contains(&0) || t.blocks > MAX_BLOCKS {
-                return Err(format!(
-                    "the IMPALA torso needs at least one stage of positive channels and at most {MAX_BLOCKS} blocks a stage, got {t:?}"
-                ));
+                return Err(TorsoError::BadImpala(t.clone()));
             }
             let steps = t.channels.len().saturating_mul(2 + 6 * t.blocks);
             if steps > MAX_TORSO_STEPS {
-                return Err(format!(
-                    "the IMPALA torso {t:?} has over {MAX_TORSO_STEPS} steps"
-                ));
+                return Err(TorsoError::TooManySteps(t.clone()));
             }
         }
         if !self.exists() {
             return Ok(());
         }
         if self.image.len() != 3 || self.image.contains(&0) {
-            return Err(format!(
-                "a convolutional network needs [C, H, W] observations, got {:?}",
-                self.image
-            ));
+            return Err(TorsoError::NotAnImage(self.image.to_vec()));
         }
         if self.features() != Some(head_inputs) {
-            return Err(format!(
-                "the torso over {:?} does not give the head's {head_inputs} inputs",
-                self.image
-            ));
+            return Err(TorsoError::HeadInputs {
+                image: self.image.to_vec(),
+                head_inputs,
+            });
         }
         Ok(())
     }
+}
+
+/// What is wrong with a torso read from a file or a peer ([`Torso::check`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TorsoError {
+    #[error("a network has plain convolutions or the IMPALA torso, not both")]
+    ConvAndImpala,
+    #[error(
+        "the IMPALA torso needs at least one stage of positive channels and at most {MAX_BLOCKS} blocks a stage, got {0:?}"
+    )]
+    BadImpala(ImpalaTorso),
+    #[error("the IMPALA torso {0:?} has over {MAX_TORSO_STEPS} steps")]
+    TooManySteps(ImpalaTorso),
+    #[error("a convolutional network needs [C, H, W] observations, got {0:?}")]
+    NotAnImage(Vec<usize>),
+    #[error("the torso over {image:?} does not give the head's {head_inputs} inputs")]
+    HeadInputs {
+        image: Vec<usize>,
+        head_inputs: usize,
+    },
 }
 
 fn shapes_of(image: &[usize], plan: &[TorsoStep]) -> Vec<Option<(usize, usize, usize)>> {

@@ -208,7 +208,7 @@ impl ServerHandle {
 
     /// Stops accepting, says `goodbye` on every connection (unless one was announced
     /// already), closes them and waits for the server thread; `Err` if it panicked.
-    pub fn shutdown(self, goodbye: Goodbye) -> Result<(), String> {
+    pub fn shutdown(self, goodbye: Goodbye) -> Result<(), millrace_proto::panics::Panicked> {
         self.stop.send_if_modified(|current| {
             if current.is_none() {
                 *current = Some(goodbye);

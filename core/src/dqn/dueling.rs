@@ -38,30 +38,38 @@ pub struct DuelingHead {
     mask: Tensor,
 }
 
+/// Why a network cannot have a dueling head ([`DuelingHead::new`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DuelingError {
+    #[error("a dueling head needs a hidden layer to split into its two streams")]
+    NoHidden,
+    #[error(
+        "a dueling head splits the last hidden layer in two streams: it needs an even width, got {0}"
+    )]
+    OddWidth(usize),
+    #[error("a dueling head combines 1..={MAX_ACTIONS} actions, got {0}")]
+    Actions(usize),
+    #[error(
+        "a dueling head over a last hidden layer of {last} and {actions} actions is too large"
+    )]
+    TooLarge { last: usize, actions: usize },
+}
+
 impl DuelingHead {
     /// The head for `published`, or why it cannot have one.
-    pub fn new(published: &NetworkSpec, device: Device) -> Result<Self, String> {
-        let last = *published
-            .hidden
-            .last()
-            .ok_or("a dueling head needs a hidden layer to split into its two streams")?;
+    pub fn new(published: &NetworkSpec, device: Device) -> Result<Self, DuelingError> {
+        let last = *published.hidden.last().ok_or(DuelingError::NoHidden)?;
         if last < 2 || last % 2 != 0 {
-            return Err(format!(
-                "a dueling head splits the last hidden layer in two streams: it needs an even width, got {last}"
-            ));
+            return Err(DuelingError::OddWidth(last));
         }
         let a = published.num_actions;
         // Sized before allocating (a spec may come from a file): the combining matrix
         // is (A + 1) x A and the mask last x (A + 1).
         if a == 0 || a > MAX_ACTIONS {
-            return Err(format!(
-                "a dueling head combines 1..={MAX_ACTIONS} actions, got {a}"
-            ));
+            return Err(DuelingError::Actions(a));
         }
         if last.checked_mul(a + 1).is_none_or(|n| n > MAX_MASK) {
-            return Err(format!(
-                "a dueling head over a last hidden layer of {last} and {a} actions is too large"
-            ));
+            return Err(DuelingError::TooLarge { last, actions: a });
         }
         let mut internal = published.clone();
         internal.num_actions = a + 1;
@@ -187,6 +195,7 @@ mod tests {
         odd.hidden = vec![8, 5];
         assert!(DuelingHead::new(&odd, Device::Cpu)
             .unwrap_err()
+            .to_string()
             .contains("even"));
         odd.hidden = vec![];
         assert!(DuelingHead::new(&odd, Device::Cpu).is_err());
@@ -197,7 +206,9 @@ mod tests {
         // 200,000 actions: a 160 GB combining matrix, refused in one line.
         let mut huge = spec();
         huge.num_actions = 200_000;
-        let e = DuelingHead::new(&huge, Device::Cpu).unwrap_err();
+        let e = DuelingHead::new(&huge, Device::Cpu)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("1..=4096 actions, got 200000"), "{e}");
         huge.num_actions = 0;
         assert!(DuelingHead::new(&huge, Device::Cpu).is_err());
@@ -206,6 +217,7 @@ mod tests {
         wide.hidden = vec![1 << 20];
         assert!(DuelingHead::new(&wide, Device::Cpu)
             .unwrap_err()
+            .to_string()
             .contains("too large"));
     }
 

@@ -32,6 +32,7 @@
 pub mod agents;
 mod config;
 pub mod dueling;
+pub use dueling::DuelingError;
 pub mod host_adam;
 pub mod iqn;
 mod lifecycle;

@@ -71,21 +71,39 @@ pub fn check(
     device: DeviceChoice,
     name: &str,
     capability: Option<(i32, i32)>,
-) -> Result<(), String> {
+) -> Result<(), NoNativeBf16> {
     match (precision, device, capability) {
-        (Precision::Bf16, DeviceChoice::Cuda(i), Some((major, minor)))
-            if (major, minor) < BF16_MIN_CAPABILITY =>
+        (Precision::Bf16, DeviceChoice::Cuda(index), Some(capability))
+            if capability < BF16_MIN_CAPABILITY =>
         {
-            let (need_major, need_minor) = BF16_MIN_CAPABILITY;
-            Err(format!(
-                "--precision bf16 needs a GPU with native bf16 arithmetic (compute capability \
-                 {need_major}.{need_minor} or newer: A100, H100, L4, RTX 30xx and later); \
-                 cuda:{i} ({name}) is {major}.{minor}, where PyTorch would emulate it more \
-                 slowly than fp32: drop --precision (fp32 is the default)"
-            ))
+            Err(NoNativeBf16 {
+                index,
+                name: name.to_string(),
+                capability,
+            })
         }
         _ => Ok(()),
     }
+}
+
+/// `--precision bf16` on a GPU without native bf16 arithmetic ([`check`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--precision bf16 needs a GPU with native bf16 arithmetic (compute capability \
+     {}.{} or newer: A100, H100, L4, RTX 30xx and later); \
+     cuda:{index} ({name}) is {}.{}, where PyTorch would emulate it more \
+     slowly than fp32: drop --precision (fp32 is the default)",
+    BF16_MIN_CAPABILITY.0,
+    BF16_MIN_CAPABILITY.1,
+    capability.0,
+    capability.1
+)]
+pub struct NoNativeBf16 {
+    /// The CUDA device's index.
+    pub index: usize,
+    pub name: String,
+    /// Its compute capability (major, minor).
+    pub capability: (i32, i32),
 }
 
 /// bf16 copies of the online and target parameters, `[K, P]` each, and the views of
@@ -162,7 +180,9 @@ mod tests {
     #[test]
     fn bf16_is_refused_on_gpus_without_native_bf16_only() {
         let gpu = DeviceChoice::Cuda(0);
-        let err = check(Precision::Bf16, gpu, "Tesla T4", Some((7, 5))).unwrap_err();
+        let err = check(Precision::Bf16, gpu, "Tesla T4", Some((7, 5)))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cuda:0 (Tesla T4) is 7.5"), "{err}");
         assert!(err.contains("8.0 or newer"), "{err}");
         for capability in [Some((8, 0)), Some((9, 0)), Some((12, 1)), None] {

@@ -29,6 +29,9 @@ pub enum CheckpointError {
     Mismatch(String),
     #[error("{0}")]
     Missing(String),
+    /// Copying the state off the device panicked (the device gone).
+    #[error("copying the state off the device failed: {}", .0 .0)]
+    NotCopied(millrace_proto::panics::Panicked),
 }
 
 pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -45,10 +48,10 @@ pub fn tensor_err(path: &Path) -> impl FnOnce(tch::TchError) -> CheckpointError 
     }
 }
 
-pub fn invalid(path: &Path, reason: impl Into<String>) -> CheckpointError {
+pub fn invalid(path: &Path, reason: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Invalid {
         path: path.to_path_buf(),
-        reason: reason.into(),
+        reason: reason.to_string(),
     }
 }
 

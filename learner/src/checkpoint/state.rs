@@ -61,7 +61,7 @@ pub struct StateMeta {
 impl StateMeta {
     /// The network the saved tensors are laid out by: `network`, or with a dueling
     /// head its learner-side form.
-    pub fn learner_network(&self) -> Result<NetworkSpec, String> {
+    pub fn learner_network(&self) -> Result<NetworkSpec, millrace_core::dqn::DuelingError> {
         match self.dueling {
             true => DuelingHead::new(&self.network, Device::Cpu).map(|h| h.internal().clone()),
             false => Ok(self.network.clone()),

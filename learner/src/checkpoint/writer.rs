@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
+use millrace_proto::panics::Panicked;
 use millrace_proto::{EnvSpec, NetworkSpec};
 use millrace_replay::Table;
 
@@ -92,9 +93,9 @@ impl CheckpointWriter {
         self.handle.as_ref().is_some_and(JoinHandle::is_finished)
     }
 
-    /// Waits for the checkpoints submitted so far to be written, then stops; `Err` with
-    /// the message if the thread panicked.
-    pub fn finish(mut self) -> Result<WriterStats, String> {
+    /// Waits for the checkpoints submitted so far to be written, then stops; `Err` if
+    /// the thread panicked.
+    pub fn finish(mut self) -> Result<WriterStats, Panicked> {
         drop(self.jobs.take());
         if let Some(h) = self.handle.take() {
             crate::joined(h)?;
@@ -121,7 +122,7 @@ impl CheckpointSink for CheckpointWriter {
 
     fn submit_final(
         &self,
-        job: Result<SaveJob, String>,
+        job: Result<SaveJob, Panicked>,
     ) -> Receiver<Result<PathBuf, CheckpointError>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         match job {
@@ -133,8 +134,8 @@ impl CheckpointSink for CheckpointWriter {
                     });
                 }
             }
-            Err(why) => {
-                let _ = tx.send(Err(CheckpointError::Missing(why)));
+            Err(panic) => {
+                let _ = tx.send(Err(CheckpointError::NotCopied(panic)));
             }
         }
         rx

@@ -143,12 +143,13 @@ impl Running {
         for (id, actor) in self.actors.drain(..) {
             match crate::joined(actor) {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) | Err(e) => failures.push(Failure::new(Component::Actor(Some(id)), e)),
+                Ok(Err(e)) => failures.push(Failure::new(Component::Actor(Some(id)), e)),
+                Err(e) => failures.push(Failure::new(Component::Actor(Some(id)), e)),
             }
         }
         if let Some(evaluator) = self.evaluator.take() {
             if let Err(e) = evaluator.join() {
-                failures.push(Failure::new(Component::Evaluator, e));
+                failures.push(Failure::new(Component::Evaluator, e.to_string()));
             }
         }
         // The learner thread held the other handle: the writer is ours alone now.

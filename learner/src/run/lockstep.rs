@@ -52,7 +52,8 @@ fn evaluate_now(
             Purpose::Confirm => params.version,
         };
         let seed = eval_seed(cfg.seed, purpose, key);
-        let result = evaluate(&cfg.env, &setup.network, &params, cfg.eval.episodes, seed)?;
+        let result = evaluate(&cfg.env, &setup.network, &params, cfg.eval.episodes, seed)
+            .map_err(|e| e.to_string())?;
         let done = EvalDone {
             record: EvalRecord::new(&params, seed, &result),
             params,

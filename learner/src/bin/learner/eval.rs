@@ -44,8 +44,7 @@ pub(crate) fn eval_policy(
         population: p.network.population,
         data: p.online.clone(),
     };
-    let result = evaluation::evaluate(&p.env_config, &p.network, &params, episodes, seed)
-        .map_err(anyhow::Error::msg)?;
+    let result = evaluation::evaluate(&p.env_config, &p.network, &params, episodes, seed)?;
     let rec = evaluation::EvalRecord::new(&params, seed, &result);
     if json {
         let out = serde_json::json!({

@@ -352,12 +352,12 @@ pub(super) fn evaluate_agent(
         };
         let seed = eval_seed(agent.hp.seed, purpose, key);
         let result =
-            evaluate(&cfg.env, network, &params, cfg.eval.episodes, seed).map_err(|message| {
+            evaluate(&cfg.env, network, &params, cfg.eval.episodes, seed).map_err(|e| {
                 RunError::Failed {
                     component: crate::run::Component::Evaluation {
                         agent: Some(agent.index),
                     },
-                    message,
+                    message: e.to_string(),
                     checkpoint: crate::run::CheckpointFate::AllButThisGroup,
                 }
             })?;
