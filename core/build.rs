@@ -1,5 +1,6 @@
-//! The C++ shim over libtorch's global context (`src/torch_settings.cpp`: TF32 and
-//! cuDNN's benchmark mode, which tch does not expose), built against the headers beside
+//! The C++ shims over libtorch where tch exposes nothing (`src/torch_settings.cpp`: TF32
+//! and cuDNN's benchmark mode; `src/op_record.cpp`: an operation recorder over
+//! RecordFunction callbacks), built against the headers beside
 //! the libtorch it links (`torch/include`), with that libtorch's C++ ABI (PyTorch's
 //! wheels: the new one; `LIBTORCH_CXX11_ABI` overrides it, as for torch-sys). And, for
 //! this crate's own test binaries, an rpath to libtorch and (feature `cuda`)
@@ -11,7 +12,7 @@ fn main() {
     };
     let lib = std::path::Path::new(&lib);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    torch_settings(lib);
+    shims(lib);
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
@@ -23,19 +24,27 @@ fn main() {
     println!("cargo:rustc-link-arg=-Wl,--as-needed");
 }
 
-fn torch_settings(lib: &std::path::Path) {
-    println!("cargo:rerun-if-changed=src/torch_settings.cpp");
+/// The C++ files, one job each.
+const SHIMS: [&str; 2] = ["src/torch_settings.cpp", "src/op_record.cpp"];
+
+fn shims(lib: &std::path::Path) {
+    for file in SHIMS {
+        println!("cargo:rerun-if-changed={file}");
+    }
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let include = lib.join("../include");
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
     cc::Build::new()
         .cpp(true)
-        .file("src/torch_settings.cpp")
+        .files(SHIMS)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
+        // As libtorch's release build: some classes (RecordFunction) have debug-only
+        // members, so their layout differs without it.
+        .define("NDEBUG", None)
         .warnings(false)
-        .compile("millrace_torch_settings");
+        .compile("millrace_torch_shims");
 }

@@ -27,6 +27,7 @@ pub mod dqn;
 pub mod faults;
 pub mod handoff;
 pub mod memory;
+pub mod op_record;
 pub mod poison;
 pub mod population_staging;
 pub mod prefetch;

@@ -1,0 +1,195 @@
+// An operation recorder over libtorch's RecordFunction callbacks, which tch does not
+// expose: while it records, every operator the calling thread dispatches (top-level and
+// nested, at the FUNCTION scope) is written down with its depth, its name and its
+// arguments, a tensor as its dtype, shape and device (not its values or address), every
+// other argument by value (floats to the last bit). What a CUDA graph would replay is
+// exactly such a sequence: two updates that record the same text launch the same work.
+// Every entry point catches what libtorch throws and returns it as text.
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct Recording {
+  at::CallbackHandle handle = at::INVALID_CALLBACK_HANDLE;
+  int depth = 0;
+  std::string text;
+};
+
+// One recording per thread: the callbacks are the thread's own.
+thread_local Recording* recording = nullptr;
+
+int fail(const char* what, char* err, size_t len) {
+  std::snprintf(err, len, "%s", what);
+  return 1;
+}
+
+void describe_double(std::ostringstream& os, double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  os << buf;
+}
+
+void describe_tensor(std::ostringstream& os, const at::Tensor& t) {
+  if (!t.defined()) {
+    os << "T()";
+    return;
+  }
+  // A host number libtorch wrapped to pass as a tensor (`x * 0.5`): its value is an
+  // argument like any scalar's.
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    // Read in place: dispatching `item` here would record itself.
+    const void* p = t.unsafeGetTensorImpl()->data();
+    os << "N(" << t.scalar_type() << ",";
+    switch (t.scalar_type()) {
+      case at::kDouble:
+        describe_double(os, *static_cast<const double*>(p));
+        break;
+      case at::kFloat:
+        describe_double(os, *static_cast<const float*>(p));
+        break;
+      case at::kLong:
+        os << *static_cast<const int64_t*>(p);
+        break;
+      case at::kInt:
+        os << *static_cast<const int32_t*>(p);
+        break;
+      case at::kBool:
+        os << *static_cast<const bool*>(p);
+        break;
+      default:
+        os << "?";
+    }
+    os << ")";
+    return;
+  }
+  os << "T(" << t.scalar_type() << ",[";
+  const auto sizes = t.sizes();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    os << (i ? "," : "") << sizes[i];
+  }
+  os << "]," << t.device() << ")";
+}
+
+void describe(std::ostringstream& os, const c10::IValue& v) {
+  if (v.isTensor()) {
+    describe_tensor(os, v.toTensor());
+  } else if (v.isTensorList()) {
+    os << "[";
+    bool first = true;
+    for (const at::Tensor& t : v.toTensorList().vec()) {
+      os << (first ? "" : ",");
+      describe_tensor(os, t);
+      first = false;
+    }
+    os << "]";
+  } else if (v.isDouble()) {
+    describe_double(os, v.toDouble());
+  } else if (v.isIntList()) {
+    os << "[";
+    bool first = true;
+    for (int64_t x : v.toIntVector()) {
+      os << (first ? "" : ",") << x;
+      first = false;
+    }
+    os << "]";
+  } else if (v.isDoubleList()) {
+    os << "[";
+    bool first = true;
+    for (double x : v.toDoubleVector()) {
+      os << (first ? "" : ",");
+      describe_double(os, x);
+      first = false;
+    }
+    os << "]";
+  } else if (v.isList() || v.isTuple() || v.isGenericDict() || v.isObject()) {
+    // Containers print their elements; tensors inside them would print values.
+    os << v.tagKind();
+  } else {
+    os << v;
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  Recording* r = recording;
+  if (r == nullptr) {
+    return nullptr;
+  }
+  std::ostringstream os;
+  os << r->depth << ' ' << fn.name() << '(';
+  const auto inputs = fn.inputs();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    os << (i ? ", " : "");
+    describe(os, inputs[i]);
+  }
+  os << ")\n";
+  r->text += os.str();
+  r->depth += 1;
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction&, at::ObserverContext*) {
+  if (recording != nullptr && recording->depth > 0) {
+    recording->depth -= 1;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int millrace_op_record_start(char* err, size_t len) {
+  if (recording != nullptr) {
+    return fail("this thread is already recording", err, len);
+  }
+  try {
+    auto* r = new Recording();
+    recording = r;
+    r->handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(on_start, on_end)
+            .needsInputs(true)
+            .scopes({at::RecordScope::FUNCTION}));
+    return 0;
+  } catch (const std::exception& e) {
+    delete recording;
+    recording = nullptr;
+    return fail(e.what(), err, len);
+  }
+}
+
+// Stops this thread's recording; `*out` is its text (one line an operator, malloc'd:
+// free it with millrace_op_record_free).
+int millrace_op_record_stop(char** out, char* err, size_t len) {
+  Recording* r = recording;
+  if (r == nullptr) {
+    return fail("this thread is not recording", err, len);
+  }
+  try {
+    at::removeCallback(r->handle);
+  } catch (const std::exception& e) {
+    recording = nullptr;
+    delete r;
+    return fail(e.what(), err, len);
+  }
+  recording = nullptr;
+  char* text = static_cast<char*>(std::malloc(r->text.size() + 1));
+  if (text == nullptr) {
+    delete r;
+    return fail("out of memory copying the recording", err, len);
+  }
+  std::memcpy(text, r->text.c_str(), r->text.size() + 1);
+  delete r;
+  *out = text;
+  return 0;
+}
+
+void millrace_op_record_free(char* text) { std::free(text); }
+
+}  // extern "C"
