@@ -1,10 +1,13 @@
 // An operation recorder over libtorch's RecordFunction callbacks, which tch does not
 // expose: while it records, every operator the calling thread dispatches (top-level and
 // nested, at the FUNCTION scope) is written down with its depth, its name and its
-// arguments, a tensor as its dtype, shape and device (not its values or address), every
-// other argument by value (floats to the last bit). What a CUDA graph would replay is
-// exactly such a sequence: two updates that record the same text launch the same work.
-// Every entry point catches what libtorch throws and returns it as text.
+// arguments: a tensor as its dtype, shape and device (not its address, nor its values
+// except a wrapped host number's, which a kernel takes by value), every other argument
+// by value (floats to the last bit), lists element by element. Two updates that record the
+// same text dispatch the same operators with the same host-side arguments, what a CUDA
+// graph replays. Operators other threads dispatch (autograd's device threads among
+// them) are not recorded: millrace's update writes its backward pass out, on the
+// calling thread. Every entry point catches what libtorch throws and returns it as text.
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 
@@ -37,37 +40,36 @@ void describe_double(std::ostringstream& os, double x) {
   os << buf;
 }
 
+void describe(std::ostringstream& os, const c10::IValue& v);
+
+// A 0-dim CPU tensor's value, read in place (dispatching `item` here would record
+// itself); false for a dtype it does not read.
+bool describe_value(std::ostringstream& os, const at::Tensor& t) {
+  const void* p = t.unsafeGetTensorImpl()->data();
+  switch (t.scalar_type()) {
+    case at::kDouble:
+      describe_double(os, *static_cast<const double*>(p));
+      return true;
+    case at::kFloat:
+      describe_double(os, *static_cast<const float*>(p));
+      return true;
+    case at::kLong:
+      os << *static_cast<const int64_t*>(p);
+      return true;
+    case at::kInt:
+      os << *static_cast<const int32_t*>(p);
+      return true;
+    case at::kBool:
+      os << *static_cast<const bool*>(p);
+      return true;
+    default:
+      return false;
+  }
+}
+
 void describe_tensor(std::ostringstream& os, const at::Tensor& t) {
   if (!t.defined()) {
     os << "T()";
-    return;
-  }
-  // A host number libtorch wrapped to pass as a tensor (`x * 0.5`): its value is an
-  // argument like any scalar's.
-  if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-    // Read in place: dispatching `item` here would record itself.
-    const void* p = t.unsafeGetTensorImpl()->data();
-    os << "N(" << t.scalar_type() << ",";
-    switch (t.scalar_type()) {
-      case at::kDouble:
-        describe_double(os, *static_cast<const double*>(p));
-        break;
-      case at::kFloat:
-        describe_double(os, *static_cast<const float*>(p));
-        break;
-      case at::kLong:
-        os << *static_cast<const int64_t*>(p);
-        break;
-      case at::kInt:
-        os << *static_cast<const int32_t*>(p);
-        break;
-      case at::kBool:
-        os << *static_cast<const bool*>(p);
-        break;
-      default:
-        os << "?";
-    }
-    os << ")";
     return;
   }
   os << "T(" << t.scalar_type() << ",[";
@@ -75,42 +77,40 @@ void describe_tensor(std::ostringstream& os, const at::Tensor& t) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     os << (i ? "," : "") << sizes[i];
   }
-  os << "]," << t.device() << ")";
+  os << "]," << t.device();
+  // A host number libtorch wrapped to pass as a tensor (`x * 0.5`) is an argument
+  // like a scalar's: a device kernel takes it by value, and a graph would replay the
+  // value it recorded. (Other 0-dim tensors are data: an output's value before the
+  // operator runs means nothing.)
+  if (t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    os << ",wrapped=";
+    if (!describe_value(os, t)) {
+      os << "?";
+    }
+  }
+  os << ")";
+}
+
+void describe_list(std::ostringstream& os, c10::ArrayRef<c10::IValue> items) {
+  os << "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    os << (i ? "," : "");
+    describe(os, items[i]);
+  }
+  os << "]";
 }
 
 void describe(std::ostringstream& os, const c10::IValue& v) {
   if (v.isTensor()) {
     describe_tensor(os, v.toTensor());
-  } else if (v.isTensorList()) {
-    os << "[";
-    bool first = true;
-    for (const at::Tensor& t : v.toTensorList().vec()) {
-      os << (first ? "" : ",");
-      describe_tensor(os, t);
-      first = false;
-    }
-    os << "]";
   } else if (v.isDouble()) {
     describe_double(os, v.toDouble());
-  } else if (v.isIntList()) {
-    os << "[";
-    bool first = true;
-    for (int64_t x : v.toIntVector()) {
-      os << (first ? "" : ",") << x;
-      first = false;
-    }
-    os << "]";
-  } else if (v.isDoubleList()) {
-    os << "[";
-    bool first = true;
-    for (double x : v.toDoubleVector()) {
-      os << (first ? "" : ",");
-      describe_double(os, x);
-      first = false;
-    }
-    os << "]";
-  } else if (v.isList() || v.isTuple() || v.isGenericDict() || v.isObject()) {
-    // Containers print their elements; tensors inside them would print values.
+  } else if (v.isList()) {
+    // Tensor, int, float and optional-tensor lists alike: each element described.
+    describe_list(os, v.toListRef());
+  } else if (v.isTuple()) {
+    describe_list(os, v.toTupleRef().elements());
+  } else if (v.isGenericDict() || v.isObject()) {
     os << v.tagKind();
   } else {
     os << v;
@@ -122,16 +122,22 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (r == nullptr) {
     return nullptr;
   }
+  const int depth = r->depth;
+  // Counted before anything can throw: on_end runs either way.
+  r->depth += 1;
   std::ostringstream os;
-  os << r->depth << ' ' << fn.name() << '(';
-  const auto inputs = fn.inputs();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    os << (i ? ", " : "");
-    describe(os, inputs[i]);
+  os << depth << ' ' << fn.name() << '(';
+  try {
+    const auto inputs = fn.inputs();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      os << (i ? ", " : "");
+      describe(os, inputs[i]);
+    }
+  } catch (const std::exception& e) {
+    os << "<not described: " << e.what() << ">";
   }
   os << ")\n";
   r->text += os.str();
-  r->depth += 1;
   return nullptr;
 }
 

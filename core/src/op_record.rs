@@ -4,7 +4,8 @@
 //! replays.
 //!
 //! A recording belongs to the thread that started it: operators other threads dispatch
-//! (a prefetcher, the publisher) are not in it. Each operator is one [`Op`]: its depth
+//! (a prefetcher, the publisher, autograd's device threads, which millrace's update does
+//! not use: its backward pass is written out) are not in it. Each operator is one [`Op`]: its depth
 //! (0 for the operators the code called, more for those they called in turn), its name
 //! and its arguments, tensors by dtype, shape and device, everything else by value.
 
@@ -23,7 +24,8 @@ pub struct Op {
     /// 0 for an operator the recorded code called itself; n + 1 for one an operator of
     /// depth n called.
     pub depth: u32,
-    /// The operator and its arguments: `aten::add_(T(Float,[4],cpu), T(…), 1)`.
+    /// The operator and its arguments: `aten::add_(T(Float,[4],cpu), T(…), 1)`; a host
+    /// number libtorch wrapped as a tensor with its value (`T(Double,[],cpu,wrapped=0.5)`).
     pub call: String,
 }
 
@@ -142,7 +144,7 @@ mod tests {
         // The scalar reaches the nested operator as a wrapped number, by value too.
         assert!(
             once.iter()
-                .any(|op| op.depth == 1 && op.call.contains("N(Double,0.999")),
+                .any(|op| op.depth == 1 && op.call.contains("wrapped=0.999")),
             "{once:#?}"
         );
     }

@@ -94,9 +94,9 @@ pub enum SpecError {
     EmptyPopulation,
     #[error("bad value: {0}")]
     BadValue(String),
-    #[error(transparent)]
+    #[error("bad value: {0}")]
     Torso(#[from] crate::torso::TorsoError),
-    #[error(transparent)]
+    #[error("bad value: {0}")]
     IqnHead(#[from] crate::iqn::IqnHeadError),
     #[error("{what}: expected {expected} values, got {got}")]
     Length {
