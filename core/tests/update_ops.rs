@@ -1,9 +1,12 @@
 //! An update that a CUDA graph can capture dispatches the same operators, with the same
-//! non-tensor arguments, every step: a graph replays exactly what it recorded. Over 50
-//! consecutive steady-state updates, for the MLP, the MinAtar CNN and the Nature CNN,
-//! single and population (K = 4), double and Munchausen, Q, dueling and IQN heads, with
-//! the tensor optimizer, each update's recording (`millrace_core::op_record`) must equal
-//! the first's. Each case's operator count per update is printed (`--nocapture`).
+//! non-tensor arguments, every step, on memory that stays put: a graph replays exactly
+//! what it recorded, at the addresses it recorded. Over 50 consecutive steady-state
+//! updates (`Dqn::update_in_place`; the hard target copies between them are a step of
+//! their own), for the MLP, the MinAtar CNN and the Nature CNN, single and population
+//! (K = 4), double and Munchausen, Q, dueling and IQN heads, with the tensor optimizer,
+//! each update's recording (`millrace_core::op_record`) must equal the first's; and over
+//! 100 updates every persistent tensor keeps its data's address. Each case's operator
+//! count per update is printed (`--nocapture`).
 
 use millrace_core::dqn::agents::AgentHparams;
 use millrace_core::dqn::{Batch, Bootstrap, Dqn, DqnConfig, Munchausen, TargetUpdate};
@@ -130,8 +133,8 @@ fn batch(obs: &ObsSpec, actions: usize, k: usize, b: usize) -> Batch {
     }
 }
 
-/// Each recorded update's operators.
-fn record(case: &Case) -> Vec<Vec<Op>> {
+/// The case's learner on the tensor optimizer (the GPU's path), and a batch for it.
+fn learner(case: &Case) -> (Dqn, Batch) {
     tch::manual_seed(0);
     let k = case.spec.population;
     let agents: Vec<AgentHparams> = (0..k as u64)
@@ -139,15 +142,22 @@ fn record(case: &Case) -> Vec<Vec<Op>> {
         .collect();
     let mut dqn = Dqn::population(case.spec.clone(), case.config.clone(), &agents, Device::Cpu);
     dqn.use_tensor_optimizer();
-    let batch = batch(&case.obs, case.spec.num_actions, k, case.batch);
+    (dqn, batch(&case.obs, case.spec.num_actions, k, case.batch))
+}
+
+/// Each recorded update's operators.
+fn record(case: &Case) -> Vec<Vec<Op>> {
+    let (mut dqn, batch) = learner(case);
     for _ in 0..WARM_UP {
         let _ = dqn.update(&batch);
     }
     (0..RECORDED)
         .map(|_| {
             let rec = OpRecorder::start().expect("recording starts");
-            let _ = dqn.update(&batch);
-            rec.finish().expect("recording stops")
+            let _ = dqn.update_in_place(&batch);
+            let ops = rec.finish().expect("recording stops");
+            dqn.sync_due_targets();
+            ops
         })
         .collect()
 }
@@ -174,7 +184,6 @@ fn first_difference(first: &[Op], other: &[Op], i: usize) -> String {
 }
 
 #[test]
-#[ignore = "fails until the update is capture-ready (issue 49): the bias corrections, the every-16 statistics and the target sync change what an update dispatches"]
 fn every_update_dispatches_the_same_operators() {
     let mut failures = Vec::new();
     println!(
@@ -203,6 +212,24 @@ fn every_update_dispatches_the_same_operators() {
                 case.label,
                 first_difference(first, other, i)
             ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn persistent_tensors_keep_their_storage() {
+    let mut failures = Vec::new();
+    for case in cases().iter().filter(|c| c.spec.population == 4) {
+        let (mut dqn, batch) = learner(case);
+        let before = dqn.storage();
+        for _ in 0..100 {
+            let _ = dqn.update(&batch);
+        }
+        for ((name, was), (_, now)) in before.iter().zip(dqn.storage()) {
+            if *was != now {
+                failures.push(format!("{}: {name} moved", case.label));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

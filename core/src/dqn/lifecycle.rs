@@ -301,32 +301,32 @@ impl Dqn {
             updates: state.updates,
             updates_since_stats: 0,
             detail_sum: Tensor::zeros([3], (Kind::Float, device)),
-            detail_count: 0,
             nonfinite: Tensor::zeros([k, 1], (Kind::Float, device)),
             nonfinite_streak: Tensor::zeros([k, 1], (Kind::Float, device)),
-            bias_pows: None,
+            adam_t: Tensor::zeros([k, 1], (Kind::Double, device)),
             agents: AgentTensors::new(agents, joined, device),
             host_optimizer: device == Device::Cpu,
         }
-        .with_bias_pows()
+        .with_step_counts()
     }
 
-    /// Sets up [`Dqn::bias_pows`] when the agents' step numbers differ.
-    pub(super) fn with_bias_pows(mut self) -> Self {
-        let k = self.spec.population;
-        let own: Vec<u64> = (0..k).map(|a| self.agents.own(a, self.adam_step)).collect();
-        if own.windows(2).all(|w| w[0] == w[1]) {
-            return self;
-        }
-        let (b1, b2) = self.config.adam_betas;
-        let column = |beta: f64| {
-            let v: Vec<f32> = own.iter().map(|t| beta.powf(*t as f64) as f32).collect();
-            Tensor::from_slice(&v)
-                .view([k as i64, 1])
-                .to_device(self.device)
-        };
-        self.bias_pows = Some((column(b1), column(b2)));
+    /// Sets [`Dqn::adam_t`] to each agent's own Adam step now.
+    pub(super) fn with_step_counts(mut self) -> Self {
+        self.count_steps_on_device();
         self
+    }
+
+    /// Copies each agent's own Adam step into [`Dqn::adam_t`] (the host path counts on
+    /// the host; the device path from here on).
+    pub(super) fn count_steps_on_device(&mut self) {
+        let k = self.spec.population;
+        let own: Vec<f64> = (0..k)
+            .map(|a| self.agents.own(a, self.adam_step) as f64)
+            .collect();
+        let own = Tensor::from_slice(&own)
+            .view([k as i64, 1])
+            .to_device(self.device);
+        tch::no_grad(|| self.adam_t.copy_(&own));
     }
 
     /// The same networks for only the agents in `rows` (in that order), each with its

@@ -41,6 +41,7 @@ pub mod network;
 mod optimizer;
 pub mod precision;
 pub mod schedules;
+mod storage;
 
 use millrace_proto::{NetworkSpec, ParamEntry, ParamLayout, TorsoStep, LAYER_NORM_EPS};
 use rand::rngs::SmallRng;
@@ -140,9 +141,8 @@ pub struct Dqn {
     adam_step: u64,
     updates: u64,
     updates_since_stats: u64,
-    /// Sums of `[loss, mean |td|, mean q]` over every `DETAIL_STATS_EVERY`-th update.
+    /// Sums of `[loss, mean |td|, mean q]` over the updates since the last read.
     detail_sum: Tensor,
-    detail_count: u64,
     /// Per agent `[K, 1]`: updates skipped for a non-finite loss since the last read,
     /// and how many in a row up to now.
     nonfinite: Tensor,
@@ -151,15 +151,11 @@ pub struct Dqn {
     agents: AgentTensors,
     /// The optimizer step in one pass on the host (CPU), instead of tensor operations.
     host_optimizer: bool,
-    /// `[K, 1]` β1ᵗ and β2ᵗ of each agent's own step t, on the device, when the agents
-    /// joined at different times (the device path's bias corrections then differ per
-    /// agent; kept on the device so that no update waits for a host copy).
-    bias_pows: Option<(Tensor, Tensor)>,
+    /// `[K, 1]` f64: each agent's own Adam step t (agents that joined later count
+    /// fewer), on the device, where the tensor optimizer computes the bias corrections
+    /// from it: no host scalar changes from one update to the next.
+    adam_t: Tensor,
 }
-
-/// Loss, TD-error and Q statistics are sampled every this many updates (the update
-/// itself never computes the loss value, only its gradient).
-const DETAIL_STATS_EVERY: u64 = 16;
 
 impl std::fmt::Debug for Dqn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -296,15 +292,26 @@ impl Dqn {
         self.agents.hparams[0].lr * self.agents.lr_scale()
     }
 
-    /// One gradient step on `batch` (already on the device). Never synchronises with
-    /// the host: statistics accumulate on the device until [`Dqn::take_stats`]. Returns
-    /// each item's TD error, on the device (see [`UpdateOutput`]).
+    /// One gradient step on `batch` (already on the device), then the hard target
+    /// copies that fall due ([`Dqn::update_in_place`], [`Dqn::sync_due_targets`]).
+    /// Never synchronises with the host: statistics accumulate on the device until
+    /// [`Dqn::take_stats`]. Returns each item's TD error, on the device (see
+    /// [`UpdateOutput`]).
     ///
     /// An agent whose loss or gradient is not finite skips this step (its parameters
     /// and optimizer state stay as they were) and the skip is counted.
-    ///
-    /// About 60 tensor operations in all.
     pub fn update(&mut self, batch: &Batch) -> UpdateOutput {
+        let out = self.update_in_place(batch);
+        self.sync_due_targets();
+        out
+    }
+
+    /// The gradient step alone, as a CUDA graph can replay it: the same operators with
+    /// the same non-tensor arguments every step (Adam's step counts and bias
+    /// corrections live on the device, the statistics accumulate every step, a hard
+    /// target copy is [`Dqn::sync_due_targets`]'s), every persistent tensor updated in
+    /// place (`core/tests/update_ops.rs` checks both).
+    pub fn update_in_place(&mut self, batch: &Batch) -> UpdateOutput {
         let (q_taken, targets, iqn_loss) = if self.spec.iqn.is_some() {
             let (q, t, loss) = self.iqn_gradient(batch);
             (q, t, Some(loss))
@@ -322,23 +329,29 @@ impl Dqn {
             let _ = self.target.lerp_tensor_(&self.online, tau);
             self.refresh_half_target();
         }
-        if self.updates.is_multiple_of(DETAIL_STATS_EVERY) {
-            let k = self.spec.population as f64;
-            let detail = Tensor::stack(
-                &[
-                    iqn_loss.unwrap_or_else(|| {
-                        q_taken.huber_loss(&targets, Reduction::Mean, self.config.huber_delta) * k
-                    }),
-                    (&q_taken - &targets).abs().mean(Kind::Float),
-                    q_taken.mean(Kind::Float),
-                ],
-                0,
-            );
-            let _ = self.detail_sum.g_add_(&detail);
-            self.detail_count += 1;
-        }
+        let k = self.spec.population as f64;
+        let detail = Tensor::stack(
+            &[
+                iqn_loss.unwrap_or_else(|| {
+                    q_taken.huber_loss(&targets, Reduction::Mean, self.config.huber_delta) * k
+                }),
+                td.abs().mean(Kind::Float),
+                q_taken.mean(Kind::Float),
+            ],
+            0,
+        );
+        let _ = self.detail_sum.g_add_(&detail);
         self.updates += 1;
         self.updates_since_stats += 1;
+        UpdateOutput {
+            td_errors: td.squeeze_dim(2),
+        }
+    }
+
+    /// Copies the online parameters into the target network for the agents whose hard
+    /// target period falls due at this update count (none under Polyak averaging,
+    /// which [`Dqn::update_in_place`] applies every step).
+    pub fn sync_due_targets(&mut self) {
         match self.agents.syncing(self.updates) {
             Sync::All => self.sync_target(),
             Sync::Some(due) => tch::no_grad(|| {
@@ -350,9 +363,6 @@ impl Dqn {
                 self.refresh_half_target();
             }),
             Sync::None => {}
-        }
-        UpdateOutput {
-            td_errors: td.squeeze_dim(2),
         }
     }
 
@@ -382,7 +392,6 @@ impl Dqn {
     /// Reads and resets the on-device statistics (one host sync).
     pub fn take_stats(&mut self) -> UpdateStats {
         let n = std::mem::take(&mut self.updates_since_stats);
-        let detail_n = std::mem::take(&mut self.detail_count);
         if n == 0 {
             return UpdateStats {
                 learning_rate: self.learning_rate(),
@@ -408,9 +417,9 @@ impl Dqn {
         };
         let count = |i: usize| v.get(i).map_or(0, |x| *x as u64);
         UpdateStats {
-            loss: per(0, detail_n),
-            td_abs: per(1, detail_n),
-            q: per(2, detail_n),
+            loss: per(0, n),
+            td_abs: per(1, n),
+            q: per(2, n),
             updates: n,
             nonfinite: count(3),
             nonfinite_streak: count(4),

@@ -8,16 +8,21 @@ impl Dqn {
     /// Steps the optimizer with tensor operations, as on a GPU, even on the CPU (tests
     /// and benchmarks compare the two).
     pub fn use_tensor_optimizer(&mut self) {
-        self.host_optimizer = false;
+        if self.host_optimizer {
+            self.host_optimizer = false;
+            self.count_steps_on_device();
+        }
     }
 
     /// Per-agent gradient clipping, then Adam, on the flat `[K, P]` tensors, masked per
     /// agent where the loss or gradient is not finite (about 25 ops).
     ///
-    /// Adam's bias corrections are folded into scalars computed on the host:
+    /// Adam's bias corrections are folded into one factor per agent:
     /// `p -= lr·√(1−β2ᵗ)/(1−β1ᵗ) · m / (√v + ε·√(1−β2ᵗ))`, which equals PyTorch's
     /// `p -= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε)`. `t` counts attempted steps, skipped
-    /// ones included (a skip is rare, and this keeps the corrections host-side).
+    /// ones included, each agent's own ([`Dqn::adam_t`], on the device, in f64 as the
+    /// host path's [`host_adam::Bias`]): the step dispatches the same operators with
+    /// the same arguments every time, as a CUDA graph replays it.
     pub(super) fn adam_step(&mut self, td: &Tensor) {
         // The host path is Adam's; RMSProp runs as tensor operations everywhere.
         if self.host_optimizer && self.config.optimizer == Optimizer::Adam {
@@ -33,7 +38,9 @@ impl Dqn {
         let okf = ok.to_kind(Kind::Float);
         let skipped = okf.ones_like() - &okf;
         let _ = self.nonfinite.g_add_(&skipped);
-        self.nonfinite_streak = (&self.nonfinite_streak + &skipped) * &skipped;
+        // In place: (streak + skipped) · skipped.
+        let _ = self.nonfinite_streak.g_add_(&skipped);
+        let _ = self.nonfinite_streak.g_mul_(&skipped);
         // Skipped agents: a zero gradient (NaN · 0 is NaN, so select, not multiply) and
         // no change to the moments or parameters.
         let grad = self.grad.where_scalarother(&ok, 0.0);
@@ -43,6 +50,7 @@ impl Dqn {
         let grad = grad * scale;
 
         self.adam_step += 1;
+        let _ = self.adam_t.g_add_scalar_(1.0);
         if c.optimizer == Optimizer::Rmsprop {
             // adam_m holds E[g], adam_v E[g²] (as PyTorch's grad_avg and square_avg).
             let keep = &okf * (1.0 - RMSPROP_DECAY);
@@ -62,25 +70,16 @@ impl Dqn {
         let _ = self
             .adam_v
             .lerp_tensor_(&grad.square(), &(&okf * (1.0 - b2)));
-        let (denom, step) = match &mut self.bias_pows {
-            None => {
-                let b = self.agents.biases(self.adam_step, c.adam_betas)[0];
-                let denom = self
-                    .adam_v
-                    .sqrt()
-                    .g_add_scalar_(c.adam_eps * f64::from(b.bias2_sqrt));
-                (denom, okf * &self.agents.lr * -f64::from(b.correction))
-            }
-            // Agents that joined later: their own step numbers, one column each.
-            Some((pow1, pow2)) => {
-                let _ = pow1.g_mul_scalar_(b1);
-                let _ = pow2.g_mul_scalar_(b2);
-                let bias1 = pow1.ones_like() - &*pow1;
-                let bias2_sqrt = (pow2.ones_like() - &*pow2).sqrt();
-                let denom = self.adam_v.sqrt() + &bias2_sqrt * c.adam_eps;
-                (denom, okf * &self.agents.lr * -(bias2_sqrt / bias1))
-            }
-        };
+        // As `host_adam::Bias::at`: f64 powers of the agent's own t (at least 1), the
+        // corrections rounded to f32, then ε·√(1−β2ᵗ) in f64 as the host scalar was.
+        let t = self.adam_t.clamp_min(1.0);
+        let bias2_sqrt = Tensor::pow_scalar(b2, &t).rsub_scalar(1.0).sqrt();
+        let bias1 = Tensor::pow_scalar(b1, &t).rsub_scalar(1.0);
+        let correction = (&bias2_sqrt / bias1).to_kind(Kind::Float);
+        let eps = (bias2_sqrt.to_kind(Kind::Float).to_kind(Kind::Double) * c.adam_eps)
+            .to_kind(Kind::Float);
+        let denom = self.adam_v.sqrt() + eps;
+        let step = okf * &self.agents.lr * correction.neg();
         let _ = self.online.g_add_(&((&self.adam_m / denom) * step));
     }
 
