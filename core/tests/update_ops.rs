@@ -5,7 +5,8 @@
 //! their own), for the MLP, the MinAtar CNN and the Nature CNN, single and population
 //! (K = 4), double and Munchausen, Q, dueling and IQN heads, with the tensor optimizer,
 //! each update's recording (`millrace_core::op_record`) must equal the first's; and over
-//! 100 updates every persistent tensor keeps its data's address. Each case's operator
+//! 100 updates every persistent tensor, input buffer and output buffer keeps its data's
+//! address. Each case's operator
 //! count per update is printed (`--nocapture`).
 
 use millrace_core::dqn::agents::AgentHparams;
@@ -222,7 +223,14 @@ fn persistent_tensors_keep_their_storage() {
     let mut failures = Vec::new();
     for case in cases().iter().filter(|c| c.spec.population == 4) {
         let (mut dqn, batch) = learner(case);
+        // The first update makes the fixed input and output buffers.
+        let _ = dqn.update(&batch);
         let before = dqn.storage();
+        assert!(
+            before.iter().any(|(name, _)| name.starts_with("fixed_io")),
+            "{}: no fixed buffers",
+            case.label
+        );
         for _ in 0..100 {
             let _ = dqn.update(&batch);
         }

@@ -306,6 +306,7 @@ impl Dqn {
             adam_t: Tensor::zeros([k, 1], (Kind::Double, device)),
             agents: AgentTensors::new(agents, joined, device),
             host_optimizer: device == Device::Cpu,
+            fixed_io: Default::default(),
         }
         .with_step_counts()
     }

@@ -32,6 +32,7 @@
 pub mod agents;
 mod config;
 pub mod dueling;
+mod fixed_io;
 pub use dueling::DuelingError;
 pub mod host_adam;
 pub mod iqn;
@@ -151,6 +152,8 @@ pub struct Dqn {
     agents: AgentTensors,
     /// The optimizer step in one pass on the host (CPU), instead of tensor operations.
     host_optimizer: bool,
+    /// The inputs and TD errors in fixed memory, on the tensor optimizer's path.
+    fixed_io: fixed_io::FixedIo,
     /// `[K, 1]` f64: each agent's own Adam step t (agents that joined later count
     /// fewer), on the device, where the tensor optimizer computes the bias corrections
     /// from it: no host scalar changes from one update to the next.
@@ -171,7 +174,8 @@ impl std::fmt::Debug for Dqn {
 #[derive(Debug)]
 pub struct UpdateOutput {
     /// Each item's TD error `Q(s, a) − y`, `[K, B]` fp32, on the device: prioritized
-    /// replay's priorities (their absolute values), row `k` agent `k`'s batch.
+    /// replay's priorities (their absolute values), row `k` agent `k`'s batch. On the
+    /// tensor optimizer's path, the next update overwrites it: copy what must outlive it.
     pub td_errors: Tensor,
 }
 
@@ -311,7 +315,13 @@ impl Dqn {
     /// corrections live on the device, the statistics accumulate every step, a hard
     /// target copy is [`Dqn::sync_due_targets`]'s), every persistent tensor updated in
     /// place (`core/tests/update_ops.rs` checks both).
+    ///
+    /// On the tensor optimizer's path (a GPU's) the batch is first copied into input
+    /// buffers allocated once, and the TD errors land in one output tensor: the caller
+    /// copies them out before the next update overwrites them.
     pub fn update_in_place(&mut self, batch: &Batch) -> UpdateOutput {
+        let fixed = (!self.host_optimizer).then(|| self.fixed_io.load(batch));
+        let batch = fixed.as_ref().unwrap_or(batch);
         let (q_taken, targets, iqn_loss) = if self.spec.iqn.is_some() {
             let (q, t, loss) = self.iqn_gradient(batch);
             (q, t, Some(loss))
@@ -343,8 +353,12 @@ impl Dqn {
         let _ = self.detail_sum.g_add_(&detail);
         self.updates += 1;
         self.updates_since_stats += 1;
+        let td_errors = td.squeeze_dim(2);
         UpdateOutput {
-            td_errors: td.squeeze_dim(2),
+            td_errors: match fixed {
+                Some(_) => self.fixed_io.store_td(&td_errors),
+                None => td_errors,
+            },
         }
     }
 

@@ -7,7 +7,7 @@ use super::Dqn;
 
 impl Dqn {
     /// Each persistent tensor the update reads or writes, by name, with the address of
-    /// its data.
+    /// its data (the fixed input and output buffers once an update has made them).
     pub fn storage(&self) -> Vec<(String, usize)> {
         let mut out = Vec::new();
         let mut add = |name: &str, tensors: &mut dyn Iterator<Item = &Tensor>| {
@@ -58,6 +58,7 @@ impl Dqn {
             &mut std::iter::once(&self.agents.max_grad_norm),
         );
         add("tau", &mut self.agents.tau.iter());
+        add("fixed_io", &mut self.fixed_io.tensors());
         out
     }
 }
