@@ -141,9 +141,17 @@ impl Dqn {
     fn quantiles_of(&self, target: bool, obs: &Tensor, taus: &Tensor) -> Tensor {
         tch::no_grad(|| {
             let (views, norms, embed) = if target {
-                (&self.target_views, &self.target_norm, &self.target_iqn)
+                (
+                    &self.params.target_views,
+                    &self.params.target_norm,
+                    &self.params.target_iqn,
+                )
             } else {
-                (&self.online_views, &self.online_norm, &self.online_iqn)
+                (
+                    &self.params.online_views,
+                    &self.params.online_norm,
+                    &self.params.online_iqn,
+                )
             };
             let x = match &self.torso {
                 Some(t) => {
@@ -227,9 +235,9 @@ impl Dqn {
         let sampling = self.config.iqn;
         let device = self.device;
         let leaf = |v: &Tensor| v.detach().set_requires_grad(true);
-        let views: Vec<Tensor> = self.online_views.iter().map(leaf).collect();
-        let norms: Vec<Tensor> = self.online_norm.iter().map(leaf).collect();
-        let embed: Vec<Tensor> = self.online_iqn.iter().map(leaf).collect();
+        let views: Vec<Tensor> = self.params.online_views.iter().map(leaf).collect();
+        let norms: Vec<Tensor> = self.params.online_norm.iter().map(leaf).collect();
+        let embed: Vec<Tensor> = self.params.online_iqn.iter().map(leaf).collect();
         let obs = batch.obs2.narrow(1, 0, b);
         let conv: Vec<Tensor> = self
             .torso
@@ -263,10 +271,11 @@ impl Dqn {
         leaves.extend(&conv);
         let grads = Tensor::run_backward(&[&total], &leaves, false, false);
         let mut outs: Vec<&Tensor> = self
+            .params
             .grad_views
             .iter()
-            .chain(&self.grad_norm)
-            .chain(&self.grad_iqn)
+            .chain(&self.params.grad_norm)
+            .chain(&self.params.grad_iqn)
             .collect();
         if let Some(t) = &self.torso {
             outs.extend(&t.grad);
@@ -275,7 +284,7 @@ impl Dqn {
             out.detach().copy_(g);
         }
         if let Some(head) = &self.dueling {
-            head.mask(&self.grad_views[self.grad_views.len() - 2]);
+            head.mask(&self.params.grad_views[self.params.grad_views.len() - 2]);
         }
         let q = z_taken
             .detach()
@@ -480,7 +489,7 @@ mod tests {
             };
             let mut dqn = Dqn::new(mlp(1, false), cfg, Device::Cpu, 9);
             let other = Dqn::new(mlp(1, false), config(), Device::Cpu, 10);
-            dqn.target.copy_(&other.online);
+            dqn.params.target.copy_(&other.params.online);
             let y = dqn.iqn_targets(&batch, &t_next);
             // The networks' quantiles at every observation and both items' fractions.
             let both = Tensor::cat(&[&t_next, &t_next], 1);

@@ -102,11 +102,11 @@ impl Dqn {
         let hps = fresh.agents.hparams.clone();
         let cat = |a: &Tensor, b: &Tensor| Tensor::cat(&[a, b], 0);
         let state = DqnState {
-            online: cat(&self.online, &fresh.online),
-            target: cat(&self.target, &fresh.target),
-            adam_m: cat(&self.adam_m, &fresh.adam_m),
-            adam_v: cat(&self.adam_v, &fresh.adam_v),
-            adam_step: self.adam_step,
+            online: cat(&self.params.online, &fresh.params.online),
+            target: cat(&self.params.target, &fresh.params.target),
+            adam_m: cat(&self.adam.m, &fresh.adam.m),
+            adam_v: cat(&self.adam.v, &fresh.adam.v),
+            adam_step: self.adam.step,
             updates: self.updates,
         };
         let mut agents = self.agents.hparams.clone();
@@ -174,9 +174,9 @@ impl Dqn {
             state,
         );
         next.host_optimizer = self.host_optimizer;
-        next.nonfinite = counters(&self.nonfinite, &other.nonfinite).contiguous();
-        next.nonfinite_streak =
-            counters(&self.nonfinite_streak, &other.nonfinite_streak).contiguous();
+        next.stats.nonfinite = counters(&self.stats.nonfinite, &other.stats.nonfinite).contiguous();
+        next.stats.nonfinite_streak =
+            counters(&self.stats.nonfinite_streak, &other.stats.nonfinite_streak).contiguous();
         next
     }
 
@@ -272,38 +272,44 @@ impl Dqn {
             munchausen,
             config,
             device,
-            online,
-            online_views,
-            online_wt,
-            grad,
-            grad_views,
-            online_norm,
-            target_norm,
-            grad_norm,
-            online_iqn,
-            target_iqn,
-            grad_iqn,
-            target,
-            target_views,
-            adam_m: state
-                .adam_m
-                .to_kind(Kind::Float)
-                .to_device(device)
-                .contiguous(),
-            adam_v: state
-                .adam_v
-                .to_kind(Kind::Float)
-                .to_device(device)
-                .contiguous(),
+            params: FlatParams {
+                online,
+                online_views,
+                online_wt,
+                grad,
+                grad_views,
+                online_norm,
+                target_norm,
+                grad_norm,
+                online_iqn,
+                target_iqn,
+                grad_iqn,
+                target,
+                target_views,
+            },
+            adam: AdamState {
+                m: state
+                    .adam_m
+                    .to_kind(Kind::Float)
+                    .to_device(device)
+                    .contiguous(),
+                v: state
+                    .adam_v
+                    .to_kind(Kind::Float)
+                    .to_device(device)
+                    .contiguous(),
+                step: state.adam_step,
+                t: Tensor::zeros([k, 1], (Kind::Double, device)),
+            },
             torso,
             half,
-            adam_step: state.adam_step,
             updates: state.updates,
-            updates_since_stats: 0,
-            detail_sum: Tensor::zeros([3], (Kind::Float, device)),
-            nonfinite: Tensor::zeros([k, 1], (Kind::Float, device)),
-            nonfinite_streak: Tensor::zeros([k, 1], (Kind::Float, device)),
-            adam_t: Tensor::zeros([k, 1], (Kind::Double, device)),
+            stats: StatSums {
+                updates: 0,
+                detail_sum: Tensor::zeros([3], (Kind::Float, device)),
+                nonfinite: Tensor::zeros([k, 1], (Kind::Float, device)),
+                nonfinite_streak: Tensor::zeros([k, 1], (Kind::Float, device)),
+            },
             agents: AgentTensors::new(agents, joined, device),
             host_optimizer: device == Device::Cpu,
             fixed_io: Default::default(),
@@ -311,23 +317,23 @@ impl Dqn {
         .with_step_counts()
     }
 
-    /// Sets [`Dqn::adam_t`] to each agent's own Adam step now.
+    /// Sets each agent's own Adam step on the device ([`AdamState::t`]) to its count now.
     pub(super) fn with_step_counts(mut self) -> Self {
         self.count_steps_on_device();
         self
     }
 
-    /// Copies each agent's own Adam step into [`Dqn::adam_t`] (the host path counts on
+    /// Copies each agent's own Adam step into [`AdamState::t`] (the host path counts on
     /// the host; the device path from here on).
     pub(super) fn count_steps_on_device(&mut self) {
         let k = self.spec.population;
         let own: Vec<f64> = (0..k)
-            .map(|a| self.agents.own(a, self.adam_step) as f64)
+            .map(|a| self.agents.own(a, self.adam.step) as f64)
             .collect();
         let own = Tensor::from_slice(&own)
             .view([k as i64, 1])
             .to_device(self.device);
-        tch::no_grad(|| self.adam_t.copy_(&own));
+        tch::no_grad(|| self.adam.t.copy_(&own));
     }
 
     /// The same networks for only the agents in `rows` (in that order), each with its
@@ -340,11 +346,11 @@ impl Dqn {
         let index = Tensor::from_slice(&index).to_device(self.device);
         let pick = |t: &Tensor| t.index_select(0, &index);
         let state = DqnState {
-            online: pick(&self.online),
-            target: pick(&self.target),
-            adam_m: pick(&self.adam_m),
-            adam_v: pick(&self.adam_v),
-            adam_step: self.adam_step,
+            online: pick(&self.params.online),
+            target: pick(&self.params.target),
+            adam_m: pick(&self.adam.m),
+            adam_v: pick(&self.adam.v),
+            adam_step: self.adam.step,
             updates: self.updates,
         };
         let agents: Vec<AgentHparams> = rows.iter().map(|&r| self.agents.hparams[r]).collect();
@@ -357,11 +363,11 @@ impl Dqn {
     pub fn agent_state(&self, row: usize) -> DqnState {
         let pick = |t: &Tensor| t.narrow(0, row as i64, 1).to_device(Device::Cpu).copy();
         DqnState {
-            online: pick(&self.online),
-            target: pick(&self.target),
-            adam_m: pick(&self.adam_m),
-            adam_v: pick(&self.adam_v),
-            adam_step: self.agents.own(row, self.adam_step),
+            online: pick(&self.params.online),
+            target: pick(&self.params.target),
+            adam_m: pick(&self.adam.m),
+            adam_v: pick(&self.adam.v),
+            adam_step: self.agents.own(row, self.adam.step),
             updates: self.agents.own(row, self.updates),
         }
     }
@@ -370,11 +376,11 @@ impl Dqn {
     pub fn state(&self) -> DqnState {
         let host = |t: &Tensor| t.detach().to_device(Device::Cpu).copy();
         DqnState {
-            online: host(&self.online),
-            target: host(&self.target),
-            adam_m: host(&self.adam_m),
-            adam_v: host(&self.adam_v),
-            adam_step: self.adam_step,
+            online: host(&self.params.online),
+            target: host(&self.params.target),
+            adam_m: host(&self.adam.m),
+            adam_v: host(&self.adam.v),
+            adam_step: self.adam.step,
             updates: self.updates,
         }
     }

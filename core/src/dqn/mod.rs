@@ -33,6 +33,7 @@ pub mod agents;
 mod config;
 pub mod dueling;
 mod fixed_io;
+mod parts;
 pub use dueling::DuelingError;
 pub mod host_adam;
 pub mod iqn;
@@ -60,6 +61,7 @@ pub use net::{double_dqn_targets, forward, munchausen_targets, torso_forward};
 use crate::dqn::agents::{AgentHparams, AgentTensors, Sync};
 use crate::dqn::dueling::DuelingHead;
 use crate::dqn::precision::{HalfCopies, Precision};
+use parts::{AdamState, FlatParams, StatSums};
 
 /// One sampled batch on the device, `[K, ...]` leading.
 ///
@@ -105,59 +107,25 @@ pub struct Dqn {
     dueling: Option<DuelingHead>,
     config: DqnConfig,
     device: Device,
-    /// `[K, P]`.
-    online: Tensor,
-    /// Views of `online` per parameter, and the weights' transposes, made once: the
-    /// optimizer updates `online` in place, so views stay valid.
-    online_views: Vec<Tensor>,
-    online_wt: Vec<Tensor>,
-    /// `[K, P]` gradient buffer and its per-parameter views (written by `gradient`).
-    grad: Tensor,
-    grad_views: Vec<Tensor>,
-    /// The LayerNorms' gains and biases (see [`norm_views`]) of `online`, `target` and
-    /// `grad`: fp32 under every precision. Empty without LayerNorm.
-    online_norm: Vec<Tensor>,
-    target_norm: Vec<Tensor>,
-    grad_norm: Vec<Tensor>,
+    /// Online, target and gradient, flat and as views.
+    params: FlatParams,
     /// Each agent's Munchausen τ, α and clip, `[K, 1, 1]` (under `--target
     /// munchausen`).
     munchausen: Option<[Tensor; 3]>,
-    /// The IQN head's embedding (weight `[K, n, H₀]`, bias `[K, 1, H₀]`), empty without
-    /// one.
-    online_iqn: Vec<Tensor>,
-    target_iqn: Vec<Tensor>,
-    grad_iqn: Vec<Tensor>,
-    /// `[K, P]`.
-    target: Tensor,
-    /// Views of `target` per parameter, made once (the target never reallocates).
-    target_views: Vec<Tensor>,
-    adam_m: Tensor,
-    adam_v: Tensor,
+    adam: AdamState,
     /// The convolutional torso, if the network has one.
     torso: Option<Torso>,
     /// bf16 copies of the networks for the passes (`--precision bf16`); `None` in fp32,
     /// where the passes read the parameters' own views.
     half: Option<HalfCopies>,
-    /// Adam's step count t (bias corrections are computed on the host: no device sync).
-    adam_step: u64,
     updates: u64,
-    updates_since_stats: u64,
-    /// Sums of `[loss, mean |td|, mean q]` over the updates since the last read.
-    detail_sum: Tensor,
-    /// Per agent `[K, 1]`: updates skipped for a non-finite loss since the last read,
-    /// and how many in a row up to now.
-    nonfinite: Tensor,
-    nonfinite_streak: Tensor,
+    stats: StatSums,
     /// Per-agent learning rates, clips and target rules.
     agents: AgentTensors,
     /// The optimizer step in one pass on the host (CPU), instead of tensor operations.
     host_optimizer: bool,
     /// The inputs and TD errors in fixed memory, on the tensor optimizer's path.
     fixed_io: fixed_io::FixedIo,
-    /// `[K, 1]` f64: each agent's own Adam step t (agents that joined later count
-    /// fewer), on the device, where the tensor optimizer computes the bias corrections
-    /// from it: no host scalar changes from one update to the next.
-    adam_t: Tensor,
 }
 
 impl std::fmt::Debug for Dqn {
@@ -332,11 +300,11 @@ impl Dqn {
         let td = &q_taken - &targets;
         self.adam_step(&td);
         if let Some(half) = &mut self.half {
-            half.refresh_online(&self.online);
+            half.refresh_online(&self.params.online);
         }
         if let Some(tau) = &self.agents.tau {
             // Agents with hard copies have τ = 0: unchanged.
-            let _ = self.target.lerp_tensor_(&self.online, tau);
+            let _ = self.params.target.lerp_tensor_(&self.params.online, tau);
             self.refresh_half_target();
         }
         let k = self.spec.population as f64;
@@ -350,9 +318,9 @@ impl Dqn {
             ],
             0,
         );
-        let _ = self.detail_sum.g_add_(&detail);
+        let _ = self.stats.detail_sum.g_add_(&detail);
         self.updates += 1;
-        self.updates_since_stats += 1;
+        self.stats.updates += 1;
         let td_errors = td.squeeze_dim(2);
         UpdateOutput {
             td_errors: match fixed {
@@ -372,8 +340,8 @@ impl Dqn {
                 let due = Tensor::from_slice(&due)
                     .view([-1, 1])
                     .to_device(self.device);
-                let synced = self.online.where_self(&due, &self.target);
-                self.target.copy_(&synced);
+                let synced = self.params.online.where_self(&due, &self.params.target);
+                self.params.target.copy_(&synced);
                 self.refresh_half_target();
             }),
             Sync::None => {}
@@ -383,13 +351,17 @@ impl Dqn {
     /// The bf16 target copy takes the fp32 target's values (under `--precision bf16`).
     fn refresh_half_target(&mut self) {
         if let Some(half) = &mut self.half {
-            half.refresh_target(&self.target);
+            half.refresh_target(&self.params.target);
         }
     }
 
     /// Each agent's current run of skipped (non-finite) updates (one host read).
     pub fn nonfinite_streaks(&self) -> Vec<u64> {
-        let host = self.nonfinite_streak.to_device(Device::Cpu).contiguous();
+        let host = self
+            .stats
+            .nonfinite_streak
+            .to_device(Device::Cpu)
+            .contiguous();
         Vec::<f32>::try_from(host.view([-1]))
             .unwrap_or_default()
             .into_iter()
@@ -399,13 +371,13 @@ impl Dqn {
 
     /// Copies the online parameters into the target network.
     pub fn sync_target(&mut self) {
-        tch::no_grad(|| self.target.copy_(&self.online));
+        tch::no_grad(|| self.params.target.copy_(&self.params.online));
         self.refresh_half_target();
     }
 
     /// Reads and resets the on-device statistics (one host sync).
     pub fn take_stats(&mut self) -> UpdateStats {
-        let n = std::mem::take(&mut self.updates_since_stats);
+        let n = std::mem::take(&mut self.stats.updates);
         if n == 0 {
             return UpdateStats {
                 learning_rate: self.learning_rate(),
@@ -415,16 +387,16 @@ impl Dqn {
         // One copy to the host for everything: [loss, td, q, skipped, longest streak].
         let all = Tensor::cat(
             &[
-                self.detail_sum.shallow_clone(),
-                self.nonfinite.sum(Kind::Float).view([1]),
-                self.nonfinite_streak.max().view([1]),
+                self.stats.detail_sum.shallow_clone(),
+                self.stats.nonfinite.sum(Kind::Float).view([1]),
+                self.stats.nonfinite_streak.max().view([1]),
             ],
             0,
         )
         .to_device(Device::Cpu);
         let v: Vec<f32> = Vec::<f32>::try_from(&all).unwrap_or_default();
-        let _ = self.detail_sum.zero_();
-        let _ = self.nonfinite.zero_();
+        let _ = self.stats.detail_sum.zero_();
+        let _ = self.stats.nonfinite.zero_();
         let per = |i: usize, count: u64| match v.get(i) {
             Some(x) if count > 0 => f64::from(*x) / count as f64,
             _ => f64::NAN,
@@ -444,7 +416,7 @@ impl Dqn {
     /// The online parameters as host floats, `[K, P]` row-major (to publish to actors).
     pub fn online_params(&self) -> Vec<f32> {
         let host = self
-            .published(&self.online.detach())
+            .published(&self.params.online.detach())
             .to_device(Device::Cpu)
             .contiguous()
             .view([-1]);
@@ -465,8 +437,8 @@ impl Dqn {
     /// A copy of the online parameters `[K, P]` on the device (queued, no host sync).
     pub fn online_snapshot(&self) -> Tensor {
         tch::no_grad(|| match &self.dueling {
-            Some(head) => head.fold(&self.online),
-            None => self.online.copy(),
+            Some(head) => head.fold(&self.params.online),
+            None => self.params.online.copy(),
         })
     }
 
@@ -598,7 +570,7 @@ mod tests {
             let m = Bootstrap::Munchausen(Munchausen::default());
             let mut dqn = Dqn::new(spec(2), cfg(m), Device::Cpu, 5);
             let other = Dqn::new(spec(2), cfg(m), Device::Cpu, 6);
-            dqn.target.copy_(&other.online);
+            dqn.params.target.copy_(&other.params.online);
             let (k, b) = (2, 16);
             tch::manual_seed(12);
             let batch = Batch {
@@ -609,7 +581,7 @@ mod tests {
                 weights: Some(Tensor::rand([k, b, 1], (Kind::Float, Device::Cpu))),
             };
             let (_, targets) = dqn.gradient(&batch);
-            let manual = dqn.grad.copy();
+            let manual = dqn.params.grad.copy();
             let auto = autograd_gradient(&dqn, &batch);
             let scale = auto.abs().max().double_value(&[]);
             let err = (&manual - &auto).abs().max().double_value(&[]);
@@ -618,7 +590,7 @@ mod tests {
                 "{err} of {scale}"
             );
             let mut double = Dqn::new(spec(2), cfg(Bootstrap::Double), Device::Cpu, 5);
-            double.target.copy_(&other.online);
+            double.params.target.copy_(&other.params.online);
             let (_, plain) = double.gradient(&batch);
             let apart = (&targets - &plain).abs().max().double_value(&[]);
             assert!(apart > 1e-3, "the Munchausen targets are double DQN's");
@@ -709,7 +681,7 @@ mod tests {
     fn autograd_gradient(dqn: &Dqn, batch: &Batch) -> Tensor {
         let (k, b) = (dqn.spec.population as i64, batch.batch_size());
         let layout = dqn.spec.layout();
-        let leaf = dqn.online.detach().copy().set_requires_grad(true);
+        let leaf = dqn.params.online.detach().copy().set_requires_grad(true);
         let q_all = dqn.head(forward(
             &param_views(&leaf, &layout, k),
             &norm_views(&leaf, &layout, k),
@@ -743,7 +715,7 @@ mod tests {
         let mut dqn = Dqn::new(spec(k), config(), Device::Cpu, 5);
         // Move the target away from the online net so targets are non-trivial.
         let other = Dqn::new(spec(k), config(), Device::Cpu, 6);
-        dqn.target.copy_(&other.online);
+        dqn.params.target.copy_(&other.params.online);
         tch::manual_seed(10);
         scramble_norms(&dqn);
         let (k, b) = (k as i64, 16);
@@ -756,25 +728,30 @@ mod tests {
             weights: weighted.then(|| Tensor::rand([k, b, 1], (Kind::Float, Device::Cpu))),
         };
         let _ = dqn.gradient(&batch);
-        let manual = dqn.grad.copy();
+        let manual = dqn.params.grad.copy();
         let auto = autograd_gradient(&dqn, &batch);
         let err = (&manual - &auto).abs().max().double_value(&[]);
         let scale = auto.abs().max().double_value(&[]);
         assert!(scale > 1e-3, "gradient is not trivially zero");
-        for (g, name) in dqn.grad_norm.iter().zip(["gain", "bias"].iter().cycle()) {
+        for (g, name) in dqn
+            .params
+            .grad_norm
+            .iter()
+            .zip(["gain", "bias"].iter().cycle())
+        {
             let norm = g.abs().max().double_value(&[]);
             assert!(norm > 1e-4 * scale, "a LayerNorm {name} gradient is zero");
         }
         if weighted {
             // The weights matter: the unweighted gradient differs.
             let mut plain = Dqn::new(spec(k as usize), config(), Device::Cpu, 5);
-            plain.target.copy_(&other.online);
-            plain.online.copy_(&dqn.online);
+            plain.params.target.copy_(&other.params.online);
+            plain.params.online.copy_(&dqn.params.online);
             let _ = plain.gradient(&Batch {
                 weights: None,
                 ..batch.shallow_clone()
             });
-            let diff = (&plain.grad - &manual).abs().max().double_value(&[]);
+            let diff = (&plain.params.grad - &manual).abs().max().double_value(&[]);
             assert!(
                 diff > 1e-3 * scale,
                 "importance weights change the gradient"
@@ -802,7 +779,7 @@ mod tests {
         };
         let mut dqn = Dqn::new(spec.clone(), cfg.clone(), Device::Cpu, 5);
         let other = Dqn::new(spec.clone(), cfg.clone(), Device::Cpu, 6);
-        dqn.target.copy_(&other.online);
+        dqn.params.target.copy_(&other.params.online);
         let (k, b) = (2, 16);
         tch::manual_seed(12);
         let batch = Batch {
@@ -813,7 +790,7 @@ mod tests {
             weights: Some(Tensor::rand([k, b, 1], (Kind::Float, Device::Cpu))),
         };
         let _ = dqn.gradient(&batch);
-        let manual = dqn.grad.copy();
+        let manual = dqn.params.grad.copy();
         let auto = autograd_gradient(&dqn, &batch);
         let head = dqn.dueling.as_ref().unwrap();
         let layout = head.internal().layout();
@@ -829,7 +806,7 @@ mod tests {
         for _ in 0..20 {
             let _ = dqn.update(&batch);
         }
-        let w = &param_views(&dqn.online, &layout, k)[4];
+        let w = &param_views(&dqn.params.online, &layout, k)[4];
         let crossed = (w - &(w * head_mask(&dqn))).abs().max().double_value(&[]);
         assert_eq!(crossed, 0.0, "the streams stay apart");
 
@@ -856,7 +833,7 @@ mod tests {
         };
         let mut dqn = Dqn::new(spec(1), cfg.clone(), Device::Cpu, 4);
         let other = Dqn::new(spec(1), cfg.clone(), Device::Cpu, 9);
-        dqn.target.copy_(&other.online);
+        dqn.params.target.copy_(&other.params.online);
         tch::manual_seed(3);
         let batch = Batch {
             obs2: Tensor::randn([1, 16, 3], (Kind::Float, Device::Cpu)),
@@ -867,25 +844,25 @@ mod tests {
         };
         // Two steps by hand from the same state, with the gradients the update sees.
         let (mut p, mut m, mut v) = (
-            dqn.online.copy(),
-            dqn.online.zeros_like(),
-            dqn.online.zeros_like(),
+            dqn.params.online.copy(),
+            dqn.params.online.zeros_like(),
+            dqn.params.online.zeros_like(),
         );
         let mut mirror = Dqn::new(spec(1), cfg, Device::Cpu, 4);
-        mirror.target.copy_(&other.online);
+        mirror.params.target.copy_(&other.params.online);
         for _ in 0..2 {
             let _ = mirror.gradient(&batch);
-            let g = mirror.grad.copy();
+            let g = mirror.params.grad.copy();
             m = &m * RMSPROP_DECAY + &g * (1.0 - RMSPROP_DECAY);
             v = &v * RMSPROP_DECAY + g.square() * (1.0 - RMSPROP_DECAY);
             let avg = (&v - m.square()).sqrt() + RMSPROP_EPS;
             p = &p - g / avg * 1e-3;
-            mirror.online.copy_(&p);
+            mirror.params.online.copy_(&p);
             let _ = dqn.update(&batch);
         }
-        let err = (&dqn.online - &p).abs().max().double_value(&[]);
+        let err = (&dqn.params.online - &p).abs().max().double_value(&[]);
         assert!(err < 1e-6, "max |ours - reference| = {err}");
-        assert!((&p - &other.online).abs().max().double_value(&[]) > 0.0);
+        assert!((&p - &other.params.online).abs().max().double_value(&[]) > 0.0);
     }
 
     /// The dueling head's mask, as a tensor of the last layer's weight shape.
@@ -901,7 +878,7 @@ mod tests {
     /// Random LayerNorm gains and biases (fresh ones are 1 and 0, which would hide a
     /// gain left out of the backward pass).
     fn scramble_norms(dqn: &Dqn) {
-        for v in &dqn.online_norm {
+        for v in &dqn.params.online_norm {
             v.detach().copy_(&(v.rand_like() + 0.5));
         }
     }
@@ -951,7 +928,7 @@ mod tests {
         // The agents' outputs differ, and a fresh LayerNorm is the identity affine.
         assert!(!want.get(0).allclose(&want.get(1), 1e-3, 1e-3, false));
         let fresh = Dqn::new(spec, config(), Device::Cpu, 3);
-        let gains = Vec::<f32>::try_from(fresh.online_norm[0].reshape([-1])).unwrap();
+        let gains = Vec::<f32>::try_from(fresh.params.online_norm[0].reshape([-1])).unwrap();
         assert!(gains.iter().all(|g| *g == 1.0));
     }
 
@@ -1016,7 +993,7 @@ mod tests {
         let spec = NetworkSpec { layer_norm, ..spec };
         let mut dqn = Dqn::new(spec.clone(), cfg.clone(), Device::Cpu, 5);
         let other = Dqn::new(spec.clone(), cfg, Device::Cpu, 6);
-        dqn.target.copy_(&other.online);
+        dqn.params.target.copy_(&other.params.online);
         tch::manual_seed(10);
         scramble_norms(&dqn);
         let b = 6;
@@ -1029,10 +1006,10 @@ mod tests {
             weights: None,
         };
         let _ = dqn.gradient(&batch);
-        let manual = dqn.grad.copy();
+        let manual = dqn.params.grad.copy();
 
         let layout = dqn.spec.layout();
-        let leaf = dqn.online.detach().copy().set_requires_grad(true);
+        let leaf = dqn.params.online.detach().copy().set_requires_grad(true);
         let (head, conv) = (
             param_views(&leaf, &layout, 1),
             conv_views(&leaf, &layout, 1),

@@ -287,9 +287,9 @@ impl Dqn {
                 torso_target: &h.torso_target,
             },
             None => PassViews {
-                online: &self.online_views,
-                online_wt: &self.online_wt,
-                target: &self.target_views,
+                online: &self.params.online_views,
+                online_wt: &self.params.online_wt,
+                target: &self.params.target_views,
                 torso_online: torso.map_or(&[], |t| &t.online),
                 torso_target: torso.map_or(&[], |t| &t.target),
             },
@@ -326,7 +326,7 @@ impl Dqn {
         // layer's element type).
         let mut inputs = Vec::with_capacity(layers);
         // Per hidden layer with a LayerNorm: x̂ and 1/σ of the first B rows.
-        let mut normed = Vec::with_capacity(self.online_norm.len() / 2);
+        let mut normed = Vec::with_capacity(self.params.online_norm.len() / 2);
         let mut h = head_input;
         for l in 0..layers {
             let (w, bias) = (&views.online[2 * l], &views.online[2 * l + 1]);
@@ -334,7 +334,12 @@ impl Dqn {
             let mut z = bias.baddbmm(&x, w, 1.0, 1.0);
             inputs.push(x);
             if l + 1 < layers {
-                if let [gain, beta] = self.online_norm.get(2 * l..2 * l + 2).unwrap_or_default() {
+                if let [gain, beta] = self
+                    .params
+                    .online_norm
+                    .get(2 * l..2 * l + 2)
+                    .unwrap_or_default()
+                {
                     let (y, xhat, rstd) = layer_norm(&z, gain, beta);
                     normed.push((xhat.narrow(1, 0, b), rstd.narrow(1, 0, b)));
                     z = y;
@@ -368,7 +373,10 @@ impl Dqn {
         for l in (0..layers).rev() {
             let x = inputs[l].narrow(1, 0, b);
             d = d.to_kind(x.kind());
-            let (gw, gb) = (&self.grad_views[2 * l], &self.grad_views[2 * l + 1]);
+            let (gw, gb) = (
+                &self.params.grad_views[2 * l],
+                &self.params.grad_views[2 * l + 1],
+            );
             if x.kind() == Kind::Float {
                 let _ = x.transpose(1, 2).bmm_out(gw, &d);
                 let _ = d.sum_intlist_out(gb, [1i64].as_slice(), true, None);
@@ -393,7 +401,7 @@ impl Dqn {
             }
         }
         if let Some(head) = &self.dueling {
-            head.mask(&self.grad_views[2 * (layers - 1)]);
+            head.mask(&self.params.grad_views[2 * (layers - 1)]);
         }
         (q_taken, targets)
     }
@@ -410,9 +418,9 @@ impl Dqn {
     ) -> Tensor {
         let dy = dy.to_kind(Kind::Float);
         let dims = [1i64].as_slice();
-        let _ = (&dy * xhat).sum_intlist_out(&self.grad_norm[2 * n], dims, true, None);
-        let _ = dy.sum_intlist_out(&self.grad_norm[2 * n + 1], dims, true, None);
-        let dxhat = dy * &self.online_norm[2 * n];
+        let _ = (&dy * xhat).sum_intlist_out(&self.params.grad_norm[2 * n], dims, true, None);
+        let _ = dy.sum_intlist_out(&self.params.grad_norm[2 * n + 1], dims, true, None);
+        let dxhat = dy * &self.params.online_norm[2 * n];
         let last = [-1i64].as_slice();
         let mean = dxhat.mean_dim(last, true, Kind::Float);
         let mean_dot = (&dxhat * xhat).mean_dim(last, true, Kind::Float);
@@ -433,7 +441,7 @@ impl Dqn {
     pub(super) fn target_q(&self, next_obs: &Tensor) -> Tensor {
         let views = self.pass_views();
         tch::no_grad(|| {
-            let norms = &self.target_norm;
+            let norms = &self.params.target_norm;
             let z = match &self.torso {
                 Some(t) => forward(
                     views.target,
@@ -454,14 +462,14 @@ impl Dqn {
         }
         tch::no_grad(|| {
             let obs = obs.to_device(self.device);
-            let norms = &self.online_norm;
+            let norms = &self.params.online_norm;
             self.head(match &self.torso {
                 Some(t) => forward(
-                    &self.online_views,
+                    &self.params.online_views,
                     norms,
                     &torso_forward(&t.online, &t.plan, &t.image, &obs),
                 ),
-                None => forward(&self.online_views, norms, &obs),
+                None => forward(&self.params.online_views, norms, &obs),
             })
         })
     }

@@ -76,7 +76,7 @@ fn twins(spec: &NetworkSpec, cfg: &DqnConfig, device: Device) -> (Dqn, Dqn) {
             ..cfg.clone()
         };
         let mut dqn = Dqn::new(spec.clone(), cfg, device, 5);
-        dqn.target.copy_(&other.online);
+        dqn.params.target.copy_(&other.params.online);
         dqn.refresh_half_target();
         dqn
     };
@@ -101,16 +101,16 @@ fn check_on(spec: NetworkSpec, cfg: DqnConfig, weighted: bool, device: Device) {
     let (q32, y32) = full.gradient(&b);
     let (q16, y16) = half.gradient(&b);
     assert_eq!(
-        (half.grad.kind(), q16.kind(), y16.kind()),
+        (half.params.grad.kind(), q16.kind(), y16.kind()),
         (Kind::Float, Kind::Float, Kind::Float),
         "gradients, Q-values and targets are fp32"
     );
     assert!(
-        full.grad.abs().max().double_value(&[]) > 1e-3,
+        full.params.grad.abs().max().double_value(&[]) > 1e-3,
         "the gradient is not trivially zero"
     );
     let (g_err, q_err, y_err) = (
-        relative(&half.grad, &full.grad),
+        relative(&half.params.grad, &full.params.grad),
         relative(&q16, &q32),
         relative(&y16, &y32),
     );
@@ -167,8 +167,8 @@ fn assert_copies_follow(dqn: &Dqn) {
     // The passes' last layer is the fp32 parameters' own (weight and bias).
     let last = half.online_views.len() - 2;
     for (pass, master) in [
-        (&half.online_views, &dqn.online_views),
-        (&half.target_views, &dqn.target_views),
+        (&half.online_views, &dqn.params.online_views),
+        (&half.target_views, &dqn.params.target_views),
     ] {
         for l in last..pass.len() {
             assert_eq!(pass[l].kind(), Kind::Float);
@@ -176,7 +176,10 @@ fn assert_copies_follow(dqn: &Dqn) {
         }
         assert_eq!(pass[0].kind(), Kind::BFloat16, "hidden layers in bf16");
     }
-    for (copy, master) in [(&half.online, &dqn.online), (&half.target, &dqn.target)] {
+    for (copy, master) in [
+        (&half.online, &dqn.params.online),
+        (&half.target, &dqn.params.target),
+    ] {
         assert_eq!(copy.kind(), Kind::BFloat16);
         let rounded = master.to_kind(Kind::BFloat16);
         assert!(
@@ -250,11 +253,11 @@ fn bf16_keeps_fp32_master_weights_and_its_copies_follow_steps_and_targets() {
         let spec = dqn.spec().clone();
         let b = batch(&spec, 8, true);
         for step in 0..7 {
-            let (online, target) = (dqn.online.copy(), dqn.target.copy());
+            let (online, target) = (dqn.params.online.copy(), dqn.params.target.copy());
             let td = dqn.update(&b).td_errors;
             assert_eq!(td.kind(), Kind::Float, "TD errors (priorities) are fp32");
             assert!(
-                relative(&dqn.online, &online) > 0.0,
+                relative(&dqn.params.online, &online) > 0.0,
                 "{how:?}, step {step}: the parameters moved"
             );
             // Polyak moves the target every update; hard copies at their periods (the
@@ -266,23 +269,23 @@ fn bf16_keeps_fp32_master_weights_and_its_copies_follow_steps_and_targets() {
             };
             if synced {
                 assert!(
-                    relative(&dqn.target, &target) > 0.0,
+                    relative(&dqn.params.target, &target) > 0.0,
                     "{how:?}, step {step}: the target moved"
                 );
             }
             assert_copies_follow(&dqn);
         }
         for t in [
-            &dqn.online,
-            &dqn.target,
-            &dqn.adam_m,
-            &dqn.adam_v,
-            &dqn.grad,
+            &dqn.params.online,
+            &dqn.params.target,
+            &dqn.adam.m,
+            &dqn.adam.v,
+            &dqn.params.grad,
         ] {
             assert_eq!(t.kind(), Kind::Float, "{how:?}: fp32 state");
         }
         // Small steps survive in the fp32 parameters that bf16 would round away.
-        let master = dqn.online.copy();
+        let master = dqn.params.online.copy();
         let rounded = master.to_kind(Kind::BFloat16).to_kind(Kind::Float);
         assert!(
             !master.equal(&rounded),
@@ -302,12 +305,12 @@ fn bf16_q_values_of_a_hundred_keep_fp32_resolution() {
     let (mut full, mut half) = twins(&spec, &config(), Device::Cpu);
     for dqn in [&mut full, &mut half] {
         // The last layer's biases at 100 (online and target): Q ≈ 100 everywhere.
-        let last = dqn.online_views.len() - 1;
-        let _ = dqn.online_views[last].detach().fill_(100.0);
-        let _ = dqn.target_views[last].detach().fill_(100.0);
+        let last = dqn.params.online_views.len() - 1;
+        let _ = dqn.params.online_views[last].detach().fill_(100.0);
+        let _ = dqn.params.target_views[last].detach().fill_(100.0);
         if let Some(h) = &mut dqn.half {
-            h.refresh_online(&dqn.online);
-            h.refresh_target(&dqn.target);
+            h.refresh_online(&dqn.params.online);
+            h.refresh_target(&dqn.params.target);
         }
     }
     let b = batch(&spec, 16, false);

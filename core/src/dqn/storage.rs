@@ -15,22 +15,22 @@ impl Dqn {
                 out.push((format!("{name}[{i}]"), t.data_ptr() as usize));
             }
         };
-        add("online", &mut std::iter::once(&self.online));
-        add("online_views", &mut self.online_views.iter());
-        add("online_wt", &mut self.online_wt.iter());
-        add("grad", &mut std::iter::once(&self.grad));
-        add("grad_views", &mut self.grad_views.iter());
-        add("online_norm", &mut self.online_norm.iter());
-        add("target_norm", &mut self.target_norm.iter());
-        add("grad_norm", &mut self.grad_norm.iter());
+        add("online", &mut std::iter::once(&self.params.online));
+        add("online_views", &mut self.params.online_views.iter());
+        add("online_wt", &mut self.params.online_wt.iter());
+        add("grad", &mut std::iter::once(&self.params.grad));
+        add("grad_views", &mut self.params.grad_views.iter());
+        add("online_norm", &mut self.params.online_norm.iter());
+        add("target_norm", &mut self.params.target_norm.iter());
+        add("grad_norm", &mut self.params.grad_norm.iter());
         add("munchausen", &mut self.munchausen.iter().flatten());
-        add("online_iqn", &mut self.online_iqn.iter());
-        add("target_iqn", &mut self.target_iqn.iter());
-        add("grad_iqn", &mut self.grad_iqn.iter());
-        add("target", &mut std::iter::once(&self.target));
-        add("target_views", &mut self.target_views.iter());
-        add("adam_m", &mut std::iter::once(&self.adam_m));
-        add("adam_v", &mut std::iter::once(&self.adam_v));
+        add("online_iqn", &mut self.params.online_iqn.iter());
+        add("target_iqn", &mut self.params.target_iqn.iter());
+        add("grad_iqn", &mut self.params.grad_iqn.iter());
+        add("target", &mut std::iter::once(&self.params.target));
+        add("target_views", &mut self.params.target_views.iter());
+        add("adam_m", &mut std::iter::once(&self.adam.m));
+        add("adam_v", &mut std::iter::once(&self.adam.v));
         if let Some(torso) = &self.torso {
             add("torso_online", &mut torso.online.iter());
             add("torso_target", &mut torso.target.iter());
@@ -45,13 +45,13 @@ impl Dqn {
             add("half_torso_online", &mut half.torso_online.iter());
             add("half_torso_target", &mut half.torso_target.iter());
         }
-        add("detail_sum", &mut std::iter::once(&self.detail_sum));
-        add("nonfinite", &mut std::iter::once(&self.nonfinite));
+        add("detail_sum", &mut std::iter::once(&self.stats.detail_sum));
+        add("nonfinite", &mut std::iter::once(&self.stats.nonfinite));
         add(
             "nonfinite_streak",
-            &mut std::iter::once(&self.nonfinite_streak),
+            &mut std::iter::once(&self.stats.nonfinite_streak),
         );
-        add("adam_t", &mut std::iter::once(&self.adam_t));
+        add("adam_t", &mut std::iter::once(&self.adam.t));
         add("lr", &mut std::iter::once(&self.agents.lr));
         add(
             "max_grad_norm",
