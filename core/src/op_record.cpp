@@ -5,9 +5,11 @@
 // except a wrapped host number's, which a kernel takes by value), every other argument
 // by value (floats to the last bit), lists element by element. Two updates that record the
 // same text dispatch the same operators with the same host-side arguments, what a CUDA
-// graph replays. Operators other threads dispatch (autograd's device threads among
-// them) are not recorded: millrace's update writes its backward pass out, on the
-// calling thread. Every entry point catches what libtorch throws and returns it as text.
+// graph replays. Operators other threads dispatch are not recorded. On the CPU autograd
+// runs a backward pass on the calling thread, so the convolutional torso's and the IQN
+// head's (the parts of the update that use autograd) are in the recording; on a GPU
+// autograd runs them on its device threads, where they are not. Every entry point
+// catches what libtorch throws and returns it as text.
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 

@@ -4,8 +4,10 @@
 //! replays.
 //!
 //! A recording belongs to the thread that started it: operators other threads dispatch
-//! (a prefetcher, the publisher, autograd's device threads, which millrace's update does
-//! not use: its backward pass is written out) are not in it. Each operator is one [`Op`]: its depth
+//! (a prefetcher, the publisher) are not in it. On the CPU autograd runs a backward pass
+//! on the calling thread, so the torso's and the IQN head's backward passes (the parts of
+//! the update that use autograd) are recorded; on a GPU they run on autograd's device
+//! threads and are not: record on the CPU. Each operator is one [`Op`]: its depth
 //! (0 for the operators the code called, more for those they called in turn), its name
 //! and its arguments, tensors by dtype, shape and device, everything else by value.
 
