@@ -11,7 +11,7 @@ use millrace_proto::IqnHead;
 use tch::{Kind, Tensor};
 
 use super::net::{layer_norm, torso_forward};
-use super::{Batch, Bootstrap, Dqn};
+use super::{Batch, Dqn, TargetRule};
 
 /// How many fractions the learner samples (Dabney et al.'s N and N′, 8 each) and the
 /// Huber loss's κ (1).
@@ -185,8 +185,8 @@ impl Dqn {
         let (k, n) = (t_next.size()[0], t_next.size()[2]);
         let next = batch.obs2.narrow(1, b, b);
         tch::no_grad(|| {
-            match &self.config.bootstrap {
-                Bootstrap::Double => {
+            match &self.rule {
+                TargetRule::Double => {
                     // The online network's greedy action at s′ (its mean over the
                     // same fractions), the target's quantiles of it.
                     let zt = self.quantiles_of(true, &next, t_next);
@@ -199,11 +199,10 @@ impl Dqn {
                     let zt = zt.gather(3, &best, false).squeeze_dim(3);
                     batch.rewards.addcmul(&batch.discounts, &zt)
                 }
-                Bootstrap::Munchausen(_) => {
+                TargetRule::Munchausen([tau, alpha, clip]) => {
                     // M-IQN: the policy is the softmax of the target network's mean
                     // quantiles, at s (for the bonus) and at s′, in one pass; each
                     // agent's τ, α and clip `[K, 1, 1]`.
-                    let [tau, alpha, clip] = self.munchausen_settings();
                     let both = Tensor::cat(&[t_next, t_next], 1);
                     let zt = self.quantiles_of(true, &batch.obs2, &both);
                     let qbar = zt.mean_dim([2i64].as_slice(), false, Kind::Float);
@@ -297,7 +296,7 @@ impl Dqn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dqn::{DqnConfig, Munchausen, TargetUpdate};
+    use crate::dqn::{Bootstrap, DqnConfig, Munchausen, TargetUpdate};
     use millrace_proto::{DType, NetworkSpec, ObsSpec};
     use tch::Device;
 

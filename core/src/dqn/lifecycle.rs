@@ -259,17 +259,11 @@ impl Dqn {
                 |flat| conv_views(flat, &layout, k),
             )
         });
-        let munchausen = match config.bootstrap {
-            Bootstrap::Munchausen(m) => {
-                let own: Vec<_> = agents.iter().map(|a| a.munchausen).collect();
-                Some(m.per_agent(&own, device))
-            }
-            Bootstrap::Double => None,
-        };
+        let rule = TargetRule::new(&config.bootstrap, agents, device);
         Self {
             spec,
             dueling,
-            munchausen,
+            rule,
             config,
             device,
             params: FlatParams {

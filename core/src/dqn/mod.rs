@@ -34,6 +34,7 @@ mod config;
 pub mod dueling;
 mod fixed_io;
 mod parts;
+mod target_rule;
 pub use dueling::DuelingError;
 pub mod host_adam;
 pub mod iqn;
@@ -62,6 +63,7 @@ use crate::dqn::agents::{AgentHparams, AgentTensors, Sync};
 use crate::dqn::dueling::DuelingHead;
 use crate::dqn::precision::{HalfCopies, Precision};
 use parts::{AdamState, FlatParams, StatSums};
+use target_rule::TargetRule;
 
 /// One sampled batch on the device, `[K, ...]` leading.
 ///
@@ -109,9 +111,8 @@ pub struct Dqn {
     device: Device,
     /// Online, target and gradient, flat and as views.
     params: FlatParams,
-    /// Each agent's Munchausen τ, α and clip, `[K, 1, 1]` (under `--target
-    /// munchausen`).
-    munchausen: Option<[Tensor; 3]>,
+    /// Double DQN's or Munchausen's target, with its settings.
+    rule: TargetRule,
     adam: AdamState,
     /// The convolutional torso, if the network has one.
     torso: Option<Torso>,

@@ -241,25 +241,18 @@ pub fn munchausen_targets(
 }
 
 impl Dqn {
-    /// Each agent's Munchausen τ, α and clip, `[K, 1, 1]` (under `--target munchausen`).
-    pub(super) fn munchausen_settings(&self) -> &[Tensor; 3] {
-        self.munchausen
-            .as_ref()
-            .expect("Munchausen's settings are made with a Munchausen target")
-    }
-
-    /// The TD targets `[K, B, 1]` of `batch` under the configured [`Bootstrap`], given
+    /// The TD targets `[K, B, 1]` of `batch` under the configured target rule, given
     /// the online network's Q-values at the next observations (double DQN's argmax).
     pub(crate) fn td_targets(&self, q_next_online: &Tensor, batch: &Batch) -> Tensor {
         let b = batch.batch_size();
-        match &self.config.bootstrap {
-            Bootstrap::Double => double_dqn_targets(
+        match &self.rule {
+            TargetRule::Double => double_dqn_targets(
                 q_next_online,
                 &self.target_q(&batch.obs2.narrow(1, b, b)),
                 &batch.rewards,
                 &batch.discounts,
             ),
-            Bootstrap::Munchausen(_) => {
+            TargetRule::Munchausen(settings) => {
                 // One target pass over s and s' together.
                 let q = self.target_q(&batch.obs2);
                 munchausen_targets(
@@ -268,7 +261,7 @@ impl Dqn {
                     &batch.actions,
                     &batch.rewards,
                     &batch.discounts,
-                    self.munchausen_settings(),
+                    settings,
                 )
             }
         }

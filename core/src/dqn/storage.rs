@@ -23,7 +23,7 @@ impl Dqn {
         add("online_norm", &mut self.params.online_norm.iter());
         add("target_norm", &mut self.params.target_norm.iter());
         add("grad_norm", &mut self.params.grad_norm.iter());
-        add("munchausen", &mut self.munchausen.iter().flatten());
+        add("target_rule", &mut self.rule.tensors());
         add("online_iqn", &mut self.params.online_iqn.iter());
         add("target_iqn", &mut self.params.target_iqn.iter());
         add("grad_iqn", &mut self.params.grad_iqn.iter());
