@@ -137,10 +137,9 @@ impl PriorityFeedback {
     /// the same shape) and the keys of the items it was computed on; every `every` calls, hands the priorities to
     /// replay. `env_steps` moves β along its schedule.
     pub fn push(&mut self, td: &Tensor, keys: &[ItemKey], env_steps: u64) {
-        // One call into libtorch per update, a copy: on a GPU's path the update writes
-        // its TD errors into the same tensor every time. The round joins and flattens
-        // them.
-        self.tds.push(td.detach().copy());
+        // One call into libtorch per update (detached: no update's autograd graph is
+        // kept); the round joins and flattens them.
+        self.tds.push(td.detach());
         self.keys.extend_from_slice(keys);
         if self.tds.len() >= self.every {
             self.flush(env_steps);

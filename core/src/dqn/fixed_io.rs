@@ -1,7 +1,7 @@
 //! The update's inputs and its TD errors in memory allocated once, on the path a GPU
 //! runs (the tensor optimizer): a CUDA graph reads the addresses it recorded, so each
 //! batch is copied into the same buffers and the TD errors land in the same tensor,
-//! which a caller copies out before the next update (`PriorityFeedback::push` does).
+//! which `Dqn::update` copies out, outside what a graph would capture.
 //! The buffers are made at the first update, and again only if the batch's shapes
 //! change (a new graph would then be captured).
 

@@ -143,8 +143,9 @@ impl std::fmt::Debug for Dqn {
 #[derive(Debug)]
 pub struct UpdateOutput {
     /// Each item's TD error `Q(s, a) − y`, `[K, B]` fp32, on the device: prioritized
-    /// replay's priorities (their absolute values), row `k` agent `k`'s batch. On the
-    /// tensor optimizer's path, the next update overwrites it: copy what must outlive it.
+    /// replay's priorities (their absolute values), row `k` agent `k`'s batch. From
+    /// [`Dqn::update_in_place`] on the tensor optimizer's path, the next update
+    /// overwrites it; from [`Dqn::update`], it is the caller's.
     pub td_errors: Tensor,
 }
 
@@ -274,8 +275,12 @@ impl Dqn {
     /// An agent whose loss or gradient is not finite skips this step (its parameters
     /// and optimizer state stay as they were) and the skip is counted.
     pub fn update(&mut self, batch: &Batch) -> UpdateOutput {
-        let out = self.update_in_place(batch);
+        let mut out = self.update_in_place(batch);
         self.sync_due_targets();
+        if !self.host_optimizer {
+            // Out of the fixed output tensor, outside what a graph would capture.
+            out.td_errors = out.td_errors.copy();
+        }
         out
     }
 
@@ -286,8 +291,8 @@ impl Dqn {
     /// place (`core/tests/update_ops.rs` checks both).
     ///
     /// On the tensor optimizer's path (a GPU's) the batch is first copied into input
-    /// buffers allocated once, and the TD errors land in one output tensor: the caller
-    /// copies them out before the next update overwrites them.
+    /// buffers allocated once, and the TD errors land in one output tensor, which the
+    /// next update overwrites ([`Dqn::update`] copies them out).
     pub fn update_in_place(&mut self, batch: &Batch) -> UpdateOutput {
         let fixed = (!self.host_optimizer).then(|| self.fixed_io.load(batch));
         let batch = fixed.as_ref().unwrap_or(batch);

@@ -141,10 +141,8 @@ impl Running {
             }
         }
         for (id, actor) in self.actors.drain(..) {
-            match crate::joined(actor) {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => failures.push(Failure::new(Component::Actor(Some(id)), e)),
-                Err(e) => failures.push(Failure::new(Component::Actor(Some(id)), e)),
+            if let Err(e) = crate::joined(actor).map_err(String::from).and_then(|r| r) {
+                failures.push(Failure::new(Component::Actor(Some(id)), e));
             }
         }
         if let Some(evaluator) = self.evaluator.take() {
